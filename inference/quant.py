@@ -1,0 +1,177 @@
+"""Weight formats: the offline quantizers (numpy) and the in-memory quantized tensor.
+
+A `QTensor` is a 2-D weight `[out, in]` kept in one of these kinds:
+
+- ``f32`` / ``f16``: part ``w`` with the plain values.
+- ``q8``: int8 symmetric per output channel; parts ``q`` int8 ``[out, in]`` and ``scales`` f32 ``[out]``.
+- ``q4``: 4-bit affine, group 64 (the MLX affine layout); parts ``q`` uint8 ``[out, in/2]`` (element
+  ``2j`` in the low nibble, ``2j+1`` in the high one), ``scales`` and ``biases`` f16 ``[out, in/64]``;
+  value = q × scale + bias.
+- ``q4_0``, ``q4_1``, ``q8_0``: GGUF blocks of 32 kept byte for byte; part ``blocks`` uint8
+  ``[out, in/32 × block bytes]``.
+
+The runtime half (fused dequantize-and-multiply) lives in `inference.kernels`; `dequantize` here is
+the reference the kernels are tested against.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+Q4_GROUP = 64
+GGUF_BLOCK = 32
+# bytes per 32-element GGUF block
+GGUF_BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
+KINDS = ("f32", "f16", "q8", "q4", "q4_0", "q4_1", "q8_0")
+QUANT_CHOICES = ("f16", "q8", "q4")
+
+
+@dataclass
+class QTensor:
+    """A weight matrix `[out, in]` (or a vector, for f32/f16) in one storage kind."""
+
+    kind: str
+    shape: tuple[int, ...]
+    parts: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts.values())
+
+    def dense(self) -> np.ndarray:
+        """The float32 values (a copy for quantized kinds). Reference path, not for the hot loop."""
+        return dequantize(self)
+
+    def rows(self, idx) -> "QTensor":
+        """The rows `idx` of this matrix in the same kind (used for embedding lookups)."""
+        parts = {k: v[idx] for k, v in self.parts.items()}
+        n = len(np.atleast_1d(np.arange(self.shape[0])[idx]))
+        return QTensor(self.kind, (n, *self.shape[1:]), parts)
+
+
+def quantize(w: np.ndarray, kind: str) -> QTensor:
+    """Quantize a float matrix `[out, in]` (or a vector for f32/f16) into `kind`.
+
+    Raises:
+        ValueError: `kind` is unknown or the shape does not fit its grouping.
+    """
+    w = np.asarray(w)
+    if kind == "f32":
+        return QTensor("f32", w.shape, {"w": np.ascontiguousarray(w, dtype=np.float32)})
+    if kind == "f16":
+        return QTensor("f16", w.shape, {"w": np.ascontiguousarray(w, dtype=np.float16)})
+    if w.ndim != 2:
+        raise ValueError(f"{kind} quantizes matrices, got shape {w.shape}")
+    w = w.astype(np.float32, copy=False)
+    if kind == "q8":
+        return _quantize_q8(w)
+    if kind == "q4":
+        return _quantize_q4(w)
+    if kind in GGUF_BLOCK_BYTES:
+        return _quantize_gguf(w, kind)
+    raise ValueError(f"unknown quantization {kind!r}; choose one of {', '.join(KINDS)}")
+
+
+def _quantize_q8(w: np.ndarray) -> QTensor:
+    amax = np.abs(w).max(axis=1)
+    scales = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
+    q = np.clip(np.rint(w / scales[:, None]), -127, 127).astype(np.int8)
+    return QTensor("q8", w.shape, {"q": q, "scales": scales})
+
+
+def _quantize_q4(w: np.ndarray) -> QTensor:
+    out, inn = w.shape
+    if inn % Q4_GROUP:
+        raise ValueError(f"q4 needs the input dimension to be a multiple of {Q4_GROUP}, got {inn}")
+    g = w.reshape(out, inn // Q4_GROUP, Q4_GROUP)
+    lo, hi = g.min(axis=2), g.max(axis=2)
+    scales = ((hi - lo) / 15.0).astype(np.float16)
+    biases = lo.astype(np.float16)
+    s = scales.astype(np.float32)[..., None]
+    b = biases.astype(np.float32)[..., None]
+    q = np.where(s > 0, np.rint((g - b) / np.where(s > 0, s, 1.0)), 0.0)
+    q = np.clip(q, 0, 15).astype(np.uint8).reshape(out, inn)
+    packed = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)
+    return QTensor("q4", w.shape, {"q": packed, "scales": scales, "biases": biases})
+
+
+def _quantize_gguf(w: np.ndarray, kind: str) -> QTensor:
+    out, inn = w.shape
+    if inn % GGUF_BLOCK:
+        raise ValueError(f"{kind} needs the input dimension to be a multiple of {GGUF_BLOCK}, got {inn}")
+    nb = inn // GGUF_BLOCK
+    g = w.reshape(out, nb, GGUF_BLOCK)
+    if kind == "q8_0":
+        d = (np.abs(g).max(axis=2) / 127.0).astype(np.float16)
+        df = d.astype(np.float32)[..., None]
+        q = np.clip(np.rint(np.where(df > 0, g / np.where(df > 0, df, 1), 0)), -127, 127).astype(np.int8)
+        blocks = np.concatenate([d[..., None].view(np.uint8), q.view(np.uint8)], axis=2)
+    elif kind == "q4_0":
+        # ggml: d = max / -8 where max is the signed value of largest magnitude
+        idx = np.abs(g).argmax(axis=2)
+        mx = np.take_along_axis(g, idx[..., None], axis=2)[..., 0]
+        d = (mx / -8.0).astype(np.float16)
+        df = d.astype(np.float32)[..., None]
+        q = np.clip(np.rint(np.where(df != 0, g / np.where(df != 0, df, 1), 0)) + 8, 0, 15).astype(np.uint8)
+        qs = q[..., :16] | (q[..., 16:] << 4)
+        blocks = np.concatenate([d[..., None].view(np.uint8), qs], axis=2)
+    else:  # q4_1
+        lo, hi = g.min(axis=2), g.max(axis=2)
+        d = ((hi - lo) / 15.0).astype(np.float16)
+        m = lo.astype(np.float16)
+        df = d.astype(np.float32)[..., None]
+        q = np.where(df > 0, np.rint((g - m.astype(np.float32)[..., None]) / np.where(df > 0, df, 1)), 0)
+        q = np.clip(q, 0, 15).astype(np.uint8)
+        qs = q[..., :16] | (q[..., 16:] << 4)
+        blocks = np.concatenate([d[..., None].view(np.uint8), m[..., None].view(np.uint8), qs], axis=2)
+    return QTensor(kind, w.shape, {"blocks": np.ascontiguousarray(blocks.reshape(out, -1))})
+
+
+def dequantize(t: QTensor) -> np.ndarray:
+    """The float32 values of `t` (the numpy reference for every kernel)."""
+    if t.kind in ("f32", "f16"):
+        return t.parts["w"].astype(np.float32)
+    out, inn = t.shape
+    if t.kind == "q8":
+        return t.parts["q"].astype(np.float32) * t.parts["scales"][:, None]
+    if t.kind == "q4":
+        p = t.parts["q"]
+        q = np.empty((p.shape[0], p.shape[1] * 2), np.float32)
+        q[:, 0::2] = p & 0x0F
+        q[:, 1::2] = p >> 4
+        s = np.repeat(t.parts["scales"].astype(np.float32), Q4_GROUP, axis=1)
+        b = np.repeat(t.parts["biases"].astype(np.float32), Q4_GROUP, axis=1)
+        return q * s + b
+    if t.kind in GGUF_BLOCK_BYTES:
+        bb = GGUF_BLOCK_BYTES[t.kind]
+        blk = t.parts["blocks"].reshape(out, inn // GGUF_BLOCK, bb)
+        d = blk[..., 0:2].copy().view(np.float16).astype(np.float32)  # [out, nb, 1]
+        if t.kind == "q8_0":
+            q = blk[..., 2:].copy().view(np.int8).astype(np.float32)
+            return (q * d).reshape(out, inn)
+        qs = blk[..., 4:] if t.kind == "q4_1" else blk[..., 2:]
+        q = np.concatenate([qs & 0x0F, qs >> 4], axis=2).astype(np.float32)
+        if t.kind == "q4_0":
+            return ((q - 8.0) * d).reshape(out, inn)
+        m = blk[..., 2:4].copy().view(np.float16).astype(np.float32)
+        return (q * d + m).reshape(out, inn)
+    raise ValueError(f"unknown tensor kind {t.kind!r}")
+
+
+def part_layout(kind: str, shape: tuple[int, ...]) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """The parts a tensor of `kind` and logical `shape` is stored as: name → (dtype, shape)."""
+    if kind in ("f32", "f16"):
+        return {"w": ("float32" if kind == "f32" else "float16", tuple(shape))}
+    out, inn = shape
+    if kind == "q8":
+        return {"q": ("int8", (out, inn)), "scales": ("float32", (out,))}
+    if kind == "q4":
+        return {
+            "q": ("uint8", (out, inn // 2)),
+            "scales": ("float16", (out, inn // Q4_GROUP)),
+            "biases": ("float16", (out, inn // Q4_GROUP)),
+        }
+    if kind in GGUF_BLOCK_BYTES:
+        return {"blocks": ("uint8", (out, inn // GGUF_BLOCK * GGUF_BLOCK_BYTES[kind]))}
+    raise ValueError(f"unknown tensor kind {kind!r}")

@@ -1,0 +1,177 @@
+"""Reads a `.rkmojo` store: the manifest, dense tensors (memory-mapped), expert blobs, digests."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from ..errors import ModelFormatError
+from ..quant import QTensor
+from .format import FORMAT_NAME, FORMAT_VERSION, digest_bytes
+
+
+@dataclass(frozen=True)
+class ExpertLayout:
+    """Where one MoE layer's experts live: file, stride, blob size and sub-tensor layout."""
+
+    layer: int
+    path: Path
+    n_experts: int
+    stride: int
+    blob_size: int
+    tensors: dict  # name → {"kind", "shape", "parts": {part: {"dtype", "shape", "offset"}}}
+    digests: list[str]
+
+    def view(self, blob: np.ndarray) -> dict[str, QTensor]:
+        """Sub-tensors of one expert as views into `blob` (uint8, at least blob_size bytes)."""
+        out = {}
+        for name, spec in self.tensors.items():
+            parts = {}
+            for pname, p in spec["parts"].items():
+                dt = np.dtype(p["dtype"])
+                n = int(np.prod(p["shape"]))
+                parts[pname] = blob[p["offset"] : p["offset"] + n * dt.itemsize].view(dt).reshape(p["shape"])
+            out[name] = QTensor(spec["kind"], tuple(spec["shape"]), parts)
+        return out
+
+
+class Store:
+    """An opened store. Cheap to open: dense.bin and expert files are memory-mapped lazily.
+
+    Raises:
+        ModelFormatError: the directory is not a store, or its manifest is unreadable or of a newer format.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        mpath = self.path / "manifest.json"
+        if not mpath.is_file():
+            raise ModelFormatError(f"{self.path}: not an rkmojo store (no manifest.json); convert a model with `rkmojo convert`")
+        try:
+            self.manifest = json.loads(mpath.read_text())
+        except (OSError, ValueError) as e:
+            raise ModelFormatError(f"{mpath}: unreadable manifest ({e}); re-run `rkmojo convert`") from None
+        if self.manifest.get("format") != FORMAT_NAME:
+            raise ModelFormatError(f"{mpath}: not an rkmojo manifest")
+        if self.manifest.get("version", 0) > FORMAT_VERSION:
+            raise ModelFormatError(
+                f"{mpath}: store format version {self.manifest['version']} is newer than this rkmojo "
+                f"({FORMAT_VERSION}); upgrade rkmojo"
+            )
+        self.architecture: str = self.manifest["architecture"]
+        self.config: dict = self.manifest["config"]
+        self._dense_map: np.ndarray | None = None
+        self._expert_maps: dict[int, np.ndarray] = {}
+        self.expert_layers: dict[int, ExpertLayout] = {
+            int(k): ExpertLayout(
+                layer=int(k),
+                path=self.path / v["file"],
+                n_experts=v["n_experts"],
+                stride=v["stride"],
+                blob_size=v["blob_size"],
+                tensors=v["tensors"],
+                digests=v["digests"],
+            )
+            for k, v in self.manifest["experts"]["layers"].items()
+        }
+
+    @property
+    def digest(self) -> str:
+        """One digest for the whole store (over the manifest, which holds every tensor digest)."""
+        return digest_bytes((self.path / "manifest.json").read_bytes()).hexdigest()
+
+    # --- dense -----------------------------------------------------------------------------
+    def _dense(self) -> np.ndarray:
+        if self._dense_map is None:
+            path = self.path / self.manifest["dense"]["file"]
+            size = path.stat().st_size if path.exists() else -1
+            want = self.manifest["dense"].get("size", size)
+            if size < want:
+                raise ModelFormatError(f"{path}: truncated ({size} of {want} bytes); re-run `rkmojo convert`")
+            self._dense_map = np.memmap(path, dtype=np.uint8, mode="r") if size > 0 else np.zeros(0, np.uint8)
+        return self._dense_map
+
+    def dense_names(self) -> list[str]:
+        return list(self.manifest["dense"]["tensors"])
+
+    def has(self, name: str) -> bool:
+        return name in self.manifest["dense"]["tensors"]
+
+    def dense(self, name: str) -> QTensor:
+        """One resident tensor as views into the mapped dense.bin.
+
+        Raises:
+            ModelFormatError: the store has no tensor `name`.
+        """
+        spec = self.manifest["dense"]["tensors"].get(name)
+        if spec is None:
+            raise ModelFormatError(f"{self.path}: tensor {name} missing from the store; re-run `rkmojo convert`")
+        m = self._dense()
+        parts = {}
+        for pname, p in spec["parts"].items():
+            dt = np.dtype(p["dtype"])
+            n = int(np.prod(p["shape"]))
+            parts[pname] = m[p["offset"] : p["offset"] + n * dt.itemsize].view(dt).reshape(p["shape"])
+        return QTensor(spec["kind"], tuple(spec["shape"]), parts)
+
+    # --- experts ---------------------------------------------------------------------------
+    def expert_map(self, layer: int) -> np.ndarray:
+        """The whole layer file, memory-mapped (the all-resident path; streaming reads blobs instead)."""
+        if layer not in self._expert_maps:
+            lay = self.expert_layers[layer]
+            want = lay.stride * lay.n_experts
+            size = lay.path.stat().st_size if lay.path.exists() else -1
+            if size < want:
+                raise ModelFormatError(f"{lay.path}: truncated ({size} of {want} bytes); re-run `rkmojo convert`")
+            self._expert_maps[layer] = np.memmap(lay.path, dtype=np.uint8, mode="r")
+        return self._expert_maps[layer]
+
+    def expert(self, layer: int, e: int) -> dict[str, QTensor]:
+        lay = self.expert_layers[layer]
+        m = self.expert_map(layer)
+        return lay.view(m[e * lay.stride : e * lay.stride + lay.blob_size])
+
+    # --- verification ----------------------------------------------------------------------
+    def verify(self, progress=None) -> None:
+        """Check every dense tensor and expert blob against its digest.
+
+        Args:
+            progress: optional callable(nbytes) called as data is checked.
+        Raises:
+            ModelFormatError: naming the first tensor or layer/expert that does not match.
+        """
+        m = self._dense()
+        for name, spec in self.manifest["dense"]["tensors"].items():
+            h = digest_bytes()
+            for p in spec["parts"].values():
+                n = int(np.prod(p["shape"])) * np.dtype(p["dtype"]).itemsize
+                h.update(memoryview(m[p["offset"] : p["offset"] + n]))
+                if progress:
+                    progress(n)
+            if h.hexdigest() != spec["digest"]:
+                raise ModelFormatError(
+                    f"{self.path}: dense tensor {name} digest mismatch; re-run `rkmojo pull` or `rkmojo convert`"
+                )
+        for layer, lay in sorted(self.expert_layers.items()):
+            fm = self.expert_map(layer)
+            for e in range(lay.n_experts):
+                blob = fm[e * lay.stride : e * lay.stride + lay.blob_size]
+                if digest_bytes(memoryview(blob)).hexdigest() != lay.digests[e]:
+                    raise ModelFormatError(
+                        f"{lay.path.relative_to(self.path)}: expert {e} digest mismatch; "
+                        "re-run `rkmojo pull` or `rkmojo convert`"
+                    )
+                if progress:
+                    progress(lay.blob_size)
+
+    def total_bytes(self) -> int:
+        n = self.manifest["dense"].get("size", 0)
+        return n + sum(l.stride * l.n_experts for l in self.expert_layers.values())
+
+    def iter_tokenizer_files(self) -> Iterator[Path]:
+        for f in self.manifest["tokenizer"]["files"]:
+            yield self.path / f

@@ -1,0 +1,21 @@
+"""Converters into the `.rkmojo` store: local Hugging Face checkpoints and GGUF files."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import ConvertError
+
+
+def convert(src, out, quant: str = "q4", *, progress: bool = True) -> Path:
+    """Convert `src` (a checkpoint directory or a .gguf file) into a store at `out`.
+
+    GGUF tensors keep their own types; `quant` applies to safetensors checkpoints.
+    """
+    src = Path(src)
+    if src.is_dir():
+        from .hf import convert_hf
+        return convert_hf(src, Path(out), quant, progress=progress)
+    if src.is_file():
+        from .gguf import convert_gguf
+        return convert_gguf(src, Path(out), progress=progress)
+    raise ConvertError(f"{src}: no such file or directory; give a checkpoint directory or a .gguf file")

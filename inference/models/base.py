@@ -1,0 +1,234 @@
+"""Shared math for every architecture: args base, norms, RoPE, activations, the KV cache, attention,
+and the model skeleton (embedding → layers in chunks → final norm → LM head).
+
+Architecture files supply the layer forward and the checkpoint name table; everything here is generic.
+Activations are float32 [T, H] numpy arrays; weights are `QTensor`s multiplied through `kernels.linear`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..kernels import embed_rows, linear
+from ..quant import QTensor
+
+
+@dataclass
+class BaseArgs:
+    """Fields every architecture has. Subclasses add theirs; unknown config keys are ignored."""
+
+    hidden_size: int = 0
+    num_hidden_layers: int = 0
+    num_attention_heads: int = 0
+    num_key_value_heads: int = 0
+    vocab_size: int = 0
+    rms_norm_eps: float = 1e-6
+    head_dim: int | None = None
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+
+    @classmethod
+    def from_dict(cls, cfg: dict):
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in cfg.items() if k in names})
+
+    def __post_init__(self):
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+
+
+# --- elementwise math ------------------------------------------------------------------------
+def rms_norm(x: np.ndarray, weight: np.ndarray | None, eps: float, plus_one: bool = False) -> np.ndarray:
+    """RMSNorm over the last axis; `plus_one` for checkpoints that store (weight − 1)."""
+    y = x * (1.0 / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + eps)).astype(np.float32)
+    if weight is None:
+        return y
+    return y * (weight + 1.0 if plus_one else weight)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(np.float32(math.sqrt(2.0 / math.pi)) * (x + np.float32(0.044715) * x * x * x)))
+
+
+ACTIVATIONS = {"silu": silu, "gelu_pytorch_tanh": gelu_tanh, "gelu_tanh": gelu_tanh}
+
+
+def softcap(x: np.ndarray, cap: float | None) -> np.ndarray:
+    return x if not cap else np.tanh(x / cap) * cap
+
+
+# --- RoPE ------------------------------------------------------------------------------------
+def rope_inv_freq(head_dim: int, theta: float, partial: float = 1.0, proportional: bool = False,
+                  factor: float = 1.0) -> np.ndarray:
+    """Inverse frequencies for rotate-half RoPE over `head_dim`.
+
+    Default RoPE rotates the first `partial × head_dim` dims with exponents over that width;
+    `proportional` (Gemma 4 full layers) keeps exponents over the whole head and zeroes the
+    frequencies of the dims it does not rotate, so those pass through unchanged.
+    """
+    if proportional:
+        n_rot = int(partial * head_dim // 2)
+        inv = 1.0 / theta ** (np.arange(0, 2 * n_rot, 2, dtype=np.float64) / head_dim)
+        inv = np.concatenate([inv, np.zeros(head_dim // 2 - n_rot)])
+    else:
+        rot = int(head_dim * partial)
+        inv = 1.0 / theta ** (np.arange(0, rot, 2, dtype=np.float64) / rot)
+    return (inv / factor).astype(np.float32)
+
+
+def rope_cos_sin(positions: np.ndarray, inv_freq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    freqs = positions.astype(np.float32)[:, None] * inv_freq[None, :]  # [T, R/2]
+    return np.cos(freqs), np.sin(freqs)
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """x [T, heads, D]; rotates the first 2 × len(cos[0]) dims in rotate-half order."""
+    half = cos.shape[-1]
+    x1, x2 = x[..., :half], x[..., half : 2 * half]
+    c, s = cos[:, None, :], sin[:, None, :]
+    out = x.copy()
+    out[..., :half] = x1 * c - x2 * s
+    out[..., half : 2 * half] = x2 * c + x1 * s
+    return out
+
+
+# --- KV cache --------------------------------------------------------------------------------
+class LayerKV:
+    """Keys and values of one attention layer.
+
+    Full layers keep every position (grown in steps); sliding layers are a ring of
+    `window + chunk` rows, enough for any chunk of ≤ `chunk` new rows to see its whole window.
+    """
+
+    def __init__(self, n_kv: int, head_dim: int, window: int | None, chunk: int, v_dim: int | None = None):
+        self.window = window
+        self.cap = window + chunk if window else max(chunk, 256)
+        self.k = np.zeros((n_kv, self.cap, head_dim), np.float32)
+        self.v = np.zeros((n_kv, self.cap, v_dim or head_dim), np.float32)
+        self.pos = np.full(self.cap, -1, np.int64)  # position held by each row (−1: empty)
+
+    def append(self, k: np.ndarray, v: np.ndarray, positions: np.ndarray) -> None:
+        """k, v [T, n_kv, D] at absolute `positions`."""
+        if self.window:
+            rows = positions % self.cap
+        else:
+            need = int(positions[-1]) + 1
+            if need > self.cap:
+                self._grow(max(need, self.cap * 2))
+            rows = positions
+        self.k[:, rows] = k.transpose(1, 0, 2)
+        self.v[:, rows] = v.transpose(1, 0, 2)
+        self.pos[rows] = positions
+
+    def _grow(self, cap: int) -> None:
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            new = np.zeros((old.shape[0], cap, old.shape[2]), np.float32)
+            new[:, : self.cap] = old
+            setattr(self, name, new)
+        self.pos = np.concatenate([self.pos, np.full(cap - self.cap, -1, np.int64)])
+        self.cap = cap
+
+    def view(self, last_pos: int):
+        """(k, v, key positions) of the rows that may be attended to up to `last_pos`."""
+        if self.window:
+            return self.k, self.v, self.pos
+        n = last_pos + 1
+        return self.k[:, :n], self.v[:, :n], self.pos[:n]
+
+
+class KVCache:
+    """The per-layer KV state of one sequence, plus how many positions it holds."""
+
+    def __init__(self, layers: list[LayerKV]):
+        self.layers = layers
+        self.offset = 0
+
+
+def attention(q: np.ndarray, kv: LayerKV, positions: np.ndarray, scale: float) -> np.ndarray:
+    """Causal (and, for sliding layers, windowed) grouped-query attention.
+
+    q [T, H, D] for absolute `positions`, after this chunk's k/v were appended to `kv`.
+    Returns [T, H, Dv].
+    """
+    T, H, D = q.shape
+    k, v, kpos = kv.view(int(positions[-1]))
+    n_kv = k.shape[0]
+    g = H // n_kv
+    qg = q.reshape(T, n_kv, g, D).transpose(1, 2, 0, 3).reshape(n_kv, g * T, D)  # [KV, g*T, D]
+    scores = np.matmul(qg, k.transpose(0, 2, 1)) * np.float32(scale)  # [KV, g*T, S]
+    qpos = np.tile(positions, g)  # [g*T]
+    ok = (kpos[None, :] <= qpos[:, None]) & (kpos[None, :] >= 0)
+    if kv.window:
+        ok &= kpos[None, :] > qpos[:, None] - kv.window
+    scores = np.where(ok[None], scores, np.float32(-np.inf))
+    scores -= scores.max(axis=-1, keepdims=True)
+    p = np.exp(scores)
+    p /= p.sum(axis=-1, keepdims=True)
+    out = np.matmul(p, v)  # [KV, g*T, Dv]
+    return out.reshape(n_kv, g, T, -1).transpose(2, 0, 1, 3).reshape(T, H, -1)
+
+
+# --- the model skeleton ----------------------------------------------------------------------
+class Transformer:
+    """Embedding → decoder layers (in prefill chunks) → final norm → LM head.
+
+    Subclasses set `args`, implement `layer(i, h, cache, positions)` and `new_cache`, and may
+    override `embed_scale`, `final_softcap`, `norm_plus_one`.
+    """
+
+    embed_scale: float = 1.0
+    final_softcap: float | None = None
+    norm_plus_one: bool = False
+
+    def __init__(self, args, store, *, chunk: int = 128):
+        self.args = args
+        self.store = store
+        self.chunk = chunk
+        self.embed = store.dense("embed")
+        self.lm_head = store.dense("lm_head") if store.has("lm_head") else self.embed
+        self.norm = self.vec("norm")
+
+    def vec(self, name: str) -> np.ndarray:
+        """A small resident vector (norm weight, scale) as float32."""
+        return np.asarray(self.store.dense(name).parts["w"], dtype=np.float32)
+
+    def w(self, name: str) -> QTensor:
+        return self.store.dense(name)
+
+    def new_cache(self) -> KVCache:
+        raise NotImplementedError
+
+    def layer(self, i: int, h: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def hidden(self, ids: np.ndarray, cache: KVCache) -> np.ndarray:
+        """Final-normed hidden states [T, H] for `ids`, appended to `cache`, chunk by chunk."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        outs = []
+        for s in range(0, len(ids), self.chunk):
+            part = ids[s : s + self.chunk]
+            positions = np.arange(cache.offset, cache.offset + len(part))
+            h = embed_rows(self.embed, part)
+            if self.embed_scale != 1.0:
+                h = h * np.float32(self.embed_scale)
+            for i in range(self.args.num_hidden_layers):
+                h = self.layer(i, h, cache, positions)
+            cache.offset += len(part)
+            outs.append(rms_norm(h, self.norm, self.args.rms_norm_eps, self.norm_plus_one))
+        return np.concatenate(outs) if len(outs) > 1 else outs[0]
+
+    def logits(self, h: np.ndarray) -> np.ndarray:
+        return softcap(linear(h, self.lm_head), self.final_softcap)
+
+    def forward(self, ids, cache: KVCache, *, last_only: bool = False) -> np.ndarray:
+        """Logits [T, vocab] (or [1, vocab] with `last_only`) for the new token ids `ids`."""
+        h = self.hidden(ids, cache)
+        return self.logits(h[-1:] if last_only else h)

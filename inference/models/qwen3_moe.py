@@ -1,0 +1,116 @@
+"""Qwen3-MoE (Qwen3-30B-A3B and friends): Llama-style attention with per-head q/k RMSNorm, and a
+sparse MoE block routed by softmax → top-k → (renormalise when `norm_topk_prob`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..kernels import linear
+from . import llama
+from .base import KVCache, LayerKV, Transformer, apply_rope, attention, rms_norm, rope_cos_sin, rope_inv_freq, silu
+from .moe import ExpertSource, expert_mlp, mixture, softmax, top_k
+
+L = r"model\.layers\.(\d+)\."
+HF_NAMES = llama.HF_NAMES + [
+    (L + r"self_attn\.q_norm\.weight", "layers.{0}.attn.q_norm", "norm"),
+    (L + r"self_attn\.k_norm\.weight", "layers.{0}.attn.k_norm", "norm"),
+    (L + r"mlp\.gate\.weight", "layers.{0}.router", "router"),
+    (L + r"mlp\.experts\.(\d+)\.gate_proj\.weight", "experts:{0}:{1}:gate", "expert"),
+    (L + r"mlp\.experts\.(\d+)\.up_proj\.weight", "experts:{0}:{1}:up", "expert"),
+    (L + r"mlp\.experts\.(\d+)\.down_proj\.weight", "experts:{0}:{1}:down", "expert"),
+    (L + r"mlp\.experts\.gate_up_proj", "experts:{0}:*:gate_up", "experts_fused"),
+    (L + r"mlp\.experts\.down_proj", "experts:{0}:*:down", "experts_fused"),
+]
+
+
+@dataclass
+class Args(llama.Args):
+    num_experts: int = 0
+    num_local_experts: int = 0
+    num_experts_per_tok: int = 8
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    decoder_sparse_step: int = 1
+    mlp_only_layers: list = field(default_factory=list)
+    use_sliding_window: bool = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.num_experts = self.num_experts or self.num_local_experts
+        if self.use_sliding_window:
+            raise ValueError("qwen3_moe: use_sliding_window=True is not supported")
+
+    def is_moe(self, i: int) -> bool:
+        return (i not in self.mlp_only_layers and self.num_experts > 0
+                and (i + 1) % self.decoder_sparse_step == 0)
+
+    def moe_layers(self) -> list[int]:
+        return [i for i in range(self.num_hidden_layers) if self.is_moe(i)]
+
+    def expert_shapes(self) -> dict[str, tuple[int, int]]:
+        I, H = self.moe_intermediate_size, self.hidden_size
+        return {"gate": (I, H), "up": (I, H), "down": (H, I)}
+
+
+def expected_shapes(a: Args) -> dict[str, tuple]:
+    shapes = llama.expected_shapes(a)
+    for i in range(a.num_hidden_layers):
+        shapes[f"layers.{i}.attn.q_norm"] = shapes[f"layers.{i}.attn.k_norm"] = (a.head_dim,)
+        if a.is_moe(i):
+            shapes[f"layers.{i}.router"] = (a.num_experts, a.hidden_size)
+            for n in ("gate", "up", "down"):
+                del shapes[f"layers.{i}.mlp.{n}"]
+    return shapes
+
+
+class Model(Transformer):
+    def __init__(self, args: Args, store, *, experts: ExpertSource | None = None, **kw):
+        super().__init__(args, store, **kw)
+        self.experts = experts or ExpertSource(store)
+        self.inv_freq = rope_inv_freq(args.head_dim, args.rope_theta)
+        self.layers = [self._load_layer(i) for i in range(args.num_hidden_layers)]
+
+    def _load_layer(self, i: int) -> dict:
+        p = f"layers.{i}."
+        d = {
+            "attn_norm": self.vec(p + "attn_norm"), "mlp_norm": self.vec(p + "mlp_norm"),
+            "q_norm": self.vec(p + "attn.q_norm"), "k_norm": self.vec(p + "attn.k_norm"),
+            **{n: self.w(p + "attn." + n) for n in ("q", "k", "v", "o")},
+        }
+        if self.args.is_moe(i):
+            d["router"] = self.w(p + "router")
+        else:
+            d["mlp"] = {n: self.w(p + "mlp." + n) for n in ("gate", "up", "down")}
+        return d
+
+    def new_cache(self) -> KVCache:
+        a = self.args
+        return KVCache([LayerKV(a.num_key_value_heads, a.head_dim, None, self.chunk)
+                        for _ in range(a.num_hidden_layers)])
+
+    def route(self, i: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k expert ids and weights [T, K] for the normed MLP input x."""
+        probs = softmax(linear(x, self.layers[i]["router"]))  # [T, E]
+        idx, w = top_k(probs, self.args.num_experts_per_tok)  # [T, K]
+        if self.args.norm_topk_prob:
+            w = w / w.sum(axis=-1, keepdims=True)
+        return idx, w
+
+    def layer(self, i: int, h: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:
+        a, Lw = self.args, self.layers[i]
+        T, D = h.shape[0], a.head_dim
+        x = rms_norm(h, Lw["attn_norm"], a.rms_norm_eps)
+        cos, sin = rope_cos_sin(positions, self.inv_freq)
+        q = rms_norm(linear(x, Lw["q"]).reshape(T, -1, D), Lw["q_norm"], a.rms_norm_eps)
+        k = rms_norm(linear(x, Lw["k"]).reshape(T, -1, D), Lw["k_norm"], a.rms_norm_eps)
+        v = linear(x, Lw["v"]).reshape(T, -1, D)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        cache.layers[i].append(k, v, positions)
+        o = attention(q, cache.layers[i], positions, D**-0.5).reshape(T, -1)
+        h = h + linear(o, Lw["o"])
+        x = rms_norm(h, Lw["mlp_norm"], a.rms_norm_eps)
+        if "mlp" in Lw:
+            return h + expert_mlp(x, Lw["mlp"], silu)
+        idx, w = self.route(i, x)
+        return h + mixture(x, idx, w, i, self.experts, silu)

@@ -37,7 +37,16 @@ def llama():
     return transformers.LlamaForCausalLM, cfg
 
 
-ARCHS = {"gemma4": gemma4, "qwen3_moe": qwen3_moe, "llama": llama}
+def olmoe():
+    cfg = transformers.OlmoeConfig(
+        vocab_size=512, hidden_size=128, intermediate_size=64, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, num_experts=16, num_experts_per_tok=4,
+        norm_topk_prob=False, clip_qkv=4.0, tie_word_embeddings=False,
+    )
+    return transformers.OlmoeForCausalLM, cfg
+
+
+ARCHS = {"gemma4": gemma4, "qwen3_moe": qwen3_moe, "llama": llama, "olmoe": olmoe}
 
 
 @pytest.mark.parametrize("quant", ["f16", "q8", "q4"])

@@ -52,16 +52,28 @@ class Shard:
             raise ModelFormatError(
                 f"{path}: truncated ({size} bytes, tensors need {self.base + end}); re-download this shard"
             )
-        self._map = np.memmap(path, dtype=np.uint8, mode="r") if size else None
 
     def get(self, name: str) -> np.ndarray:
-        """The tensor as a float32-convertible array view (bf16 arrives as its uint16 bits)."""
+        """The tensor read into memory (bf16 arrives as its uint16 bits).
+
+        Read with pread rather than memory-mapped: mapped pages of a whole checkpoint would count
+        in this process's resident set, and conversion memory must stay bounded by one tensor.
+        """
         t = self.tensors[name]
         dt = DTYPES.get(t["dtype"])
         if dt is None:
             raise ConvertError(f"{self.path}: tensor {name} has dtype {t['dtype']}; only F32/F16/BF16 checkpoints convert")
         a, b = t["data_offsets"]
-        return self._map[self.base + a : self.base + b].view(dt).reshape(t["shape"])
+        buf = np.empty(b - a, np.uint8)
+        with open(self.path, "rb", buffering=0) as f:
+            f.seek(self.base + a)
+            view, got = memoryview(buf), 0
+            while got < len(buf):
+                n = f.readinto(view[got:])
+                if not n:
+                    raise ModelFormatError(f"{self.path}: truncated inside tensor {name}; re-download this shard")
+                got += n
+        return buf.view(dt).reshape(t["shape"])
 
     def is_bf16(self, name: str) -> bool:
         return self.tensors[name]["dtype"] == "BF16"

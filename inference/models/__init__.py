@@ -13,7 +13,6 @@ ALIASES = {
     "gemma4": "gemma4",
     "gemma4_text": "gemma4",
     "olmoe": "olmoe",
-    "mixtral": "mixtral",
 }
 
 

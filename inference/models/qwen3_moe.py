@@ -98,19 +98,21 @@ class Model(Transformer):
         return idx, w
 
     def layer(self, i: int, h: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:
+        h = h + self.attn(i, rms_norm(h, self.layers[i]["attn_norm"], self.args.rms_norm_eps), cache, positions)
+        x = rms_norm(h, self.layers[i]["mlp_norm"], self.args.rms_norm_eps)
+        if "mlp" in self.layers[i]:
+            return h + expert_mlp(x, self.layers[i]["mlp"], silu)
+        idx, w = self.route(i, x)
+        return h + mixture(x, idx, w, i, self.experts, silu)
+
+    def attn(self, i: int, x: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:
+        """Self-attention of the normed input x [T, H] → [T, H]; q/k RMSNorm per head."""
         a, Lw = self.args, self.layers[i]
-        T, D = h.shape[0], a.head_dim
-        x = rms_norm(h, Lw["attn_norm"], a.rms_norm_eps)
+        T, D = x.shape[0], a.head_dim
         cos, sin = rope_cos_sin(positions, self.inv_freq)
         q = rms_norm(linear(x, Lw["q"]).reshape(T, -1, D), Lw["q_norm"], a.rms_norm_eps)
         k = rms_norm(linear(x, Lw["k"]).reshape(T, -1, D), Lw["k_norm"], a.rms_norm_eps)
         v = linear(x, Lw["v"]).reshape(T, -1, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         cache.layers[i].append(k, v, positions)
-        o = attention(q, cache.layers[i], positions, D**-0.5).reshape(T, -1)
-        h = h + linear(o, Lw["o"])
-        x = rms_norm(h, Lw["mlp_norm"], a.rms_norm_eps)
-        if "mlp" in Lw:
-            return h + expert_mlp(x, Lw["mlp"], silu)
-        idx, w = self.route(i, x)
-        return h + mixture(x, idx, w, i, self.experts, silu)
+        return linear(attention(q, cache.layers[i], positions, D**-0.5).reshape(T, -1), Lw["o"])

@@ -136,6 +136,17 @@ class LayerKV:
         self.pos = np.concatenate([self.pos, np.full(cap - self.cap, -1, np.int64)])
         self.cap = cap
 
+    def can_truncate(self, n: int) -> bool:
+        """False when a ring has already overwritten rows that position n would still attend to."""
+        if not self.window or n == 0:
+            return True
+        held = self.pos[(self.pos >= 0) & (self.pos < n)]
+        return held.size > 0 and held.min() <= max(0, n - self.window + 1)
+
+    def truncate(self, n: int) -> None:
+        """Drop positions ≥ n."""
+        self.pos[self.pos >= n] = -1
+
     def view(self, last_pos: int):
         """(k, v, key positions) of the rows that may be attended to up to `last_pos`."""
         if self.window:
@@ -150,6 +161,15 @@ class KVCache:
     def __init__(self, layers: list[LayerKV]):
         self.layers = layers
         self.offset = 0
+
+    def truncate(self, n: int) -> bool:
+        """Keep only the first n positions; False (cache unchanged) when that is impossible."""
+        if n > self.offset or not all(l.can_truncate(n) for l in self.layers):
+            return False
+        for l in self.layers:
+            l.truncate(n)
+        self.offset = n
+        return True
 
 
 def attention(q: np.ndarray, kv: LayerKV, positions: np.ndarray, scale: float) -> np.ndarray:

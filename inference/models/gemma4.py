@@ -15,7 +15,8 @@ import numpy as np
 from ..kernels import linear
 from .base import (ACTIVATIONS, BaseArgs, KVCache, LayerKV, Transformer, apply_rope, attention, rms_norm,
                    rope_cos_sin, rope_inv_freq)
-from .moe import ExpertSource, expert_mlp, mixture, softmax, top_k
+from ..experts import ResidentExperts
+from .moe import expert_mlp, mixture, softmax, top_k
 
 L = r"model\.layers\.(\d+)\."
 HF_NAMES = [
@@ -134,12 +135,12 @@ def expected_shapes(a: Args) -> dict[str, tuple]:
 
 
 class Model(Transformer):
-    def __init__(self, args: Args, store, *, experts: ExpertSource | None = None, **kw):
+    def __init__(self, args: Args, store, *, experts=None, **kw):
         super().__init__(args, store, **kw)
         self.embed_scale = float(np.float32(args.hidden_size**0.5))
         self.final_softcap = args.final_logit_softcapping
         self.act = ACTIVATIONS[args.hidden_activation]
-        self.experts = experts or ExpertSource(store)
+        self.experts = experts or ResidentExperts(store)
         self.inv_freq = {}
         for kind, rp in args.rope_parameters.items():
             D = args.head_dim if kind == "sliding_attention" else args.attn_dims(args.layer_types.index(kind))[0]
@@ -194,10 +195,14 @@ class Model(Transformer):
         o = attention(apply_rope(q, cos, sin), cache.layers[i], positions, 1.0).reshape(T, -1)
         h = h + rms_norm(linear(o, Lw["o"]), Lw["post_attn_norm"], eps)
 
-        m = expert_mlp(rms_norm(h, Lw["mlp_norm"], eps), Lw["mlp"], self.act)
+        def shared() -> np.ndarray:  # the dense MLP: computed while missing experts are read
+            return expert_mlp(rms_norm(h, Lw["mlp_norm"], eps), Lw["mlp"], self.act)
+
         if "router" in Lw:
             idx, w = self.route(i, h)
-            moe = mixture(rms_norm(h, Lw["moe_norm"], eps), idx, w, i, self.experts, self.act)
+            moe, m = mixture(rms_norm(h, Lw["moe_norm"], eps), idx, w, i, self.experts, self.act, shared)
             m = rms_norm(m, Lw["post_mlp_norm"], eps) + rms_norm(moe, Lw["post_moe_norm"], eps)
+        else:
+            m = shared()
         h = h + rms_norm(m, Lw["post_ffn_norm"], eps)
         return h * Lw["layer_scalar"]

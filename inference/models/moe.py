@@ -32,30 +32,24 @@ def expert_mlp(x: np.ndarray, w: dict[str, QTensor], act: Callable) -> np.ndarra
     return linear(act(linear(x, w["gate"])) * linear(x, w["up"]), w["down"])
 
 
-class ExpertSource:
-    """Where expert weights come from. This one reads the store's memory-mapped layer files
-    (all experts resident); the streaming cache provides the same `get` over a few slots."""
+def mixture(x: np.ndarray, idx: np.ndarray, weights: np.ndarray, layer: int, source, act: Callable,
+            during_io: Callable | None = None):
+    """Σ_k weights[t, k] · expert_{idx[t, k]}(x[t]) for every row t, and during_io()'s result.
 
-    def __init__(self, store):
-        self.store = store
-
-    def get(self, layer: int, expert: int) -> dict[str, QTensor]:
-        return self.store.expert(layer, expert)
-
-
-def mixture(x: np.ndarray, idx: np.ndarray, weights: np.ndarray, layer: int, source: ExpertSource,
-            act: Callable) -> np.ndarray:
-    """Σ_k weights[t, k] · expert_{idx[t, k]}(x[t]) for every row t.
-
-    x [T, H], idx [T, K] int, weights [T, K] float32 → [T, H].
+    x [T, H], idx [T, K] int, weights [T, K] float32 → ([T, H], extra). `source` (resident or
+    streaming experts) decides when each expert's weights are at hand; `during_io` is work that
+    needs no routed expert (a shared expert), run while missing experts are read.
     """
     T, K = idx.shape
     y = np.zeros((T, K, x.shape[1]), np.float32)  # [T, K, H]
-    for e in np.unique(idx):
+
+    def compute(e: int, w: dict[str, QTensor]) -> None:
         rows, slots = np.nonzero(idx == e)
-        y[rows, slots] = expert_mlp(x[rows], source.get(layer, int(e)), act)
+        y[rows, slots] = expert_mlp(x[rows], w, act)
+
+    extra = source.run(layer, np.unique(idx).tolist(), compute, during_io)
     y *= weights[:, :, None].astype(np.float32)
     out = y[:, 0].copy()
-    for k in range(1, K):
+    for k in range(1, K):  # fixed order: the result never depends on which expert arrived first
         out += y[:, k]
-    return out
+    return out, extra

@@ -9,7 +9,8 @@ import numpy as np
 from ..kernels import linear
 from . import llama
 from .base import KVCache, LayerKV, Transformer, apply_rope, attention, rms_norm, rope_cos_sin, rope_inv_freq, silu
-from .moe import ExpertSource, expert_mlp, mixture, softmax, top_k
+from ..experts import ResidentExperts
+from .moe import expert_mlp, mixture, softmax, top_k
 
 L = r"model\.layers\.(\d+)\."
 HF_NAMES = llama.HF_NAMES + [
@@ -65,9 +66,9 @@ def expected_shapes(a: Args) -> dict[str, tuple]:
 
 
 class Model(Transformer):
-    def __init__(self, args: Args, store, *, experts: ExpertSource | None = None, **kw):
+    def __init__(self, args: Args, store, *, experts=None, **kw):
         super().__init__(args, store, **kw)
-        self.experts = experts or ExpertSource(store)
+        self.experts = experts or ResidentExperts(store)
         self.inv_freq = rope_inv_freq(args.head_dim, args.rope_theta)
         self.layers = [self._load_layer(i) for i in range(args.num_hidden_layers)]
 
@@ -103,7 +104,7 @@ class Model(Transformer):
         if "mlp" in self.layers[i]:
             return h + expert_mlp(x, self.layers[i]["mlp"], silu)
         idx, w = self.route(i, x)
-        return h + mixture(x, idx, w, i, self.experts, silu)
+        return h + mixture(x, idx, w, i, self.experts, silu)[0]
 
     def attn(self, i: int, x: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:
         """Self-attention of the normed input x [T, H] → [T, H]; q/k RMSNorm per head."""

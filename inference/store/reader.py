@@ -95,6 +95,25 @@ class Store:
             self._dense_map = np.memmap(path, dtype=np.uint8, mode="r") if size > 0 else np.zeros(0, np.uint8)
         return self._dense_map
 
+    def load_dense(self) -> int:
+        """Read dense.bin into anonymous memory (resident for good, not page cache that a memory
+        limit could evict and re-read). Call before building a model. Returns the bytes loaded."""
+        path = self.path / self.manifest["dense"]["file"]
+        size = path.stat().st_size
+        want = self.manifest["dense"].get("size", size)
+        if size < want:
+            raise ModelFormatError(f"{path}: truncated ({size} of {want} bytes); re-run `rkmojo convert`")
+        buf = np.empty(size, np.uint8)
+        with open(path, "rb", buffering=0) as f:
+            view, got = memoryview(buf), 0
+            while got < size:
+                n = f.readinto(view[got:])
+                if not n:
+                    raise ModelFormatError(f"{path}: shorter than expected; re-run `rkmojo convert`")
+                got += n
+        self._dense_map = buf
+        return size
+
     def dense_names(self) -> list[str]:
         return list(self.manifest["dense"]["tensors"])
 

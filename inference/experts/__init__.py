@@ -1,0 +1,154 @@
+"""Expert streaming: the routed experts of each MoE layer come from NVMe into a few cache slots.
+
+`StreamingExperts.run` is the layer's expert phase: count the request, submit the misses, do the
+work that needs no missing expert (the shared expert, the cached experts) while the reads land,
+then each remaining expert as its read completes. When a layer wants more experts at once than it
+has slots (prefill, or tiny caches), it works in tiles. The math is the caller's (`moe.mixture`);
+its results do not depend on the order experts arrive in, so every cache setting gives the same
+bits as the all-resident run.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+
+from ..errors import ModelFormatError, RkmojoError
+from ..store.format import digest_bytes
+from .cache import PAGE, LayerCache, LayerStats, SlotPool
+from .io import ReadRequest, open_reader
+
+VERIFY_MODES = ("off", "first", "always")
+
+
+class ResidentExperts:
+    """All experts memory-mapped from the store (no cache, no IO of our own)."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def run(self, layer: int, experts, compute: Callable, during_io: Callable | None = None):
+        extra = during_io() if during_io else None
+        for e in experts:
+            compute(int(e), self.store.expert(layer, int(e)))
+        return extra
+
+    def stats(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+class StreamingExperts:
+    """Per-layer slot caches fed by parallel direct reads.
+
+    Args:
+        store: the opened store.
+        slots: cache slots per MoE layer.
+        policy: "lfu" or "lru".
+        io: "auto", "uring" or "threads".
+        verify: digest check of blobs: "off", "first" (first load of each blob) or "always".
+    """
+
+    def __init__(self, store, slots: int, *, policy: str = "lfu", io: str = "auto", verify: str = "first",
+                 direct: bool = True):
+        if verify not in VERIFY_MODES:
+            raise RkmojoError(f"--verify-experts {verify}: choose one of {', '.join(VERIFY_MODES)}")
+        if slots < 1:
+            raise RkmojoError(f"--expert-slots {slots}: at least 1 slot per layer is needed")
+        self.store = store
+        self.verify = verify
+        self.layouts = store.expert_layers
+        self.caches: dict[int, LayerCache] = {}
+        for layer, lay in self.layouts.items():
+            pool = SlotPool(min(slots, lay.n_experts), lay.blob_size)
+            self.caches[layer] = LayerCache(lay.n_experts, pool, policy)
+        self.reader = open_reader(store, io, direct=direct)
+        self.verified: set[tuple[int, int]] = set()
+
+    @property
+    def io_name(self) -> str:
+        return self.reader.name
+
+    def _requests(self, layer: int, experts: list[int]) -> list[ReadRequest]:
+        lay, cache = self.layouts[layer], self.caches[layer]
+        length = -(-lay.blob_size // PAGE) * PAGE
+        out = []
+        for e in experts:
+            s = cache.assign(e)
+            out.append(ReadRequest(layer, e, s, cache.pool.memoryview(s), e * lay.stride, length))
+        return out
+
+    def _check(self, r: ReadRequest) -> None:
+        lay = self.layouts[r.layer]
+        if self.verify == "off" or (self.verify == "first" and (r.layer, r.expert) in self.verified):
+            return
+        if digest_bytes(r.dest[: lay.blob_size]).hexdigest() != lay.digests[r.expert]:
+            raise ModelFormatError(
+                f"{self.store.path}: experts/layer_{r.layer:02d}.bin expert {r.expert} digest mismatch; "
+                "re-run `rkmojo pull` or `rkmojo convert`"
+            )
+        self.verified.add((r.layer, r.expert))
+
+    def _drain(self, batch, compute: Callable, stats: LayerStats) -> None:
+        lay, cache = None, None
+        t = time.perf_counter()
+        for r in batch.completed():
+            stats.read_seconds += time.perf_counter() - t
+            lay, cache = self.layouts[r.layer], self.caches[r.layer]
+            self._check(r)
+            cache.fill(r.expert, r.slot)
+            stats.bytes_read += r.length
+            compute(r.expert, lay.view(cache.pool.view(r.slot)))
+            t = time.perf_counter()
+
+    def run(self, layer: int, experts, compute: Callable, during_io: Callable | None = None):
+        """Call compute(e, weights) once for every expert in `experts`; returns during_io()'s result."""
+        cache, lay = self.caches[layer], self.layouts[layer]
+        hits, misses = cache.request(experts)
+        cache.pin(hits.values())
+        batch = None
+        try:
+            free = cache.pool.n - len(hits)
+            first, rest = misses[:free], misses[free:]
+            batch = self.reader.submit(self._requests(layer, first)) if first else None
+            extra = during_io() if during_io else None
+            for e, s in hits.items():
+                compute(e, lay.view(cache.pool.view(s)))
+            cache.unpin_all()
+            if batch is not None:
+                self._drain(batch, compute, cache.stats)
+            cache.unpin_all()
+            for i in range(0, len(rest), cache.pool.n):
+                batch = self.reader.submit(self._requests(layer, rest[i : i + cache.pool.n]))
+                self._drain(batch, compute, cache.stats)
+                cache.unpin_all()
+        except BaseException:
+            # slots whose read failed or never completed stay empty (assign() cleared them);
+            # reads still in flight must land before those buffers can be handed out again
+            if batch is not None:
+                batch.abandon()
+            cache.unpin_all()
+            raise
+        return extra
+
+
+    def stats(self) -> dict:
+        """Per-layer and total cache/IO statistics."""
+        total = LayerStats()
+        per = {}
+        for layer, c in sorted(self.caches.items()):
+            per[layer] = c.stats.as_dict()
+            total.add(c.stats)
+        return {"layers": per, "total": total.as_dict(), "io": self.io_name,
+                "slots": next(iter(self.caches.values())).pool.n if self.caches else 0}
+
+    def reset_stats(self) -> None:
+        for c in self.caches.values():
+            c.stats = LayerStats()
+
+    def close(self) -> None:
+        self.reader.close()
+        self.reader.files.close()

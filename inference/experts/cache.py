@@ -1,0 +1,132 @@
+"""Per-layer expert cache: a fixed set of preallocated, page-aligned slots and the eviction policy.
+
+LFU as turbo-fieldfare does it: one count per (layer, expert), bumped on every request (hit or
+miss), kept for the whole run and across evictions; a victim is an empty slot first, then the
+lowest count, ties broken by least recent use. LRU (least recent use alone) as an option.
+Slots pinned by the computation in progress are never evicted.
+"""
+from __future__ import annotations
+
+import mmap
+from dataclasses import dataclass, field
+
+import numpy as np
+
+PAGE = 4096
+POLICIES = ("lfu", "lru")
+
+
+@dataclass
+class LayerStats:
+    requests: int = 0
+    hits: int = 0
+    misses: int = 0
+    bytes_read: int = 0
+    read_seconds: float = 0.0
+    evictions: int = 0
+    prefetched: int = 0
+    prefetch_hits: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.requests if self.requests else 0.0
+
+    def add(self, o: "LayerStats") -> None:
+        for k in self.__dataclass_fields__:
+            setattr(self, k, getattr(self, k) + getattr(o, k))
+
+    def as_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["hit_rate"] = self.hit_rate
+        return d
+
+
+class SlotPool:
+    """`n` page-aligned buffers of `slot_bytes` each, in one anonymous mapping (no per-token allocation)."""
+
+    def __init__(self, n: int, slot_bytes: int):
+        self.slot_bytes = -(-slot_bytes // PAGE) * PAGE
+        self.n = n
+        self._map = mmap.mmap(-1, max(1, n * self.slot_bytes), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self.array = np.frombuffer(self._map, dtype=np.uint8)
+        self.array[:: PAGE] = 0  # touch every page now: the budget is taken up front, not mid-run
+
+    def view(self, i: int) -> np.ndarray:
+        return self.array[i * self.slot_bytes : (i + 1) * self.slot_bytes]
+
+    def memoryview(self, i: int) -> memoryview:
+        return memoryview(self._map)[i * self.slot_bytes : (i + 1) * self.slot_bytes]
+
+
+@dataclass
+class LayerCache:
+    """Which expert sits in which slot of one layer, and whom to evict."""
+
+    n_experts: int
+    pool: SlotPool
+    policy: str = "lfu"
+    stats: LayerStats = field(default_factory=LayerStats)
+
+    def __post_init__(self):
+        if self.policy not in POLICIES:
+            raise ValueError(f"cache policy {self.policy!r}: choose one of {', '.join(POLICIES)}")
+        self.counts = np.zeros(self.n_experts, np.int64)  # whole-run request counts (LFU)
+        self.slot_expert = np.full(self.pool.n, -1, np.int64)
+        self.slot_used = np.zeros(self.pool.n, np.int64)  # tick of last use
+        self.where: dict[int, int] = {}
+        self.pinned: set[int] = set()
+        self.tick = 0
+
+    def request(self, experts) -> tuple[dict[int, int], list[int]]:
+        """Count a request for each expert; (hits: expert → slot, misses in request order)."""
+        self.tick += 1
+        hits, misses = {}, []
+        for e in experts:
+            e = int(e)
+            self.counts[e] += 1
+            self.stats.requests += 1
+            s = self.where.get(e)
+            if s is None:
+                self.stats.misses += 1
+                misses.append(e)
+            else:
+                self.stats.hits += 1
+                hits[e] = s
+                self.slot_used[s] = self.tick
+        return hits, misses
+
+    def assign(self, e: int) -> int:
+        """A slot for expert e (evicting per the policy); the slot is pinned and holds no valid data yet.
+
+        Raises:
+            RuntimeError: every slot is pinned (the caller asked for more experts at once than slots).
+        """
+        free = [s for s in range(self.pool.n) if s not in self.pinned]
+        if not free:
+            raise RuntimeError("expert cache: every slot is pinned (internal error: tile larger than the slot count)")
+        empty = [s for s in free if self.slot_expert[s] < 0]
+        if empty:
+            s = empty[0]
+        elif self.policy == "lfu":
+            s = min(free, key=lambda s: (self.counts[self.slot_expert[s]], self.slot_used[s]))
+        else:
+            s = min(free, key=lambda s: self.slot_used[s])
+        old = int(self.slot_expert[s])
+        if old >= 0:
+            del self.where[old]
+            self.stats.evictions += 1
+        self.slot_expert[s] = -1
+        self.pinned.add(s)
+        self.slot_used[s] = self.tick
+        return s
+
+    def fill(self, e: int, s: int) -> None:
+        """Record that slot s now holds expert e (after its read and digest check)."""
+        self.slot_expert[s] = e
+        self.where[e] = s
+
+    def pin(self, slots) -> None:
+        self.pinned.update(slots)
+
+    def unpin_all(self) -> None:
+        self.pinned.clear()

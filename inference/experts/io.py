@@ -1,0 +1,214 @@
+"""Reading expert blobs into cache slots: many reads in flight, completions handed back as they land.
+
+Two paths with one interface (`submit` → `Batch.completed()`):
+- io_uring through the `liburing` package (python-liburing), where the package imports and the
+  kernel lets us set up a ring;
+- a thread pool of `os.preadv` (the GIL is released during the syscall).
+Files are opened with `O_DIRECT` (slots are page-aligned, offsets 16 KiB-aligned, lengths rounded
+to pages). Where the filesystem refuses `O_DIRECT` (tmpfs), reads are buffered and followed by
+`posix_fadvise(DONTNEED)` so the page cache does not fill with experts. Short reads are retried.
+"""
+from __future__ import annotations
+
+import errno
+import os
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+
+from ..errors import RkmojoError
+from .cache import PAGE
+
+IO_MODES = ("auto", "uring", "threads")
+
+
+@dataclass
+class ReadRequest:
+    layer: int
+    expert: int
+    slot: int
+    dest: memoryview  # page-aligned, at least `length` bytes
+    offset: int
+    length: int
+
+
+class LayerFiles:
+    """One open file per MoE layer: O_DIRECT where allowed, plus a buffered fd for odd remainders."""
+
+    def __init__(self, store, direct: bool = True):
+        self.fds: dict[int, int] = {}
+        self.buffered: dict[int, int] = {}
+        self.direct = direct
+        for layer, lay in store.expert_layers.items():
+            self.buffered[layer] = os.open(lay.path, os.O_RDONLY)
+            fd = None
+            if direct:
+                try:
+                    fd = os.open(lay.path, os.O_RDONLY | os.O_DIRECT)
+                except OSError as e:
+                    if e.errno != errno.EINVAL:
+                        raise
+                    self.direct = False
+            self.fds[layer] = fd if fd is not None else self.buffered[layer]
+
+    def is_direct(self, layer: int) -> bool:
+        return self.fds[layer] != self.buffered[layer]
+
+    def close(self) -> None:
+        for fd in set(self.fds.values()) | set(self.buffered.values()):
+            os.close(fd)
+        self.fds.clear()
+        self.buffered.clear()
+
+
+def read_rest(files: LayerFiles, r: ReadRequest, got: int) -> None:
+    """Finish a read synchronously from byte `got` (short reads; buffered fd if misaligned)."""
+    while got < r.length:
+        aligned = got % PAGE == 0 and files.is_direct(r.layer)
+        fd = files.fds[r.layer] if aligned else files.buffered[r.layer]
+        n = os.preadv(fd, [r.dest[got : r.length]], r.offset + got)
+        if n <= 0:
+            raise RkmojoError(f"layer {r.layer} expert {r.expert}: read past end of the layer file; run `rkmojo verify`")
+        got += n
+
+
+def after_read(files: LayerFiles, r: ReadRequest) -> None:
+    if not files.is_direct(r.layer):
+        os.posix_fadvise(files.buffered[r.layer], r.offset, r.length, os.POSIX_FADV_DONTNEED)
+
+
+class ThreadReader:
+    """Reads with a pool of threads doing `os.preadv`."""
+
+    name = "threads"
+
+    def __init__(self, files: LayerFiles, workers: int = 8):
+        self.files = files
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rkmojo-io")
+
+    def _one(self, r: ReadRequest) -> ReadRequest:
+        n = os.preadv(self.files.fds[r.layer], [r.dest[: r.length]], r.offset)
+        if n < r.length:
+            read_rest(self.files, r, max(n, 0))
+        after_read(self.files, r)
+        return r
+
+    def submit(self, reqs: list[ReadRequest]) -> "ThreadBatch":
+        return ThreadBatch([self.pool.submit(self._one, r) for r in reqs])
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
+class ThreadBatch:
+    def __init__(self, futures):
+        self.pending = set(futures)
+
+    def completed(self):
+        """Yield each request as its read lands (completion order)."""
+        while self.pending:
+            done, self.pending = wait(self.pending, return_when=FIRST_COMPLETED)
+            for f in done:
+                yield f.result()
+
+    def abandon(self) -> None:
+        """Wait for the reads still in flight, ignoring their results."""
+        wait(self.pending)
+        self.pending = set()
+
+
+class UringReader:
+    """Reads through one io_uring (liburing); the ring is driven from the engine's thread only."""
+
+    name = "uring"
+
+    def __init__(self, files: LayerFiles, depth: int = 64):
+        import liburing
+
+        self.L = liburing
+        self.files = files
+        self.ring = liburing.Ring()
+        self.cqe = liburing.Cqe()
+        self.depth = depth
+        liburing.io_uring_queue_init(depth, self.ring, 0)
+        self.inflight: dict[int, tuple] = {}
+        self.next_id = 0
+
+    def _prep(self, r: ReadRequest) -> int:
+        sqe = self.L.io_uring_get_sqe(self.ring)
+        iov = self.L.Iovec([r.dest[: r.length]])
+        self.L.io_uring_prep_readv(sqe, self.files.fds[r.layer], iov, r.offset)
+        rid = self.next_id
+        self.next_id += 1
+        self.L.io_uring_sqe_set_data64(sqe, rid)
+        self.inflight[rid] = (r, iov)  # the Iovec must outlive the read
+        return rid
+
+    def submit(self, reqs: list[ReadRequest]) -> "UringBatch":
+        return UringBatch(self, list(reqs))
+
+    def close(self) -> None:
+        self.L.io_uring_queue_exit(self.ring)
+
+
+class UringBatch:
+    def __init__(self, reader: UringReader, reqs: list[ReadRequest]):
+        self.reader = reader
+        self.queue = reqs
+        self.mine: set[int] = set()
+        self._fill()
+
+    def _fill(self) -> None:
+        r = self.reader
+        n = 0
+        while self.queue and len(r.inflight) < r.depth:
+            self.mine.add(r._prep(self.queue.pop(0)))
+            n += 1
+        if n:
+            r.L.io_uring_submit(r.ring)
+
+    def completed(self):
+        r, L = self.reader, self.reader.L
+        while self.mine:
+            L.io_uring_wait_cqe(r.ring, r.cqe)
+            rid = L.io_uring_cqe_get_data64(r.cqe[0])
+            res = r.cqe[0].res
+            L.io_uring_cqe_seen(r.ring, r.cqe[0])
+            req, _ = r.inflight.pop(rid)
+            self.mine.discard(rid)
+            if res < 0:
+                raise RkmojoError(f"layer {req.layer} expert {req.expert}: read failed ({os.strerror(-res)})")
+            if res < req.length:
+                read_rest(r.files, req, res)
+            after_read(r.files, req)
+            self._fill()
+            yield req
+
+    def abandon(self) -> None:
+        """Wait for the reads still in flight (and drop the queued ones), ignoring their results."""
+        r, L = self.reader, self.reader.L
+        self.queue = []
+        while self.mine:
+            L.io_uring_wait_cqe(r.ring, r.cqe)
+            rid = L.io_uring_cqe_get_data64(r.cqe[0])
+            L.io_uring_cqe_seen(r.ring, r.cqe[0])
+            r.inflight.pop(rid, None)
+            self.mine.discard(rid)
+
+
+def open_reader(store, mode: str = "auto", *, direct: bool = True):
+    """The reader for `mode` (`auto` prefers io_uring and falls back to threads).
+
+    Raises:
+        RkmojoError: `uring` was asked for and is not available here.
+    """
+    if mode not in IO_MODES:
+        raise RkmojoError(f"--io {mode}: choose one of {', '.join(IO_MODES)}")
+    files = LayerFiles(store, direct)
+    if mode in ("auto", "uring"):
+        try:
+            return UringReader(files)
+        except (ImportError, OSError) as e:
+            if mode == "uring":
+                files.close()
+                raise RkmojoError(f"io_uring is not available here ({e}); use --io threads") from None
+    return ThreadReader(files)

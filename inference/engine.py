@@ -11,9 +11,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import prompt_cache
 from .errors import RkmojoError
 from .experts import StreamingExperts
 from .experts.cache import PAGE
+from .generate import GenerationMixin
 from .model import load_model
 from .store import Store
 
@@ -37,7 +39,7 @@ class EngineConfig:
     context: int = 4096
 
 
-class Engine:
+class Engine(GenerationMixin):
     def __init__(self, store: Store, cfg: EngineConfig):
         self.store = store
         self.cfg = cfg
@@ -64,6 +66,21 @@ class Engine:
     def expert_stats(self) -> dict:
         """Cache and IO statistics per layer and in total (empty when all experts are resident)."""
         return self.model.experts.stats() if hasattr(self.model, "experts") else {}
+
+    def save_prompt_cache(self, path) -> None:
+        """Write the current token ids and KV state to `path` (atomic)."""
+        prompt_cache.save(path, self.store.digest, self.tokens, self.cache)
+
+    def load_prompt_cache(self, path) -> int:
+        """Restore the token ids and KV state from `path`; returns how many tokens it holds.
+
+        Raises:
+            PromptCacheError: another store's file, truncated or corrupted; the current state is kept.
+        """
+        fresh = self.model.new_cache()
+        tokens = prompt_cache.load(path, self.store.digest, fresh)
+        self.cache, self.tokens = fresh, tokens
+        return len(tokens)
 
     def close(self) -> None:
         if hasattr(self.model, "experts"):

@@ -32,7 +32,7 @@ class EngineConfig:
     policy: str = "lfu"
     io: str = "auto"
     verify_experts: str = "first"
-    prefetch: bool = False
+    prefetch: int = 0  # gate-lookahead prefetch slots per layer (0: off)
     threads: int | None = None
     chunk: int = 128
     backend: str = "auto"
@@ -60,7 +60,7 @@ class Engine(GenerationMixin):
         if streaming:
             self.slots = plan_slots(store, kv_bytes(self.cache, cfg.context), cfg.memory_budget, cfg.expert_slots)
             self.model.experts = StreamingExperts(store, self.slots, policy=cfg.policy, io=cfg.io,
-                                                  verify=cfg.verify_experts)
+                                                  verify=cfg.verify_experts, prefetch=int(cfg.prefetch))
 
     @property
     def expert_stats(self) -> dict:

@@ -34,12 +34,13 @@ def ids_for(store, n=72, seed=1):
     return np.random.default_rng(seed).integers(0, vocab, n)
 
 
-@pytest.mark.parametrize("slots,policy,io", [(2, "lfu", "uring"), (2, "lru", "threads"), (3, "lfu", "threads"),
-                                             (16, "lfu", "uring")])
-def test_streamed_logits_are_bit_identical_to_resident(moe_store, slots, policy, io):
+@pytest.mark.parametrize("slots,policy,io,prefetch", [(2, "lfu", "uring", 0), (2, "lru", "threads", 0),
+                                                      (3, "lfu", "threads", 4), (2, "lfu", "uring", 2),
+                                                      (16, "lfu", "uring", 0)])
+def test_streamed_logits_are_bit_identical_to_resident(moe_store, slots, policy, io, prefetch):
     ids = ids_for(moe_store)
     resident = run_tokens(Engine.open(moe_store, chunk=16), ids, 40)
-    e = Engine.open(moe_store, chunk=16, expert_slots=slots, policy=policy, io=io)
+    e = Engine.open(moe_store, chunk=16, expert_slots=slots, policy=policy, io=io, prefetch=prefetch)
     streamed = run_tokens(e, ids, 40)
     assert np.array_equal(resident, streamed)
     st = e.expert_stats
@@ -48,6 +49,8 @@ def test_streamed_logits_are_bit_identical_to_resident(moe_store, slots, policy,
     assert t["requests"] == t["hits"] + t["misses"] and t["misses"] > 0 and t["bytes_read"] > 0
     if slots < 4:
         assert t["evictions"] > 0
+    if prefetch:
+        assert t["prefetched"] > 0 and t["prefetch_hits"] > 0
 
 
 def test_where_o_direct_is_refused_reads_are_buffered_and_dropped_from_the_page_cache(moe_store, monkeypatch):

@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import ModelFormatError, RkmojoError
 from ..store.format import digest_bytes
 from .cache import PAGE, LayerCache, LayerStats, SlotPool
-from .io import ReadRequest, open_reader
+from .io import LayerFiles, ReadRequest, ThreadReader, open_reader
 
 VERIFY_MODES = ("off", "first", "always")
 
@@ -53,7 +53,7 @@ class StreamingExperts:
     """
 
     def __init__(self, store, slots: int, *, policy: str = "lfu", io: str = "auto", verify: str = "first",
-                 direct: bool = True):
+                 direct: bool = True, prefetch: int = 0):
         if verify not in VERIFY_MODES:
             raise RkmojoError(f"--verify-experts {verify}: choose one of {', '.join(VERIFY_MODES)}")
         if slots < 1:
@@ -67,6 +67,60 @@ class StreamingExperts:
             self.caches[layer] = LayerCache(lay.n_experts, pool, policy)
         self.reader = open_reader(store, io, direct=direct)
         self.verified: set[tuple[int, int]] = set()
+        # gate-lookahead prefetch: its own slots per layer and its own reader threads, so a
+        # prefetch never takes a demand read's slot or waits in front of it in a queue
+        self.prefetch_slots = prefetch
+        self.pf_pools: dict[int, SlotPool] = {}
+        self.pf_pending: dict[int, dict[int, tuple]] = {}
+        if prefetch:
+            self.pf_reader = ThreadReader(LayerFiles(store, direct), workers=2)
+            for layer, lay in self.layouts.items():
+                self.pf_pools[layer] = SlotPool(prefetch, lay.blob_size)
+                self.pf_pending[layer] = {}
+
+    @property
+    def wants_prefetch(self) -> bool:
+        return bool(self.prefetch_slots)
+
+    def prefetch(self, layer: int, experts) -> None:
+        """Start reading the experts layer `layer` is predicted to miss, into its prefetch slots."""
+        if layer not in self.pf_pools:
+            return
+        self._settle_prefetch(layer)
+        cache, pool, lay = self.caches[layer], self.pf_pools[layer], self.layouts[layer]
+        length = -(-lay.blob_size // PAGE) * PAGE
+        todo = [int(e) for e in dict.fromkeys(experts) if int(e) not in cache.where][: pool.n]
+        for s, e in enumerate(todo):
+            r = ReadRequest(layer, e, s, pool.memoryview(s), e * lay.stride, length)
+            self.pf_pending[layer][e] = (r, self.pf_reader.submit([r]))
+            cache.stats.prefetched += 1
+
+    def _settle_prefetch(self, layer: int) -> None:
+        for r, batch in self.pf_pending[layer].values():
+            batch.abandon()
+        self.pf_pending[layer].clear()
+
+    def _take_prefetched(self, layer: int, misses: list[int], compute: Callable) -> list[int]:
+        """Compute the misses that a prefetch already read; returns the misses still to read."""
+        pending = self.pf_pending.get(layer)
+        if not pending:
+            return misses
+        lay, stats, rest = self.layouts[layer], self.caches[layer].stats, []
+        for e in misses:
+            if e not in pending:
+                rest.append(e)
+                continue
+            r, batch = pending.pop(e)
+            t = time.perf_counter()
+            for _ in batch.completed():
+                pass
+            stats.read_seconds += time.perf_counter() - t
+            self._check(r)
+            stats.bytes_read += r.length
+            stats.prefetch_hits += 1
+            compute(e, lay.view(self.pf_pools[layer].view(r.slot)))
+        self._settle_prefetch(layer)
+        return rest
 
     @property
     def io_name(self) -> str:
@@ -112,11 +166,14 @@ class StreamingExperts:
         batch = None
         try:
             free = cache.pool.n - len(hits)
-            first, rest = misses[:free], misses[free:]
+            prefetched = set(self.pf_pending.get(layer, ()))
+            demand = [e for e in misses if e not in prefetched]
+            first, rest = demand[:free], demand[free:]
             batch = self.reader.submit(self._requests(layer, first)) if first else None
             extra = during_io() if during_io else None
             for e, s in hits.items():
                 compute(e, lay.view(cache.pool.view(s)))
+            self._take_prefetched(layer, [e for e in misses if e in prefetched], compute)
             cache.unpin_all()
             if batch is not None:
                 self._drain(batch, compute, cache.stats)
@@ -150,5 +207,8 @@ class StreamingExperts:
             c.stats = LayerStats()
 
     def close(self) -> None:
-        self.reader.close()
-        self.reader.files.close()
+        for layer in self.pf_pending:
+            self._settle_prefetch(layer)
+        for r in [self.reader] + ([self.pf_reader] if self.prefetch_slots else []):
+            r.close()
+            r.files.close()

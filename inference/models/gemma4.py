@@ -16,7 +16,7 @@ from ..kernels import linear
 from .base import (ACTIVATIONS, BaseArgs, KVCache, LayerKV, Transformer, apply_rope, attention, rms_norm,
                    rope_cos_sin, rope_inv_freq)
 from ..experts import ResidentExperts
-from .moe import expert_mlp, mixture, softmax, top_k
+from .moe import expert_mlp, lookahead, mixture, softmax, top_k
 
 L = r"model\.layers\.(\d+)\."
 HF_NAMES = [
@@ -200,6 +200,7 @@ class Model(Transformer):
 
         if "router" in Lw:
             idx, w = self.route(i, h)
+            lookahead(self, i, lambda j: h)
             moe, m = mixture(rms_norm(h, Lw["moe_norm"], eps), idx, w, i, self.experts, self.act, shared)
             m = rms_norm(m, Lw["post_mlp_norm"], eps) + rms_norm(moe, Lw["post_moe_norm"], eps)
         else:

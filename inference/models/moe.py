@@ -53,3 +53,16 @@ def mixture(x: np.ndarray, idx: np.ndarray, weights: np.ndarray, layer: int, sou
     for k in range(1, K):  # fixed order: the result never depends on which expert arrived first
         out += y[:, k]
     return out, extra
+
+
+def lookahead(model, i: int, router_input: Callable[[int], np.ndarray]) -> None:
+    """Gate lookahead: apply layer i+1's router to what layer i sees now and start reading the
+    experts it predicts (only when the expert source prefetches; off by default).
+
+    router_input(j) gives layer j's router input computed from the current hidden state.
+    """
+    j = i + 1
+    if not getattr(model.experts, "wants_prefetch", False) or j >= len(model.layers) or "router" not in model.layers[j]:
+        return
+    idx, _ = model.route(j, router_input(j))
+    model.experts.prefetch(j, np.unique(idx).tolist())

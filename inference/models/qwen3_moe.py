@@ -10,7 +10,7 @@ from ..kernels import linear
 from . import llama
 from .base import KVCache, LayerKV, Transformer, apply_rope, attention, rms_norm, rope_cos_sin, rope_inv_freq, silu
 from ..experts import ResidentExperts
-from .moe import expert_mlp, mixture, softmax, top_k
+from .moe import expert_mlp, lookahead, mixture, softmax, top_k
 
 L = r"model\.layers\.(\d+)\."
 HF_NAMES = llama.HF_NAMES + [
@@ -104,6 +104,7 @@ class Model(Transformer):
         if "mlp" in self.layers[i]:
             return h + expert_mlp(x, self.layers[i]["mlp"], silu)
         idx, w = self.route(i, x)
+        lookahead(self, i, lambda j: rms_norm(h, self.layers[j]["mlp_norm"], self.args.rms_norm_eps))
         return h + mixture(x, idx, w, i, self.experts, silu)[0]
 
     def attn(self, i: int, x: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:

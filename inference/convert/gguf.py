@@ -10,8 +10,9 @@ a view into the mapped file, so memory stays bounded by the largest single tenso
   rows and is exact for every kind.
 - The tokenizer is rebuilt as a HF `tokenizer.json` (`inference.tokenizer_gguf`).
 
-To add an architecture, add an `ArchTable` to `ARCHITECTURES`: a config builder, the GGUF → internal
-tensor name table, the expected shapes, and which rows need un-permuting.
+To add an architecture, add an `ArchTable` to `ARCHITECTURES`: a config builder from the metadata, the
+GGUF → internal tensor name table, and which rows need un-permuting. Expected shapes come from the
+model module (`expected_shapes`), as for the safetensors converter.
 """
 from __future__ import annotations
 
@@ -26,12 +27,13 @@ from typing import Callable
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, LlamaFileType
 from gguf.quants import dequantize as gguf_dequantize
-from tqdm import tqdm
 
+from .. import models
 from ..errors import ConvertError, ModelFormatError
 from ..quant import QTensor, quantize
 from ..store import StoreWriter
 from ..tokenizer_gguf import tokenizer_from_gguf
+from .progress import progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +61,8 @@ class ArchTable:
     """How one GGUF architecture maps onto a store. Names use `{}` for the layer index."""
 
     config: Callable[[dict, str], dict]  # (metadata, file name) → HF-style config
-    tensors: dict[str, str]  # GGUF name → internal name
-    shapes: Callable[[dict], dict[str, tuple[int, ...]]]  # config → internal name → [out, in] / [n]
+    tensors: dict[str, tuple[str, str]]  # GGUF name → (internal name, tensor class)
     unpermute: dict[str, str] = field(default_factory=dict)  # internal name → config key of its head count
-    optional: frozenset[str] = frozenset()
 
 
 def _llama_config(meta: dict, src: str) -> dict:
@@ -116,37 +116,23 @@ def _rope_scaling(meta: dict, arch: str, src: str) -> dict | None:
     raise ConvertError(f"{src}: RoPE scaling {kind!r} ({arch}.rope.scaling.type) is not supported; supported: linear, yarn")
 
 
-def _llama_shapes(c: dict) -> dict[str, tuple[int, ...]]:
-    h, v, i = c["hidden_size"], c["vocab_size"], c["intermediate_size"]
-    q, kv = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
-    return {
-        "embed": (v, h), "norm": (h,), "lm_head": (v, h),
-        "layers.{}.attn_norm": (h,), "layers.{}.mlp_norm": (h,),
-        "layers.{}.attn.q": (q, h), "layers.{}.attn.k": (kv, h), "layers.{}.attn.v": (kv, h),
-        "layers.{}.attn.o": (h, q),
-        "layers.{}.mlp.gate": (i, h), "layers.{}.mlp.up": (i, h), "layers.{}.mlp.down": (h, i),
-    }
-
-
 LLAMA = ArchTable(
     config=_llama_config,
     tensors={
-        "token_embd.weight": "embed",
-        "output_norm.weight": "norm",
-        "output.weight": "lm_head",
-        "blk.{}.attn_norm.weight": "layers.{}.attn_norm",
-        "blk.{}.attn_q.weight": "layers.{}.attn.q",
-        "blk.{}.attn_k.weight": "layers.{}.attn.k",
-        "blk.{}.attn_v.weight": "layers.{}.attn.v",
-        "blk.{}.attn_output.weight": "layers.{}.attn.o",
-        "blk.{}.ffn_norm.weight": "layers.{}.mlp_norm",
-        "blk.{}.ffn_gate.weight": "layers.{}.mlp.gate",
-        "blk.{}.ffn_up.weight": "layers.{}.mlp.up",
-        "blk.{}.ffn_down.weight": "layers.{}.mlp.down",
+        "token_embd.weight": ("embed", "embedding"),
+        "output_norm.weight": ("norm", "norm"),
+        "output.weight": ("lm_head", "embedding"),
+        "blk.{}.attn_norm.weight": ("layers.{}.attn_norm", "norm"),
+        "blk.{}.attn_q.weight": ("layers.{}.attn.q", "linear"),
+        "blk.{}.attn_k.weight": ("layers.{}.attn.k", "linear"),
+        "blk.{}.attn_v.weight": ("layers.{}.attn.v", "linear"),
+        "blk.{}.attn_output.weight": ("layers.{}.attn.o", "linear"),
+        "blk.{}.ffn_norm.weight": ("layers.{}.mlp_norm", "norm"),
+        "blk.{}.ffn_gate.weight": ("layers.{}.mlp.gate", "linear"),
+        "blk.{}.ffn_up.weight": ("layers.{}.mlp.up", "linear"),
+        "blk.{}.ffn_down.weight": ("layers.{}.mlp.down", "linear"),
     },
-    shapes=_llama_shapes,
     unpermute={"layers.{}.attn.q": "num_attention_heads", "layers.{}.attn.k": "num_key_value_heads"},
-    optional=frozenset({"lm_head"}),
 )
 
 ARCHITECTURES: dict[str, ArchTable] = {"llama": LLAMA}
@@ -175,59 +161,64 @@ def convert_gguf(src: Path, out: Path, *, progress: bool = True) -> Path:
     table = ARCHITECTURES.get(arch)
     if table is None:
         raise ConvertError(
-            f"{src.name}: architecture {arch!r} is not supported for GGUF conversion; supported: {', '.join(sorted(ARCHITECTURES))}"
+            f"{src}: architecture {arch!r} is not supported for GGUF conversion; "
+            f"supported: {', '.join(sorted(ARCHITECTURES))}"
         )
-    config = table.config(meta, src.name)
-    names = {t.name for t in reader.tensors}
-    config["tie_word_embeddings"] = "output.weight" not in names
-    tok = tokenizer_from_gguf(meta, src.name)
-    shapes = table.shapes(config)
+    config = table.config(meta, str(src))
+    config["tie_word_embeddings"] = all(t.name != "output.weight" for t in reader.tensors)
+    model = models.get(config["model_type"])
+    try:
+        expected = model.expected_shapes(model.Args.from_dict(config))
+    except (TypeError, ValueError) as e:
+        raise ConvertError(f"{src}: {e}") from None
+    tok = tokenizer_from_gguf(meta, str(src))
 
-    total = sum(t.n_bytes for t in reader.tensors)
-    classes: dict[str, set[str]] = {}
+    kinds: dict[str, set[str]] = {}
     requantized: dict[str, int] = {}
-    with StoreWriter(out, config["model_type"], config) as w, tqdm(
-        total=total, unit="B", unit_scale=True, desc=src.name, disable=not progress
-    ) as bar:
-        written = set()
+    total = sum(t.n_bytes for t in reader.tensors)
+    with StoreWriter(out, config["model_type"], config) as w, \
+            progress_bar(total, f"convert {src.name}", progress) as bar:
+        seen = set()
         for t in reader.tensors:
-            template, internal = _internal_name(table, t.name, config, src.name)
-            shape = shapes[template]
-            got = tuple(int(d) for d in reversed(t.shape.tolist()))
-            if got != shape:
+            template, internal, cls = _internal_name(table, t.name, config, str(src))
+            shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+            want = tuple(expected[internal])
+            if shape != want:
                 raise ConvertError(
-                    f"{src.name}: tensor {t.name} has shape {list(got)} but the metadata implies {list(shape)}; "
+                    f"{src}: tensor {t.name} has shape {list(shape)} but the metadata implies {list(want)}; "
                     "the GGUF is inconsistent, re-export it"
                 )
             heads = config[table.unpermute[template]] if template in table.unpermute else None
             qt = _to_qtensor(t, shape, heads)
             w.add_dense(internal, qt)
-            written.add(internal)
-            cls = _tensor_class(template)
-            classes.setdefault(cls, set()).add(qt.kind)
+            seen.add(internal)
+            kinds.setdefault("default" if cls == "linear" else cls, set()).add(qt.kind)
             if qt.kind == REQUANT_KIND:
                 requantized[t.tensor_type.name] = requantized.get(t.tensor_type.name, 0) + 1
             bar.update(t.n_bytes)
-        _check_complete(table, config, written, src.name)
-
-        if requantized:
-            log.warning(
-                "%s: re-quantized %s to %s (rkmojo keeps only %s as they are)", src.name,
-                ", ".join(f"{n} {k} tensors" for k, n in sorted(requantized.items())), REQUANT_KIND,
-                "/".join(k.name for k in KEPT),
+        missing = sorted(n for n in expected if n not in seen and not (n == "lm_head" and config["tie_word_embeddings"]))
+        if missing:
+            raise ConvertError(
+                f"{src}: tensor {_gguf_name(table, missing[0])} missing ({len(missing)} missing); "
+                "the GGUF is incomplete, re-export it"
             )
-        quant = {cls: "+".join(sorted(kinds)) for cls, kinds in sorted(classes.items())}
+
+        quant = {cls: "+".join(sorted(k)) for cls, k in sorted(kinds.items())}
         if requantized:
             quant["requantized"] = ",".join(f"{k}->{REQUANT_KIND}" for k in sorted(requantized))
+            log.warning(
+                "%s: re-quantized %s to %s (GGUF types kept as they are: %s)", src,
+                ", ".join(f"{n} {k} tensors" for k, n in sorted(requantized.items())), REQUANT_KIND,
+                ", ".join(k.name for k in KEPT),
+            )
         w.set_quantization(quant)
         w.set_generation(_generation(meta, tok.bos_token_id, tok.eos_token_ids))
         w.set_source(_source(meta, src))
         for name, data in tok.files().items():
             w.add_tokenizer_file(name, data)
-        w.set_tokenizer_info(chat_template=tok.chat_template, bos_token_id=tok.bos_token_id, eos_token_ids=tok.eos_token_ids)
-        path = w.finish()
-    log.info("%s: %d tensors, %s → %s", src.name, len(reader.tensors), quant, path)
-    return path
+        w.set_tokenizer_info(chat_template=tok.chat_template, bos_token_id=tok.bos_token_id,
+                             eos_token_ids=tok.eos_token_ids)
+        return w.finish()
 
 
 # --- reading ------------------------------------------------------------------------------------
@@ -287,21 +278,31 @@ def _metadata(reader: GGUFReader, src: Path) -> dict:
 
 
 # --- tensors ------------------------------------------------------------------------------------
-def _internal_name(table: ArchTable, name: str, config: dict, src: str) -> tuple[str, str]:
+def _internal_name(table: ArchTable, name: str, config: dict, src: str) -> tuple[str, str, str]:
+    """(internal template, internal name, tensor class) of a GGUF tensor name."""
     m = _LAYER.match(name)
     template, layer = (f"blk.{{}}.{m.group(2)}", int(m.group(1))) if m else (name, None)
-    internal = table.tensors.get(template)
-    if internal is None:
+    if template not in table.tensors:
         raise ConvertError(
             f"{src}: tensor {name} is not part of architecture {config['model_type']} as rkmojo knows it; "
             "this GGUF variant is not supported"
         )
+    internal, cls = table.tensors[template]
     if layer is not None and layer >= config["num_hidden_layers"]:
         raise ConvertError(
             f"{src}: tensor {name} is past the {config['num_hidden_layers']} layers the metadata declares; "
             "the GGUF is inconsistent, re-export it"
         )
-    return internal, internal.format(layer)
+    return internal, internal.format(layer), cls
+
+
+def _gguf_name(table: ArchTable, internal: str) -> str:
+    """The GGUF name of an internal tensor name (for messages)."""
+    for gguf_template, (template, _) in table.tensors.items():
+        m = re.fullmatch(re.escape(template).replace(r"\{\}", r"(\d+)"), internal)
+        if m:
+            return gguf_template.format(*m.groups())
+    return internal
 
 
 def _to_qtensor(t, shape: tuple[int, ...], heads: int | None) -> QTensor:
@@ -336,25 +337,6 @@ def _unpermute_rows(n_rows: int, n_heads: int) -> np.ndarray:
     return np.arange(n_rows).reshape(n_heads, hd // 2, 2).transpose(0, 2, 1).reshape(-1)
 
 
-def _tensor_class(template: str) -> str:
-    if template.endswith("norm"):
-        return "norm"
-    return template.split(".")[2] if template.startswith("layers.") else template
-
-
-def _check_complete(table: ArchTable, config: dict, written: set[str], src: str) -> None:
-    gguf_name = {v: k for k, v in table.tensors.items()}
-    for template in table.tensors.values():
-        if template in table.optional:
-            continue
-        layers = range(config["num_hidden_layers"]) if "{}" in template else [None]
-        for i in layers:
-            if template.format(i) not in written:
-                raise ConvertError(
-                    f"{src}: tensor {gguf_name[template].format(i)} missing; the GGUF is incomplete, re-export it"
-                )
-
-
 # --- metadata -----------------------------------------------------------------------------------
 def _generation(meta: dict, bos: int | None, eos: list[int]) -> dict:
     gen = {"bos_token_id": bos, "eos_token_id": eos}
@@ -371,8 +353,8 @@ def _source(meta: dict, src: Path) -> dict:
     except ValueError:
         pass
     info = {
-        "format": "gguf",
-        "file": src.name,
+        "type": "gguf",
+        "path": str(src),
         "size": os.path.getsize(src),
         "gguf_version": meta.get("GGUF.version"),
         "file_type": ftype,

@@ -1,120 +1,212 @@
-"""A first terminal chat over a store: its tokenizer, its own chat template, greedy or temperature
-sampling, streamed text. (The generation issue replaces this with the engine's event API.)"""
+"""`rkmojo run`: a terminal chat over the engine's event API, or one answer with `-p`.
+
+Interactive: the answer streams as it is generated; the conversation is kept (the engine reuses its
+KV cache for the common prefix, so each turn costs only the new text); Ctrl-C stops the current
+answer (the engine's `cancel()`, from a signal handler) and the chat goes on; a second Ctrl-C
+during a long prompt interrupts at once and resets the KV state. Commands: /reset, /stats, /help,
+/bye. A stats line follows each answer on stderr.
+
+One-shot (`-p PROMPT`, `-p -` reads stdin): only the answer goes to stdout; `--stats` adds the stats
+line on stderr.
+"""
 from __future__ import annotations
 
-import json
+import signal
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-from tokenizers import Tokenizer
+from .engine import Engine
+from .generate import ContextLengthError, Final, TextDelta
+from .sampler import SamplingParams
+from .templates import ChatTemplateError
 
-from .errors import ModelFormatError
-from .model import load_model
-from .store import Store
-
-FALLBACK_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+HELP = """commands:
+  /reset   forget the conversation (and the KV cache)
+  /stats   model, context use and the last answer's numbers
+  /help    this text
+  /bye     quit (Ctrl-D too); Ctrl-C stops an answer"""
 
 
-class ChatTokenizer:
-    """The store's tokenizer.json plus its chat template and end-of-turn ids."""
-
-    def __init__(self, store: Store):
-        path = store.path / "tokenizer.json"
-        if not path.is_file():
-            raise ModelFormatError(f"{store.path}: no tokenizer.json in the store; re-run `rkmojo convert`")
-        self.tok = Tokenizer.from_file(str(path))
-        info = store.manifest.get("tokenizer", {})
-        tc = {}
-        if (store.path / "tokenizer_config.json").is_file():
-            tc = json.loads((store.path / "tokenizer_config.json").read_text())
-        self.template = info.get("chat_template") or tc.get("chat_template") or FALLBACK_TEMPLATE
-        self.bos = _token_text(tc.get("bos_token"))
-        self.eos = _token_text(tc.get("eos_token"))
-        eos = info.get("eos_token_ids") or store.config.get("eos_token_id") or []
-        gen = store.manifest.get("generation", {}).get("eos_token_id")
-        ids = set(eos if isinstance(eos, list) else [eos]) | set(gen if isinstance(gen, list) else [gen] if gen is not None else [])
-        if self.eos and self.tok.token_to_id(self.eos) is not None:
-            ids.add(self.tok.token_to_id(self.eos))
-        self.eos_ids = {int(i) for i in ids if i is not None}
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        self._tmpl = env.from_string(self.template)
-
-    def render(self, messages: list[dict]) -> str:
-        return self._tmpl.render(messages=messages, add_generation_prompt=True,
-                                 bos_token=self.bos or "", eos_token=self.eos or "")
-
-    def encode_chat(self, messages: list[dict]) -> list[int]:
-        return self.tok.encode(self.render(messages), add_special_tokens=False).ids
+def stats_line(final: Final) -> str:
+    """One line of numbers about an answer: tokens, why it ended, TTFT, speeds, expert hit rate."""
+    u, t = final.usage, final.timings
+    parts = [f"{u.completion_tokens} tokens", final.finish_reason, f"TTFT {t.ttft:.2f} s",
+             f"prefill {t.prefill_tps:.0f} tok/s" + (f" ({u.cached_tokens} cached)" if u.cached_tokens else ""),
+             f"decode {t.decode_tps:.1f} tok/s"]
+    if t.expert_hit_rate is not None:
+        parts.append(f"experts {t.expert_hit_rate:.0%} hit")
+    return "[" + " · ".join(parts) + "]"
 
 
-def _token_text(t) -> str | None:
-    return t.get("content") if isinstance(t, dict) else t
+class _CancelOnInterrupt:
+    """While active, Ctrl-C cancels the generation; a second Ctrl-C raises KeyboardInterrupt."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.hits = 0
+
+    def _handler(self, signum, frame):
+        self.hits += 1
+        if self.hits > 1:
+            raise KeyboardInterrupt
+        self.engine.cancel()
+
+    def __enter__(self):
+        self.previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc):
+        signal.signal(signal.SIGINT, self.previous)
 
 
-def generate(model, tok: ChatTokenizer, ids: list[int], cache, *, max_tokens: int, temperature: float,
-             rng: np.random.Generator):
-    """Yield (token id, text delta) pairs until an end-of-turn id or `max_tokens`."""
-    logits = model.forward(np.array(ids), cache, last_only=True)[-1]
-    out: list[int] = []
-    shown = ""
-    for _ in range(max_tokens):
-        if temperature > 0:
-            p = np.exp((logits - logits.max()) / temperature)
-            nxt = int(rng.choice(len(p), p=p / p.sum()))
-        else:
-            nxt = int(np.argmax(logits))
-        if nxt in tok.eos_ids:
-            return
-        out.append(nxt)
-        text = tok.tok.decode(out, skip_special_tokens=True)
-        if not text.endswith("\ufffd"):  # hold back a partial UTF-8 character
-            yield nxt, text[len(shown):]
-            shown = text
-        logits = model.forward(np.array([nxt]), cache, last_only=True)[-1]
+def stream_answer(engine: Engine, messages: list[dict], params: dict, out=sys.stdout) -> Final:
+    """Write the answer to `out` as it streams; the `Final` event.
+
+    Raises:
+        KeyboardInterrupt: a second Ctrl-C (the engine's KV state is reset first).
+    """
+    with _CancelOnInterrupt(engine):
+        try:
+            for ev in engine.chat(messages, params):
+                if isinstance(ev, TextDelta):
+                    out.write(ev.text)
+                    out.flush()
+                elif isinstance(ev, Final):
+                    return ev
+        except KeyboardInterrupt:
+            engine.reset()  # interrupted inside a forward pass: the KV state may be half-written
+            raise
+    raise AssertionError("generation ended without a Final event")
 
 
-def run_chat(store_path: Path, *, prompt: str | None, max_tokens: int, temperature: float,
-             seed: int | None, threads: int | None) -> int:
-    if threads:
-        from .kernels import set_threads
-        set_threads(threads)
-    store = Store(store_path)
-    model, tok = load_model(store), ChatTokenizer(store)
-    rng = np.random.default_rng(seed)
-    history: list[dict] = []
-    interactive = prompt is None
-    while True:
-        if interactive:
+def run_chat(store_path: Path, *, prompt: str | None, params: dict, system: str | None = None,
+             show_stats: bool = False, engine_options: dict | None = None) -> int:
+    """The `rkmojo run` command: interactive when `prompt` is None, else one answer. Exit status."""
+    engine = Engine.open(store_path, **(engine_options or {}))
+    try:
+        if prompt is not None:
+            return _one_shot(engine, sys.stdin.read() if prompt == "-" else prompt, params, system, show_stats)
+        return ChatSession(engine, params, system).loop()
+    finally:
+        engine.close()
+
+
+def _one_shot(engine: Engine, prompt: str, params: dict, system: str | None, show_stats: bool) -> int:
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    try:
+        final = stream_answer(engine, messages, params)
+    except KeyboardInterrupt:
+        sys.stdout.write("\n")
+        return 130
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    if show_stats:
+        print(stats_line(final), file=sys.stderr)
+    return 130 if final.finish_reason == "cancelled" else 0
+
+
+class ChatSession:
+    """The interactive loop: history, commands, one answer per line typed."""
+
+    def __init__(self, engine: Engine, params: dict, system: str | None):
+        self.engine = engine
+        self.params = params
+        self.system = system
+        self.history: list[dict] = []
+        self.last: Final | None = None
+        self.answers = 0
+
+    def messages(self) -> list[dict]:
+        return ([{"role": "system", "content": self.system}] if self.system else []) + self.history
+
+    def loop(self) -> int:
+        try:
+            import readline  # noqa: F401 - line editing and history for input()
+        except ImportError:
+            pass
+        st = self.engine.store
+        print(f"rkmojo · {st.path.name} ({st.architecture}, context {self.engine.context_length}) · "
+              "/help for commands, Ctrl-D to quit", file=sys.stderr)
+        while True:
             try:
                 line = input(">>> ")
             except EOFError:
+                print(file=sys.stderr)
                 return 0
-            if not line.strip():
+            except KeyboardInterrupt:
+                print(file=sys.stderr)
                 continue
+            text = line.strip()
+            if not text:
+                continue
+            if text.startswith("/"):
+                if self.command(text) == "quit":
+                    return 0
+                continue
+            self.answer(line)
+
+    def command(self, text: str) -> str | None:
+        cmd = text.split()[0].lower()
+        if cmd in ("/bye", "/exit", "/quit"):
+            return "quit"
+        if cmd == "/reset":
+            self.history.clear()
+            self.engine.reset()
+            print("[conversation reset]", file=sys.stderr)
+        elif cmd == "/stats":
+            print(self.stats(), file=sys.stderr)
+        elif cmd == "/help":
+            print(HELP, file=sys.stderr)
         else:
-            line = prompt
-        history.append({"role": "user", "content": line})
-        cache = model.new_cache()
-        t0, n, answer = time.perf_counter(), 0, []
-        try:
-            for _, delta in generate(model, tok, tok.encode_chat(history), cache,
-                                     max_tokens=max_tokens, temperature=temperature, rng=rng):
-                n += 1
-                answer.append(delta)
-                sys.stdout.write(delta)
-                sys.stdout.flush()
-        except KeyboardInterrupt:
-            if not interactive:
-                raise
+            print(f"unknown command {cmd}; /help lists them", file=sys.stderr)
+        return None
+
+    def answer(self, line: str) -> None:
+        self.history.append({"role": "user", "content": line})
+        while True:
+            try:
+                final = stream_answer(self.engine, self.messages(), self.params)
+                break
+            except ContextLengthError as e:
+                if len(self.history) <= 1:
+                    self.history.pop()
+                    print(f"rkmojo: {e}", file=sys.stderr)
+                    return
+                del self.history[: 2 if len(self.history) > 2 else 1]  # the oldest exchange
+                print("[the oldest turn was dropped to fit the context]", file=sys.stderr)
+            except (ChatTemplateError, ValueError) as e:
+                self.history.pop()
+                print(f"rkmojo: {e}", file=sys.stderr)
+                return
+            except KeyboardInterrupt:
+                self.history.pop()
+                print("\n[interrupted]", file=sys.stderr)
+                return
         sys.stdout.write("\n")
-        history.append({"role": "assistant", "content": "".join(answer)})
-        if not interactive:
-            return 0
-        dt = time.perf_counter() - t0
-        print(f"[{n} tokens, {n / dt:.1f} tok/s]", file=sys.stderr)
+        sys.stdout.flush()
+        if final.finish_reason == "cancelled":
+            print("[cancelled]", file=sys.stderr)
+        self.history.append({"role": "assistant", "content": final.text})
+        self.last = final
+        self.answers += 1
+        print(stats_line(final), file=sys.stderr)
+
+    def sampling(self) -> str:
+        p = SamplingParams.from_any(self.params).resolve(self.engine.store.manifest.get("generation"))
+        shown = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                 "frequency_penalty", "max_tokens", "seed", "stop")
+        return ", ".join(f"{k}={getattr(p, k)}" for k in shown if getattr(p, k) not in (None, []))
+
+    def stats(self) -> str:
+        e = self.engine
+        lines = [f"model     {e.store.path} ({e.store.architecture})",
+                 f"context   {len(e.tokens)} of {e.context_length} tokens in the KV cache; "
+                 f"{len(self.history)} messages, {self.answers} answers",
+                 "sampling  " + self.sampling()]
+        if self.last is not None:
+            lines.append("last      " + stats_line(self.last))
+        total = (getattr(e, "expert_stats", None) or {}).get("total")
+        if total:
+            lines.append(f"experts   {total.get('hits', 0)} hits, {total.get('misses', 0)} misses "
+                         f"({total.get('hit_rate', 0):.0%} hit rate) since the model was opened")
+        return "\n".join(lines)

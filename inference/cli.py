@@ -1,37 +1,14 @@
-"""The `rkmojo` command line: convert, verify, run, bench.
+"""The `rkmojo` command line: convert, pull, verify, run, list, show, rm, bench, synth, up.
 
 Errors a user can act on (`RkmojoError`) print as one line and exit 1; nothing else is caught.
 """
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from pathlib import Path
 
 from .errors import RkmojoError
-
-
-def models_dir() -> Path:
-    """Where named models live: $RKMOJO_HOME/models, default ~/.local/share/rkmojo/models."""
-    home = os.environ.get("RKMOJO_HOME")
-    base = Path(home) if home else Path.home() / ".local" / "share" / "rkmojo"
-    return base / "models"
-
-
-def resolve_model(name: str) -> Path:
-    """A store path from a name in the models directory or a path.
-
-    Raises:
-        RkmojoError: neither exists.
-    """
-    p = Path(name)
-    if (p / "manifest.json").is_file():
-        return p
-    q = models_dir() / name
-    if (q / "manifest.json").is_file():
-        return q
-    raise RkmojoError(f"model {name!r} not found as a path or in {models_dir()}; install it with `rkmojo convert`")
+from .models_dir import models_dir, resolve_model  # noqa: F401 - the CLI's model lookup, also used by demo.py
 
 
 def cmd_convert(a) -> int:
@@ -55,18 +32,142 @@ def cmd_verify(a) -> int:
 
 
 def cmd_bench(a) -> int:
-    from .bench import run_bench
+    from .bench import BenchOptions, Workload, run_bench
 
-    run_bench(resolve_model(a.store), threads=a.threads, prompt_tokens=a.prompt_tokens,
-              decode_tokens=a.decode_tokens, runs=a.runs, json_out=a.json)
+    w = Workload(prompt_tokens=a.prompt_tokens, prefill_tokens=tuple(_int_list(a.prefill_tokens, "--prefill-tokens")),
+                 decode_tokens=a.decode_tokens, runs=a.runs, feed=a.feed, seed=a.seed)
+    o = BenchOptions(memory_budget=a.memory_budget, expert_slots=a.expert_slots, policy=a.cache_policy, io=a.io,
+                     verify_experts=a.verify_experts, threads=a.threads, workload=w,
+                     sweep=tuple(_int_list(a.sweep, "--sweep")), bandwidth_seconds=a.bandwidth_seconds,
+                     compute_tokens=a.compute_tokens, compute_bound=not a.no_compute_bound,
+                     drop_caches=not a.no_drop_caches, cgroup_memory=a.cgroup_memory)
+    run_bench(resolve_model(a.store), o, json_out=a.json, trace_out=a.trace)
+    return 0
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        out = []
+    if not out or min(out) < 1:
+        raise RkmojoError(f"{flag} {text!r}: give positive whole numbers separated by commas, like 8,16,24,32")
+    return out
+
+
+def cmd_synth(a) -> int:
+    from .synth import synth_store
+
+    print(synth_store(a.out, a.shape, layers=a.layers, router=a.router, skew=a.skew, seed=a.seed,
+                      progress=not a.quiet))
     return 0
 
 
 def cmd_run(a) -> int:
     from .chat import run_chat
+    from .sampler import SamplingParams
 
-    return run_chat(resolve_model(a.model), prompt=a.prompt, max_tokens=a.max_tokens,
-                    temperature=a.temperature, seed=a.seed, threads=a.threads)
+    params = {"max_tokens": a.max_tokens, "temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p,
+              "min_p": a.min_p, "repetition_penalty": a.repeat_penalty, "presence_penalty": a.presence_penalty,
+              "frequency_penalty": a.frequency_penalty, "seed": a.seed, "stop": a.stop or []}
+    try:
+        SamplingParams.from_any(params)
+    except ValueError as e:
+        raise RkmojoError(str(e)) from None
+    options = {k: v for k, v in (("threads", a.threads), ("memory_budget", a.memory_budget),
+                                 ("expert_slots", a.expert_slots), ("context", a.context)) if v is not None}
+    return run_chat(resolve_model(a.model), prompt=a.prompt, params=params, system=a.system,
+                    show_stats=a.stats, engine_options=options)
+
+
+def cmd_pull(a) -> int:
+    from .pull import pull
+
+    try:
+        out = pull(a.source, models_dir(), name=a.name, revision=a.revision, endpoint=a.endpoint, quant=a.quant,
+                   progress=not a.quiet)
+    except KeyboardInterrupt:
+        print("rkmojo pull: interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+    print(out)
+    return 0
+
+
+def cmd_list(a) -> int:
+    from .models_dir import fmt_bytes, fmt_count, list_models
+
+    models, partial = list_models()
+    if not models and not partial:
+        print(f"no models in {models_dir()}; install one with `rkmojo pull` (or `python -m inference.demo install`)",
+              file=sys.stderr)
+        return 0
+    rows = [("NAME", "ARCH", "PARAMS", "ACTIVE", "SIZE", "QUANT")]
+    rows += [(m.name, m.architecture, fmt_count(m.params), fmt_count(m.active_params), fmt_bytes(m.disk_bytes),
+              m.quant) for m in models]
+    for pp in partial:
+        done = fmt_bytes(pp["done"]) + (f" of {fmt_bytes(pp['total'])}" if pp.get("total") else "")
+        rows.append((pp["name"], "(partial)", "", "", done, f"from {pp['source']}; `rkmojo pull` it again to resume"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    return 0
+
+
+def cmd_show(a) -> int:
+    from .convert.progress import progress_bar
+    from .models_dir import describe, fmt_bytes, fmt_count, quick_check
+    from .store import Store
+
+    path = resolve_model(a.model)
+    m = describe(path)
+    lines = [("name", m.name), ("path", str(m.path)), ("architecture", m.architecture),
+             ("parameters", f"{fmt_count(m.params)} ({fmt_count(m.active_params)} active per token)"),
+             ("layers", f"{m.layers}, hidden {m.hidden}, vocabulary {m.vocab}"),
+             ("context", str(m.context))]
+    if m.experts:
+        e = m.experts
+        lines.append(("experts", f"{e['per_layer']} per layer in {e['layers']} layers, top-{e['top_k']}, "
+                                 f"{fmt_bytes(e['blob_bytes'])} each"))
+    lines += [("quantization", ", ".join(f"{k} {v}" for k, v in m.quantization.items())),
+              ("size on disk", fmt_bytes(m.disk_bytes)),
+              ("chat template", "the model's own" if m.has_template else "none (the documented fallback)"),
+              ("source", ", ".join(f"{k} {v}" for k, v in m.source.items() if k in
+                                   ("type", "repo", "revision", "url", "path", "name", "file_type")))]
+    gen = {k: v for k, v in m.generation.items() if k in ("temperature", "top_k", "top_p", "min_p",
+                                                          "repetition_penalty")}
+    if gen:
+        lines.append(("defaults", ", ".join(f"{k} {v}" for k, v in gen.items())))
+    problem = quick_check(path)
+    if problem:
+        status = f"INCOMPLETE: {problem}"
+    elif a.verify:
+        st = Store(path)
+        with progress_bar(st.total_bytes(), f"verify {m.name}", True) as bar:
+            st.verify(progress=bar.update)
+        status = "ok (every tensor and expert digest verified)"
+    else:
+        status = "files complete; digests not checked (add --verify)"
+    lines.append(("digests", status))
+    width = max(len(k) for k, _ in lines)
+    for k, v in lines:
+        print(f"{k.ljust(width)}  {v}")
+    return 0 if not problem else 1
+
+
+def cmd_rm(a) -> int:
+    from .models_dir import remove
+
+    for name in a.models:
+        print(f"removed {remove(name)}")
+    return 0
+
+
+def cmd_up(a) -> int:
+    from appliance.up import create_api_key, run  # lazy: importing `inference` never imports Django
+
+    if a.create_api_key:
+        return create_api_key(a.create_api_key)
+    return run(a.host, a.port, demo=not a.no_demo, worker_name=a.worker_name)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,21 +189,97 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="chat with a model in the terminal, or answer one prompt with -p")
     r.add_argument("model", help="a model name in the models directory, or a store path")
-    r.add_argument("-p", "--prompt", help="answer this prompt and exit (only the answer on stdout)")
-    r.add_argument("--max-tokens", type=int, default=256)
-    r.add_argument("--temperature", type=float, default=0.0)
-    r.add_argument("--seed", type=int, default=None)
-    r.add_argument("--threads", type=int, default=None)
+    r.add_argument("-p", "--prompt", help="answer this prompt and exit (only the answer on stdout; '-' reads stdin)")
+    r.add_argument("--system", help="a system prompt")
+    r.add_argument("--stats", action="store_true", help="with -p: the stats line on stderr")
+    g = r.add_argument_group("sampling (unset: the model's generation config, else temperature 0.2, top-k 64, "
+                             "top-p 0.95)")
+    g.add_argument("--max-tokens", type=int, default=None, help="answer length limit (default: the context)")
+    g.add_argument("--temperature", type=float, default=None, help="0 is greedy")
+    g.add_argument("--top-k", type=int, default=None)
+    g.add_argument("--top-p", type=float, default=None)
+    g.add_argument("--min-p", type=float, default=None)
+    g.add_argument("--repeat-penalty", type=float, default=None)
+    g.add_argument("--presence-penalty", type=float, default=0.0)
+    g.add_argument("--frequency-penalty", type=float, default=0.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", help="a stop string (repeatable)")
+    e = r.add_argument_group("engine")
+    e.add_argument("--threads", type=int, default=None)
+    e.add_argument("--context", type=int, default=None, help="KV cache length in tokens")
+    e.add_argument("--memory-budget", default=None, help="stream experts within this much memory, e.g. 6G")
+    e.add_argument("--expert-slots", type=int, default=None, help="expert cache slots per layer")
     r.set_defaults(fn=cmd_run)
 
-    b = sub.add_parser("bench", help="measure prefill and decode speed of a store")
+    u = sub.add_parser("pull", help="install a model from a Hugging Face-style repository or a GGUF URL (resumable)")
+    u.add_argument("source", help="a repository id (owner/name) or the https URL of a .gguf file")
+    u.add_argument("--name", help="name in the models directory (default: from the repository or file name)")
+    u.add_argument("--revision", default="main", help="branch, tag or commit (default main)")
+    u.add_argument("--endpoint", default=None, help="base URL (default $HF_ENDPOINT, else https://huggingface.co)")
+    u.add_argument("--quant", choices=["f16", "q8", "q4"], default="q4", help="weight format; default q4")
+    u.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    u.set_defaults(fn=cmd_pull)
+
+    ls = sub.add_parser("list", help="the models in the models directory")
+    ls.set_defaults(fn=cmd_list)
+
+    sh = sub.add_parser("show", help="a model's architecture, sizes, quantization and digest status")
+    sh.add_argument("model", help="a model name or a store path")
+    sh.add_argument("--verify", action="store_true", help="check every digest (reads the whole store)")
+    sh.set_defaults(fn=cmd_show)
+
+    rm = sub.add_parser("rm", help="delete models (or an interrupted pull) from the models directory")
+    rm.add_argument("models", nargs="+", help="model names or store paths")
+    rm.set_defaults(fn=cmd_rm)
+
+    from .synth import DEFAULT_SKEW, ROUTERS, SHAPES
+
+    y = sub.add_parser("synth", help="write a store with a real model's shapes and random weights (benchmarks, tests)")
+    y.add_argument("out", help="store directory to create (must not exist)")
+    y.add_argument("--shape", required=True, choices=list(SHAPES), help="whose shapes to copy")
+    y.add_argument("--layers", type=int, default=None, help="override the layer count (smaller variants)")
+    y.add_argument("--router", choices=ROUTERS, default="uniform",
+                   help="uniform: every expert equally likely (a cache's worst case); "
+                        "skewed: power-law expert popularity")
+    y.add_argument("--skew", type=float, default=DEFAULT_SKEW,
+                   help=f"power-law exponent of the skewed router (default {DEFAULT_SKEW})")
+    y.add_argument("--seed", type=int, default=0)
+    y.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    y.set_defaults(fn=cmd_synth)
+
+    b = sub.add_parser("bench", help="measure decode and prefill speed of a store against its IO and compute bounds")
     b.add_argument("store")
+    b.add_argument("--memory-budget", default=None, help="stream experts within this budget, e.g. 4G")
+    b.add_argument("--expert-slots", type=int, default=None, help="stream experts with this many slots per layer")
+    b.add_argument("--cache-policy", choices=["lfu", "lru"], default="lfu")
+    b.add_argument("--io", choices=["auto", "uring", "threads"], default="auto")
+    b.add_argument("--verify-experts", choices=["off", "first", "always"], default="first")
     b.add_argument("--threads", type=int, default=None)
-    b.add_argument("--prompt-tokens", type=int, default=128)
-    b.add_argument("--decode-tokens", type=int, default=128)
-    b.add_argument("--runs", type=int, default=3)
+    b.add_argument("--prompt-tokens", type=int, default=128, help="prompt before each decode run (default 128)")
+    b.add_argument("--prefill-tokens", default="128,1024", help="prompt lengths timed for prefill and TTFT")
+    b.add_argument("--decode-tokens", type=int, default=256)
+    b.add_argument("--runs", type=int, default=3, help="decode runs; the median is reported")
+    b.add_argument("--feed", choices=["random", "greedy"], default="random",
+                   help="decode by a fixed random id sequence (default) or by argmax")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--sweep", default="8,16,24,32", help="cache sizes the routing trace is replayed at")
+    b.add_argument("--bandwidth-seconds", type=float, default=10.0, help="how long to measure read bandwidth")
+    b.add_argument("--compute-tokens", type=int, default=64, help="decode tokens of the compute-only run")
+    b.add_argument("--no-compute-bound", action="store_true", help="skip the all-resident compute-only run")
+    b.add_argument("--no-drop-caches", action="store_true", help="do not drop the page cache before the read test")
+    b.add_argument("--cgroup-memory", default=None,
+                   help="run the streaming part inside a cgroup-v1 memory limit of this size, e.g. 4G (root)")
     b.add_argument("--json", help="also write the results to this JSON file")
+    b.add_argument("--trace", help="also write the routing trace (phase, layer, experts, misses) to this JSON file")
     b.set_defaults(fn=cmd_bench)
+
+    up = sub.add_parser("up", help="run the appliance: web API (OpenAI and Ollama), a worker, Redis; Ctrl-C stops")
+    up.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0: the LAN)")
+    up.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    up.add_argument("--worker-name", default=None, help="this board's name (default $RKMOJO_WORKER_NAME, the host name)")
+    up.add_argument("--no-demo", action="store_true", help="do not install the demo model on first start")
+    up.add_argument("--create-api-key", metavar="NAME", help="create an API key, print it once, and exit")
+    up.set_defaults(fn=cmd_up)
     return p
 
 

@@ -165,9 +165,15 @@ def quantize_rows(a: np.ndarray, bf16: bool, kind: str) -> QTensor:
     return QTensor(kind, tuple(a.shape), parts)
 
 
-def convert_hf(src: Path, out: Path, quant: str = "q4", *, progress: bool = True) -> Path:
+def convert_hf(src: Path, out: Path, quant: str = "q4", *, progress: bool = True, shards=None,
+               writer=StoreWriter) -> Path:
     """Convert the checkpoint directory `src` into a store at `out`.
 
+    Args:
+        shards: `Shard`-like objects to read instead of the safetensors files in `src` (`rkmojo pull`
+            passes remote ones); a tensor for which `shard.resumed(name)` is true was already written
+            by an interrupted earlier run and is skipped.
+        writer: the `StoreWriter` class (or a factory with its signature) that builds the store.
     Raises:
         ConvertError / ModelFormatError: one line naming the file or tensor and the fix; nothing is left at `out`.
     """
@@ -185,13 +191,13 @@ def convert_hf(src: Path, out: Path, quant: str = "q4", *, progress: bool = True
     expected = arch.expected_shapes(args)
     tied = bool(cfg.get("tie_word_embeddings", False))
     moe_layers = args.moe_layers() if hasattr(args, "moe_layers") else []
-    shards = [Shard(p) for p in find_shards(src)]
+    shards = list(shards) if shards is not None else [Shard(p) for p in find_shards(src)]
     table = NameTable(arch)
     kinds = {"default": quant, "router": "f16" if quant == "f16" else "q8", "norm": "f32", "embedding": quant}
 
     total = sum(sum(t["data_offsets"][1] - t["data_offsets"][0] for t in s.tensors.values()) for s in shards)
     cfg = dict(cfg, model_type=models.canonical(model_type))
-    with StoreWriter(out, models.canonical(model_type), cfg) as w, \
+    with writer(out, models.canonical(model_type), cfg) as w, \
             progress_bar(total, f"convert {src.name}", progress) as bar:
         w.set_quantization(kinds)
         w.set_source({"type": "safetensors", "path": str(src), "model_type": model_type})
@@ -205,6 +211,10 @@ def convert_hf(src: Path, out: Path, quant: str = "q4", *, progress: bool = True
                 nbytes = meta["data_offsets"][1] - meta["data_offsets"][0]
                 internal, cls = table.map(name)
                 if internal is None or (internal == "lm_head" and tied):
+                    bar.update(nbytes)
+                    continue
+                if getattr(shard, "resumed", None) and shard.resumed(name):
+                    seen.add(internal)
                     bar.update(nbytes)
                     continue
                 a = shard.get(name)

@@ -1,0 +1,193 @@
+"""The Redis protocol between the web side and the workers (besides Celery's own broker keys).
+
+Keys (all under `rkmojo:`):
+- `worker:NAME` — a worker's registration (JSON: boot id, models it serves, models loaded, the request
+  it runs), written every heartbeat with a short TTL: a worker that stops answering disappears.
+- `seen:MODEL` — the worker that last served a model, kept for minutes: a request for it waits in the
+  queue while that worker restarts instead of being refused as an unknown model.
+- `queue:MODEL` — sorted set of the requests admitted for a model (waiting or running), scored by the
+  last time their HTTP side renewed its lease. Admission is one Lua script: count, compare, add.
+- `req:ID` — a request's description for `/api/ps` (model, kind, state, client, times).
+- `events:ID` — the request's event stream (XADD by the worker, XREAD by the web side): ordered and
+  replayable, so the web side may start reading after the worker started writing.
+- `cancel:ID` — set by the web side when its client went away; the worker checks it before every token.
+
+Events are JSON objects with a type `t`: claim, start, delta, final, error (see `appliance.tasks`).
+"""
+from __future__ import annotations
+
+import json
+import time
+import urllib.parse
+
+import redis
+
+PREFIX = "rkmojo:"
+EVENT_TTL = 3600  # an event stream nobody reads vanishes after this long
+LEASE = 30.0  # an admitted request whose HTTP side has not renewed it for this long no longer counts
+
+
+def k_worker(name: str) -> str:
+    return f"{PREFIX}worker:{name}"
+
+
+def k_seen(model: str) -> str:
+    return f"{PREFIX}seen:{model}"
+
+
+def k_queue(model: str) -> str:
+    return f"{PREFIX}queue:{model}"
+
+
+def k_req(req_id: str) -> str:
+    return f"{PREFIX}req:{req_id}"
+
+
+def k_events(req_id: str) -> str:
+    return f"{PREFIX}events:{req_id}"
+
+
+def k_cancel(req_id: str) -> str:
+    return f"{PREFIX}cancel:{req_id}"
+
+
+def model_queue(model: str) -> str:
+    """The Celery queue of a model's generation tasks."""
+    return f"model.{model}"
+
+
+def board_queue(worker: str) -> str:
+    """The Celery queue of one worker's control tasks (install, delete, …)."""
+    return f"board.{worker}"
+
+
+def kombu_url(redis_url: str) -> str:
+    """The broker URL kombu wants for a redis-py URL (`unix:///x.sock?db=1` → `redis+socket:///x.sock?virtual_host=1`)."""
+    u = urllib.parse.urlsplit(redis_url)
+    if u.scheme != "unix":
+        return redis_url
+    db = urllib.parse.parse_qs(u.query).get("db", ["0"])[0]
+    return f"redis+socket://{u.path}?virtual_host={db}"
+
+
+def connect(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, decode_responses=True, health_check_interval=30)
+
+
+def connect_async(url: str):
+    import redis.asyncio as aioredis
+
+    return aioredis.Redis.from_url(url, decode_responses=True)
+
+
+# --- admission ---------------------------------------------------------------------------------
+_ADMIT = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[2])
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[1], ARGV[4])
+return 1
+"""
+
+
+async def admit(r, model: str, req_id: str, capacity: int, info: dict) -> bool:
+    """Add the request to its model's queue unless `capacity` requests are already there."""
+    now = time.time()
+    ok = await r.eval(_ADMIT, 1, k_queue(model), now, now - LEASE, capacity, req_id)
+    if ok:
+        await r.set(k_req(req_id), json.dumps(info), ex=EVENT_TTL)
+    return bool(ok)
+
+
+async def renew(r, model: str, req_id: str) -> None:
+    await r.zadd(k_queue(model), {req_id: time.time()}, xx=True)
+
+
+async def release(r, model: str, req_id: str) -> None:
+    async with r.pipeline(transaction=False) as p:
+        p.zrem(k_queue(model), req_id)
+        p.delete(k_req(req_id))
+        await p.execute()
+
+
+async def queued(r, model: str) -> list[dict]:
+    """The live requests of a model, oldest first, with their descriptions."""
+    ids = await r.zrangebyscore(k_queue(model), time.time() - LEASE, "+inf")
+    out = []
+    for req_id in ids:
+        raw = await r.get(k_req(req_id))
+        if raw:
+            out.append(json.loads(raw))
+    return sorted(out, key=lambda d: d.get("created", 0))
+
+
+# --- events ------------------------------------------------------------------------------------
+def emit(r: redis.Redis, req_id: str, event: dict) -> None:
+    """Append one event to the request's stream (worker side)."""
+    p = r.pipeline(transaction=False)
+    p.xadd(k_events(req_id), {"e": json.dumps(event, separators=(",", ":"))})
+    p.expire(k_events(req_id), EVENT_TTL)
+    p.execute()
+
+
+async def read(r, req_id: str, after: str, block_ms: int) -> list[tuple[str, dict]]:
+    """Events after stream id `after` ("0" for all), waiting up to `block_ms` for the first."""
+    res = await r.xread({k_events(req_id): after}, block=block_ms, count=256)
+    if not res:
+        return []
+    return [(eid, json.loads(fields["e"])) for eid, fields in res[0][1]]
+
+
+async def cancel(r, req_id: str) -> None:
+    await r.set(k_cancel(req_id), repr(time.time()), ex=EVENT_TTL)
+
+
+def cancelled_at(r: redis.Redis, req_id: str) -> float | None:
+    """When the web side asked to cancel (worker side), or None."""
+    v = r.get(k_cancel(req_id))
+    return float(v) if v else None
+
+
+# --- the worker registry -----------------------------------------------------------------------
+SEEN_TTL = 300
+
+
+def register(r: redis.Redis, name: str, info: dict, ttl: float) -> None:
+    p = r.pipeline(transaction=False)
+    p.set(k_worker(name), json.dumps(info), px=int(ttl * 1000))
+    for m in info.get("models", []):
+        p.set(k_seen(m["name"]), name, ex=SEEN_TTL)
+    p.execute()
+
+
+def unregister(r: redis.Redis, name: str, boot: str) -> None:
+    """A clean stop: the worker and the models it served leave the lists at once."""
+    raw = r.get(k_worker(name))
+    if raw and json.loads(raw).get("boot") == boot:
+        for m in json.loads(raw).get("models", []):
+            forget(r, m["name"], name)
+        r.delete(k_worker(name))
+
+
+def forget(r: redis.Redis, model: str, worker: str) -> None:
+    if r.get(k_seen(model)) == worker:
+        r.delete(k_seen(model))
+
+
+async def seen(r, model: str) -> str | None:
+    """The worker that served `model` within the last minutes (it may be restarting), or None."""
+    return await r.get(k_seen(model))
+
+
+async def workers(r) -> list[dict]:
+    """Every live worker's registration, by name."""
+    out = []
+    async for key in r.scan_iter(match=k_worker("*"), count=100):
+        raw = await r.get(key)
+        if raw:
+            out.append(json.loads(raw))
+    return sorted(out, key=lambda w: w["name"])
+
+
+async def worker(r, name: str) -> dict | None:
+    raw = await r.get(k_worker(name))
+    return json.loads(raw) if raw else None

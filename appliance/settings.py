@@ -1,0 +1,145 @@
+"""Django settings, from environment variables (see `env.py`); safe defaults for one machine.
+
+The data directory (`RKMOJO_DATA`, else `RKMOJO_HOME`, else ~/.local/share/rkmojo) holds models/,
+prompt-cache/, db.sqlite3, the generated secret key and logs; on a board it is the NVMe mount.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from pathlib import Path
+
+import dj_database_url
+
+from .env import (env_bool, env_choice, env_duration, env_int, env_list, env_path, env_size, env_str)
+
+DATA_DIR = env_path("RKMOJO_DATA", env_path("RKMOJO_HOME", Path.home() / ".local" / "share" / "rkmojo"))
+MODELS_DIR = DATA_DIR / "models"
+PROMPT_CACHE_DIR = DATA_DIR / "prompt-cache"
+
+
+def _secret_key() -> str:
+    """`SECRET_KEY` from the environment, else generated once into the data directory (mode 0600)."""
+    given = env_str("SECRET_KEY") or env_str("DJANGO_SECRET_KEY")
+    if given:
+        return given
+    path = DATA_DIR / "secret_key"
+    if not path.is_file():
+        DATA_DIR.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".secret_key.{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(50))
+        try:
+            os.link(tmp, path)  # the first process to get here wins; the others read its key
+        except FileExistsError:
+            pass
+        tmp.unlink()
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env_bool("RKMOJO_DEBUG", False)
+ALLOWED_HOSTS = env_list("RKMOJO_ALLOWED_HOSTS", ["*"])  # an appliance is reached by whatever name the LAN gives it
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "webui",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "appliance.urls"
+ASGI_APPLICATION = "appliance.asgi.application"
+TEMPLATES = [{
+    "BACKEND": "django.template.backends.django.DjangoTemplates",
+    "DIRS": [],
+    "APP_DIRS": True,
+    "OPTIONS": {"context_processors": [
+        "django.template.context_processors.request",
+        "django.contrib.auth.context_processors.auth",
+        "django.contrib.messages.context_processors.messages",
+    ]},
+}]
+
+DATABASES = {"default": dj_database_url.parse(
+    env_str("DATABASE_URL", f"sqlite:///{DATA_DIR / 'db.sqlite3'}"), conn_max_age=0)}
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # daphne's thread pool and the async ORM write from several threads: wait for the lock instead of failing
+    DATABASES["default"]["OPTIONS"] = {"timeout": 20, "transaction_mode": "IMMEDIATE"}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("RKMOJO_MAX_REQUEST_BYTES", 16 * 2**20, minimum=1024)
+
+# --- Redis: broker, event streams, worker registry, channel layer -------------------------------
+REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+                              "CONFIG": {"hosts": [REDIS_URL], "prefix": "rkmojo:channels:"}}}
+
+# Celery reads every CELERY_* name below (appliance/celery.py).
+CELERY_BROKER_URL = REDIS_URL
+CELERY_TASK_IGNORE_RESULT = True  # results travel over the per-request event stream, not a result backend
+CELERY_TASK_ACKS_LATE = False  # a task whose worker died is not run again: its client has had its error
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+
+# --- the appliance ------------------------------------------------------------------------------
+RKMOJO = {
+    # requests waiting per worker behind the running one; past it: 429 (OpenAI) / 503 (Ollama)
+    "QUEUE_LIMIT": env_int("RKMOJO_QUEUE_LIMIT", 8, minimum=0),
+    # seconds the API tells a refused client to wait
+    "RETRY_AFTER": env_int("RKMOJO_RETRY_AFTER", 5, minimum=1),
+    # a model unused this long is unloaded (Ollama's keep_alive per request overrides); negative: never
+    "KEEP_ALIVE": env_duration("RKMOJO_KEEP_ALIVE", 30 * 60),
+    # "remote": keys required for clients off loopback; "always"; "never"
+    "API_KEYS": env_choice("RKMOJO_API_KEYS", "remote", ("remote", "always", "never")),
+    # prompt-cache files: expiry and total size cap (oldest dropped first)
+    "PROMPT_CACHE_DAYS": env_int("RKMOJO_PROMPT_CACHE_DAYS", 7, minimum=0),
+    "PROMPT_CACHE_MAX": env_size("RKMOJO_PROMPT_CACHE_MAX", 2 * 2**30),
+    # the worker: its name (one per board), the model it loads at start, the engine's options
+    "WORKER_NAME": env_str("RKMOJO_WORKER_NAME", socket.gethostname()),
+    "PRELOAD": env_str("RKMOJO_PRELOAD", ""),
+    "MEMORY_BUDGET": env_size("RKMOJO_MEMORY_BUDGET", None),
+    "EXPERT_SLOTS": env_int("RKMOJO_EXPERT_SLOTS", None, minimum=1),
+    "THREADS": env_int("RKMOJO_THREADS", None, minimum=1),
+    "CONTEXT": env_int("RKMOJO_CONTEXT", 4096, minimum=256),
+    # a request still queued with no live worker for its model after this long gets an error
+    "NO_WORKER_TIMEOUT": env_duration("RKMOJO_NO_WORKER_TIMEOUT", 60),
+    # how often a worker refreshes its registration, and when a silent one counts as gone
+    "HEARTBEAT": env_duration("RKMOJO_HEARTBEAT", 1.0),
+    "HEARTBEAT_TTL": env_duration("RKMOJO_HEARTBEAT_TTL", 4.0),
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_choice("RKMOJO_LOG_LEVEL", "info",
+                                                         ("debug", "info", "warning", "error")).upper()},
+}

@@ -1,0 +1,322 @@
+"""Celery tasks run by a worker. Each writes its progress as events to the request's Redis stream.
+
+Events (`bus.emit`), in order:
+- `claim` {worker, boot}: a worker took the request (the web side now watches that worker's heartbeat);
+- `start` {prompt_tokens, load_duration}: the request is valid and computing (the HTTP status is 200 from here);
+- `delta` {text, tokens, logprobs?}: new answer text;
+- `embeddings` {data (base64 float32), shape, prompt_tokens};
+- `progress` {status, completed?, total?} (install);
+- `final` {finish_reason, usage, timings, load_duration, cancel_latency?, tokens_after_cancel?};
+- `error` {status, code, param, message} instead of `start`, or after it when something broke.
+
+`generate` serves the model queues: chat, complete, embed, load, unload. `install`, `delete` and
+`verify` serve the board queue.
+"""
+from __future__ import annotations
+
+import base64
+import logging
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+from celery import shared_task
+from django.conf import settings
+
+from . import bus
+from .promptcache import common_prefix
+from .worker import board
+
+log = logging.getLogger("rkmojo.tasks")
+
+
+class RequestError(Exception):
+    """A request the engine refused: becomes an `error` event with an HTTP status."""
+
+    def __init__(self, status: int, message: str, *, code: str | None = None, param: str | None = None):
+        super().__init__(message)
+        self.status, self.code, self.param = status, code, param
+
+    def event(self) -> dict:
+        return {"t": "error", "status": self.status, "code": self.code, "param": self.param, "message": str(self)}
+
+
+@shared_task(name="rkmojo.generate", ignore_result=True)
+def generate(req: dict) -> None:
+    """Run one request on this worker's engine for `req["model"]`."""
+    b = board()
+    rid = req["id"]
+    bus.emit(b.r, rid, {"t": "claim", "worker": b.name, "boot": b.boot})
+    try:
+        if bus.cancelled_at(b.r, rid) is not None:
+            bus.emit(b.r, rid, {"t": "final", "finish_reason": "cancelled", "usage": None})
+            return
+        with b.lock:
+            b.running = rid
+            b.heartbeat()  # /api/ps shows it running now, not at the next beat
+            try:
+                _run(b, req)
+            finally:
+                b.running = None
+                b.heartbeat()
+    except RequestError as e:
+        bus.emit(b.r, rid, e.event())
+    except Exception as e:  # a bug or a broken store: the client gets an error event, the worker lives on
+        log.exception("request %s failed", rid)
+        bus.emit(b.r, rid, {"t": "error", "status": 500, "code": "internal_error", "param": None,
+                            "message": f"the worker failed: {type(e).__name__}: {e}"})
+    finally:
+        b.r.zrem(bus.k_queue(req["model"]), rid)
+
+
+def _run(b, req: dict) -> None:
+    from inference.generate import ContextLengthError
+    from inference.templates import ChatTemplateError
+
+    rid, name, kind = req["id"], req["model"], req["kind"]
+    if name not in b.models and name not in b.scan():
+        raise RequestError(404, f"model {name!r} is not installed on worker {b.name}", code="model_not_found",
+                           param="model")
+    if kind == "unload":
+        unloaded = b.unload(name)
+        bus.emit(b.r, rid, {"t": "start", "prompt_tokens": 0, "load_duration": 0.0})
+        bus.emit(b.r, rid, {"t": "final", "finish_reason": "unload" if unloaded else "stop", "usage": None})
+        return
+    eng, load_s = b.engine(name, req.get("keep_alive"))
+    try:
+        if kind == "load":
+            bus.emit(b.r, rid, {"t": "start", "prompt_tokens": 0, "load_duration": load_s})
+            bus.emit(b.r, rid, {"t": "final", "finish_reason": "load", "usage": None, "load_duration": load_s})
+        elif kind == "embed":
+            _embed(b, eng, req, load_s)
+        else:
+            try:
+                _generate(b, eng, req, load_s)
+            except ContextLengthError as e:
+                raise RequestError(400, str(e), code="context_length_exceeded", param=req.get("field")) from None
+            except (ChatTemplateError, ValueError) as e:
+                raise RequestError(400, str(e), param=req.get("field")) from None
+    finally:
+        b.touch(name, req.get("keep_alive"))
+
+
+def _embed(b, eng, req: dict, load_s: float) -> None:
+    from inference.generate import ContextLengthError
+
+    texts = req["input"]
+    try:
+        counts = [len(eng.tokenizer.encode(t)) for t in texts]
+        vecs = eng.embed(texts)  # [N, H] float32, L2-normalised
+    except ContextLengthError as e:
+        raise RequestError(400, str(e), code="context_length_exceeded", param="input") from None
+    except ValueError as e:
+        raise RequestError(400, str(e), param="input") from None
+    bus.emit(b.r, req["id"], {"t": "start", "prompt_tokens": sum(counts), "load_duration": load_s})
+    bus.emit(b.r, req["id"], {"t": "embeddings", "shape": list(vecs.shape), "prompt_tokens": sum(counts),
+                              "data": base64.b64encode(np.ascontiguousarray(vecs, "<f4").tobytes()).decode()})
+    bus.emit(b.r, req["id"], {"t": "final", "finish_reason": "stop", "load_duration": load_s,
+                              "usage": {"prompt_tokens": sum(counts), "cached_tokens": 0, "completion_tokens": 0}})
+
+
+def _generate(b, eng, req: dict, load_s: float) -> None:
+    from inference.generate import Final, TextDelta, TokenEvent
+    from inference.sampler import SamplingParams
+
+    rid, name = req["id"], req["model"]
+    cancel_seen: dict = {}
+
+    def cancelled() -> bool:
+        if b.shutting_down:
+            return True
+        if "at" not in cancel_seen:
+            at = bus.cancelled_at(b.r, rid)
+            if at is None:
+                return False
+            cancel_seen["at"], cancel_seen["tokens"], cancel_seen["seen"] = at, n_tokens, time.time()
+        return True
+
+    params = SamplingParams.from_any(req.get("params") or {}, cancel=cancelled)
+    tok = eng.tokenizer
+    if req["kind"] == "chat":
+        ids = tok.encode_chat(req["messages"], **(req.get("template") or {}))
+    else:
+        ids = tok.encode(req["prompt"])
+    ld = b.loaded[name]
+    if ld.dirty and common_prefix(np.asarray(ids), np.asarray(eng.tokens)) < len(eng.tokens):
+        b.save_state(name)  # the engine's conversation is about to be cut short: keep it for later
+    b.prompt_cache(name).restore(eng, ids)
+    events = eng.generate(ids, params)  # checks the parameters and the context before any compute
+    ld.dirty, ld.session = True, req.get("session")
+    bus.emit(b.r, rid, {"t": "start", "prompt_tokens": len(ids), "load_duration": load_s})
+    n_tokens, pending_lp = 0, []
+    for ev in events:
+        if isinstance(ev, TokenEvent):
+            n_tokens += 1
+            if ev.logprob is not None:
+                pending_lp.append(_logprob(tok, ev))
+        elif isinstance(ev, TextDelta):
+            out = {"t": "delta", "text": ev.text, "tokens": n_tokens}
+            if pending_lp:
+                out["logprobs"], pending_lp = pending_lp, []
+            bus.emit(b.r, rid, out)
+        elif isinstance(ev, Final):
+            if ev.finish_reason == "cancelled" and "at" not in cancel_seen:
+                raise RequestError(503, f"the worker {b.name} is stopping; retry the request", code="worker_stopping")
+            u, t = ev.usage, ev.timings
+            final = {"t": "final", "finish_reason": ev.finish_reason, "load_duration": load_s,
+                     "usage": {"prompt_tokens": u.prompt_tokens, "cached_tokens": u.cached_tokens,
+                               "completion_tokens": u.completion_tokens},
+                     "timings": {"ttft": t.ttft, "prefill_tps": t.prefill_tps, "decode_tps": t.decode_tps,
+                                 "total": t.total, "expert_hit_rate": t.expert_hit_rate}}
+            if pending_lp:
+                final["logprobs"] = pending_lp
+            if "at" in cancel_seen:
+                final["cancel_latency"] = cancel_seen["seen"] - cancel_seen["at"]
+                final["tokens_after_cancel"] = n_tokens - cancel_seen["tokens"]
+            bus.emit(b.r, rid, final)
+
+
+def _logprob(tok, ev) -> dict:
+    def entry(i: int, lp: float) -> dict:
+        text = tok.decode([i], skip_special_tokens=False)
+        return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+
+    return {**entry(ev.id, ev.logprob), "top_logprobs": [entry(i, lp) for i, lp in (ev.top_logprobs or ())]}
+
+
+# --- board tasks: install, delete, verify ------------------------------------------------------------
+@shared_task(name="rkmojo.install", ignore_result=True)
+def install(req: dict) -> None:
+    """Install a model from a repository id, a .gguf URL or a local path, in a background thread.
+
+    The worker keeps serving generation meanwhile; progress goes to the request's stream.
+    """
+    b = board()
+    rid = req["id"]
+    bus.emit(b.r, rid, {"t": "claim", "worker": b.name, "boot": b.boot})
+    if b.installing:
+        bus.emit(b.r, rid, RequestError(409, f"worker {b.name} is already installing "
+                                             f"{b.installing['name']}; wait for it").event())
+        return
+    b.installing = {"name": req["name"], "source": req["source"], "started": time.time()}
+    bus.emit(b.r, rid, {"t": "start", "prompt_tokens": 0, "load_duration": 0.0})
+    node = install.request.hostname or ""
+    threading.Thread(target=_install, args=(b, req, node), name="rkmojo-install", daemon=True).start()
+
+
+def _install(b, req: dict, node: str) -> None:
+    from inference.errors import RkmojoError
+
+    rid, name, source = req["id"], req["name"], req["source"]
+    stop = threading.Event()
+    try:
+        out = b.models_dir / name
+        if out.exists():
+            raise RequestError(409, f"model {name!r} is already installed on {b.name}; delete it first")
+        threading.Thread(target=_watch_pull, args=(b, rid, out, stop), daemon=True).start()
+        bus.emit(b.r, rid, {"t": "progress", "status": f"pulling {source}"})
+        if Path(source).exists():
+            from inference.convert import convert
+
+            convert(source, out, progress=False)
+        else:
+            from inference.pull import pull
+
+            pull(source, b.models_dir, name=name, progress=False)
+        stop.set()
+        bus.emit(b.r, rid, {"t": "progress", "status": "verifying"})
+        from inference.models_dir import quick_check
+
+        problem = quick_check(out)
+        if problem:
+            raise RequestError(500, f"{name}: installed store is incomplete: {problem}")
+        with b.lock:
+            b.scan()
+        b.heartbeat()
+        b.caches.pop(name, None)
+        from .celery import app
+
+        app.control.add_consumer(bus.model_queue(name), destination=[node], reply=False)
+        bus.emit(b.r, rid, {"t": "progress", "status": "success"})
+        bus.emit(b.r, rid, {"t": "final", "finish_reason": "stop", "usage": None})
+    except RequestError as e:
+        bus.emit(b.r, rid, e.event())
+    except (RkmojoError, OSError, ValueError) as e:
+        bus.emit(b.r, rid, RequestError(400, f"pull {source}: {e}").event())
+    except Exception as e:
+        log.exception("install of %s failed", source)
+        bus.emit(b.r, rid, RequestError(500, f"pull {source}: {type(e).__name__}: {e}").event())
+    finally:
+        stop.set()
+        b.installing = None
+
+
+def _watch_pull(b, rid: str, out: Path, stop: threading.Event) -> None:
+    """Report an install's bytes done while it runs (the pull journal, or the store being written)."""
+    from inference.pull import describe_partial
+
+    staging = out.parent / f".{out.name}.pull"
+    last = None
+    while not stop.wait(0.5):
+        info = describe_partial(staging) if staging.is_dir() else None
+        if info and (info["done"], info["total"]) != last:
+            last = (info["done"], info["total"])
+            bus.emit(b.r, rid, {"t": "progress", "status": f"pulling {out.name}", "digest": out.name,
+                                "completed": info["done"], "total": info["total"]})
+
+
+@shared_task(name="rkmojo.delete", ignore_result=True)
+def delete(req: dict) -> None:
+    b = board()
+    rid, name = req["id"], req["name"]
+    bus.emit(b.r, rid, {"t": "claim", "worker": b.name, "boot": b.boot})
+    with b.lock:
+        if name not in b.scan():
+            bus.emit(b.r, rid, RequestError(404, f"model {name!r} not found on {b.name}").event())
+            return
+        b.unload(name)
+        path = b.models_dir / name
+        if path.is_symlink():
+            path.unlink()
+        else:
+            shutil.rmtree(path)
+        shutil.rmtree(Path(settings.PROMPT_CACHE_DIR) / name, ignore_errors=True)
+        b.caches.pop(name, None)
+        b.scan()
+    bus.forget(b.r, name, b.name)
+    b.heartbeat()
+    from .celery import app
+
+    app.control.cancel_consumer(bus.model_queue(name), destination=[delete.request.hostname or ""], reply=False)
+    bus.emit(b.r, rid, {"t": "start", "prompt_tokens": 0, "load_duration": 0.0})
+    bus.emit(b.r, rid, {"t": "final", "finish_reason": "stop", "usage": None})
+
+
+@shared_task(name="rkmojo.verify", ignore_result=True)
+def verify(req: dict) -> None:
+    from inference.errors import RkmojoError
+    from inference.store import Store
+
+    b = board()
+    rid, name = req["id"], req["name"]
+    bus.emit(b.r, rid, {"t": "claim", "worker": b.name, "boot": b.boot})
+    if name not in b.scan():
+        bus.emit(b.r, rid, RequestError(404, f"model {name!r} not found on {b.name}").event())
+        return
+    bus.emit(b.r, rid, {"t": "start", "prompt_tokens": 0, "load_duration": 0.0})
+    st = Store(b.models[name]["path"])
+    total, done = st.total_bytes(), [0]
+
+    def progress(n: int) -> None:
+        done[0] += n
+        bus.emit(b.r, rid, {"t": "progress", "status": "verifying", "completed": done[0], "total": total})
+
+    try:
+        st.verify(progress=progress)
+    except RkmojoError as e:
+        bus.emit(b.r, rid, RequestError(422, str(e)).event())
+        return
+    bus.emit(b.r, rid, {"t": "final", "finish_reason": "stop", "usage": None})
+

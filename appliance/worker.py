@@ -1,0 +1,282 @@
+"""The worker process's state: the engines it keeps loaded, its registration, its queues.
+
+One Celery worker per board, solo pool: tasks run one at a time in the main thread, which is the only
+thread that computes with an engine. A heartbeat thread re-registers the worker in Redis (what it
+serves, what is loaded, what runs) and unloads models idle past their keep-alive.
+
+Celery signals wire it up: `worker_init` scans the models directory and subscribes to one queue per
+model (`model.NAME`) and one for the board (`board.NAME`); `worker_ready` preloads a model and starts
+the heartbeat; `worker_shutdown` unregisters.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from celery import signals
+from django.conf import settings
+
+from . import bus
+from .promptcache import PromptCache
+
+log = logging.getLogger("rkmojo.worker")
+_BOARD: "Board | None" = None
+
+
+def board() -> "Board":
+    if _BOARD is None:
+        raise RuntimeError("not inside an rkmojo worker (appliance.worker sets the board up at worker_init)")
+    return _BOARD
+
+
+@dataclass
+class Loaded:
+    engine: object
+    size: int  # estimated bytes it holds
+    loaded_at: float
+    expires_at: float | None  # None: kept until something else needs the memory
+    dirty: bool = False  # its KV holds a sequence not yet saved as a prompt-cache file
+    session: str | None = None
+
+
+@dataclass
+class Board:
+    """Everything one worker process owns. `lock` is held while a task uses an engine."""
+
+    name: str
+    hostname: str
+    redis_url: str
+    models_dir: Path
+    cfg: dict
+    boot: str = field(default_factory=lambda: uuid.uuid4().hex)
+    models: dict = field(default_factory=dict)  # name → description (see `describe_model`)
+    loaded: dict = field(default_factory=dict)  # name → Loaded
+    caches: dict = field(default_factory=dict)  # name → PromptCache
+    running: str | None = None
+    installing: dict | None = None
+    shutting_down: bool = False  # set on SIGTERM: the running generation stops at its next token
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def __post_init__(self):
+        self.r = bus.connect(self.redis_url)
+        self.started = time.time()
+        self._stop = threading.Event()
+
+    # --- models --------------------------------------------------------------------------------
+    def scan(self) -> dict:
+        """Re-read the models directory; returns {name: description}."""
+        from inference.models_dir import list_models
+
+        found = {}
+        for m in list_models(self.models_dir)[0]:
+            found[m.name] = describe_model(m)
+        self.models = found
+        return found
+
+    def budget(self) -> int:
+        return self.cfg["MEMORY_BUDGET"] or int(_mem_total() * 0.8)
+
+    def engine(self, name: str, keep_alive: float | None = None):
+        """The loaded engine of `name`, loading it (and unloading what does not fit) when needed.
+
+        Returns (engine, seconds spent loading).
+        Raises:
+            KeyError: this worker does not serve `name`.
+        """
+        with self.lock:
+            if name in self.loaded:
+                return self.loaded[name].engine, 0.0
+            if name not in self.models:
+                self.scan()
+            info = self.models[name]
+            need = info["footprint"]
+            for other in sorted(self.loaded, key=lambda n: self.loaded[n].loaded_at):
+                if sum(l.size for l in self.loaded.values()) + need <= self.budget():
+                    break
+                log.info("unloading %s to make room for %s", other, name)
+                self.unload(other)
+            from inference.engine import Engine
+
+            t0 = time.perf_counter()
+            opts = {"memory_budget": self.cfg["MEMORY_BUDGET"], "expert_slots": self.cfg["EXPERT_SLOTS"],
+                    "threads": self.cfg["THREADS"], "context": self.cfg["CONTEXT"]}
+            eng = Engine.open(info["path"], **{k: v for k, v in opts.items() if v is not None})
+            _ = eng.tokenizer  # load it now: part of the load, not of the first request
+            self.loaded[name] = Loaded(eng, need, time.time(), self._expiry(keep_alive))
+            log.info("loaded %s in %.2fs", name, time.perf_counter() - t0)
+            self.heartbeat()
+            return eng, time.perf_counter() - t0
+
+    def prompt_cache(self, name: str) -> PromptCache:
+        if name not in self.caches:
+            self.caches[name] = PromptCache(Path(self.cfg["PROMPT_CACHE_DIR"]), name,
+                                            max_bytes=self.cfg["PROMPT_CACHE_MAX"],
+                                            max_age=self.cfg["PROMPT_CACHE_DAYS"] * 86400)
+        return self.caches[name]
+
+    def save_state(self, name: str) -> None:
+        """Save the engine's current conversation as a prompt-cache file if it is not saved yet."""
+        ld = self.loaded.get(name)
+        if ld is not None and ld.dirty:
+            try:
+                self.prompt_cache(name).save(ld.engine, ld.session)
+            except OSError as e:
+                log.warning("could not save the prompt cache of %s: %s", name, e)
+            ld.dirty = False
+
+    def unload(self, name: str) -> bool:
+        with self.lock:
+            ld = self.loaded.get(name)
+            if ld is None:
+                return False
+            self.save_state(name)
+            del self.loaded[name]
+            ld.engine.close()
+            log.info("unloaded %s", name)
+            self.heartbeat()
+            return True
+
+    def touch(self, name: str, keep_alive: float | None) -> None:
+        """After a request: keep `name` loaded for `keep_alive` seconds (None: the default; 0: unload now)."""
+        ld = self.loaded.get(name)
+        if ld is None:
+            return
+        ld.expires_at = self._expiry(keep_alive)
+        if ld.expires_at is not None and ld.expires_at <= time.time():
+            self.unload(name)
+
+    def _expiry(self, keep_alive: float | None) -> float | None:
+        ka = self.cfg["KEEP_ALIVE"] if keep_alive is None else keep_alive
+        return None if ka < 0 else time.time() + ka
+
+    def unload_idle(self) -> None:
+        if not self.lock.acquire(blocking=False):
+            return  # a task is using the engines; the next beat checks again
+        try:
+            now = time.time()
+            for name, ld in list(self.loaded.items()):
+                if ld.expires_at is not None and ld.expires_at <= now:
+                    log.info("%s idle past its keep-alive", name)
+                    self.unload(name)
+        finally:
+            self.lock.release()
+
+    # --- registration --------------------------------------------------------------------------
+    def info(self) -> dict:
+        return {
+            "name": self.name, "hostname": self.hostname, "boot": self.boot, "pid": os.getpid(),
+            "started": self.started, "running": self.running, "installing": self.installing,
+            "models": [{k: v for k, v in m.items() if k != "path"} for m in self.models.values()],
+            "loaded": [{"name": n, "size": ld.size, "loaded_at": ld.loaded_at, "expires_at": ld.expires_at}
+                       for n, ld in list(self.loaded.items())],
+        }
+
+    def heartbeat(self) -> None:
+        bus.register(self.r, self.name, self.info(), self.cfg["HEARTBEAT_TTL"])
+
+    def start_heartbeat(self) -> None:
+        def loop():
+            while not self._stop.wait(self.cfg["HEARTBEAT"]):
+                try:
+                    self.heartbeat()
+                    self.unload_idle()
+                except Exception:  # Redis restarting: keep beating, the TTL tells the web side meanwhile
+                    log.exception("heartbeat failed")
+
+        self.heartbeat()
+        threading.Thread(target=loop, name="rkmojo-heartbeat", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        try:
+            bus.unregister(self.r, self.name, self.boot)
+        except Exception:
+            pass
+
+    def queues(self) -> list[str]:
+        return [bus.board_queue(self.name)] + [bus.model_queue(m) for m in sorted(self.models)]
+
+
+def describe_model(m) -> dict:
+    """What the registry says about one installed model (`inference.models_dir.ModelInfo`)."""
+    from inference.engine import RUNTIME_OVERHEAD
+    from inference.store import Store
+
+    st = Store(m.path)
+    dense = st.manifest["dense"].get("size", 0)
+    experts = sum(l.stride * l.n_experts for l in st.expert_layers.values())
+    heads = int(st.config.get("num_attention_heads") or 1)
+    kv_heads = int(st.config.get("num_key_value_heads") or heads)
+    kv = 2 * 4 * m.layers * 4096 * m.hidden * kv_heads // heads  # float32 K and V at a 4K context
+    return {
+        "name": m.name, "path": str(m.path), "architecture": m.architecture, "digest": st.digest,
+        "size": m.disk_bytes, "params": m.params, "active_params": m.active_params, "quant": m.quant,
+        "context": m.context, "modified": (m.path / "manifest.json").stat().st_mtime,
+        "footprint": dense + experts + kv + RUNTIME_OVERHEAD, "has_template": m.has_template,
+        "family": m.architecture, "layers": m.layers, "hidden": m.hidden, "vocab": m.vocab,
+        "generation": m.generation,
+    }
+
+
+def _mem_total() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 * 2**30
+
+
+def _config() -> dict:
+    cfg = dict(settings.RKMOJO)
+    cfg["PROMPT_CACHE_DIR"] = str(settings.PROMPT_CACHE_DIR)
+    return cfg
+
+
+# --- Celery signals ---------------------------------------------------------------------------------
+@signals.worker_init.connect
+def _on_init(sender=None, **_):
+    global _BOARD
+    import socket
+
+    cfg = _config()
+    _BOARD = Board(name=cfg["WORKER_NAME"], hostname=socket.gethostname(), redis_url=settings.REDIS_URL,
+                   models_dir=settings.MODELS_DIR, cfg=cfg)
+    _BOARD.scan()
+    queues = sender.app.amqp.queues
+    for q in _BOARD.queues():
+        queues.select_add(q)
+    queues.deselect("celery")  # the default queue: nothing is routed there
+    log.info("worker %s serves %s", _BOARD.name, ", ".join(sorted(_BOARD.models)) or "no model yet")
+
+
+@signals.worker_ready.connect
+def _on_ready(**_):
+    b = board()
+    preload = b.cfg["PRELOAD"]
+    if preload and preload in b.models:
+        try:
+            b.engine(preload, keep_alive=-1 if b.cfg["KEEP_ALIVE"] < 0 else None)
+        except Exception:
+            log.exception("could not preload %s", preload)
+    b.start_heartbeat()
+
+
+@signals.worker_shutting_down.connect
+def _on_shutting_down(**_):
+    # runs in the signal handler, between two tokens: only set a flag (the generation loop checks it)
+    if _BOARD is not None:
+        _BOARD.shutting_down = True
+
+
+@signals.worker_shutdown.connect
+def _on_shutdown(**_):
+    if _BOARD is not None:
+        _BOARD.stop()

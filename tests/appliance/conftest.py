@@ -1,0 +1,142 @@
+"""The real stack for the appliance tests: a private redis-server, daphne, Celery workers (solo pool).
+
+One stack per test session (`stack`), built from the same commands `rkmojo up` runs
+(`appliance.processes`), with the demo SmolLM2 store. API keys are required from every client
+(`RKMOJO_API_KEYS=always`) so the tests prove the key check through the real clients; the context is
+512 tokens so that "prompt longer than the context" is cheap to provoke.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from appliance import processes
+
+MODEL = "smollm2"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Stack:
+    def __init__(self, base: Path, store: Path):
+        self.base = base
+        self.data = base / "data"
+        (self.data / "models").mkdir(parents=True)
+        (self.data / "logs").mkdir()
+        (self.data / "models" / MODEL).symlink_to(store)
+        self.store = store
+        argv, self.redis_url = processes.redis_argv(self.data)
+        self.redis = processes.Child("redis", argv, processes.base_env(), self.data / "logs" / "redis.log").start()
+        processes.wait_for(lambda: processes.redis_ready(self.redis_url), 10, "redis-server", child=self.redis)
+        self.env = processes.base_env(
+            RKMOJO_DATA=str(self.data), REDIS_URL=self.redis_url, RKMOJO_API_KEYS="always", RKMOJO_THREADS="1",
+            OMP_NUM_THREADS="1", RKMOJO_CONTEXT="512", RKMOJO_PRELOAD=MODEL, RKMOJO_WORKER_NAME="board-a",
+            RKMOJO_NO_WORKER_TIMEOUT="30")
+        subprocess.run(processes.migrate_argv(), env=self.env, cwd=ROOT, check=True)
+        self.key = subprocess.run([sys.executable, "-m", "django", "apikey", "create", "tests"], env=self.env,
+                                  cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
+        self.port = processes.free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.daphne = processes.Child("daphne", processes.daphne_argv("127.0.0.1", self.port), self.env,
+                                      self.data / "logs" / "daphne.log", cwd=str(ROOT)).start()
+        self.workers: dict[str, processes.Child] = {}
+        self.start_worker("board-a", self.env)
+        processes.wait_for(lambda: processes.tcp_open("127.0.0.1", self.port), 30, "daphne", child=self.daphne)
+
+    # --- workers ---------------------------------------------------------------------------------
+    def start_worker(self, name: str, env: dict, wait: bool = True) -> processes.Child:
+        child = processes.Child(f"worker {name}", processes.worker_argv(name), {**env, "RKMOJO_WORKER_NAME": name},
+                                Path(env["RKMOJO_DATA"]) / "logs" / f"worker-{name}.log", cwd=str(ROOT)).start()
+        self.workers[name] = child
+        if wait:
+            self.wait_registered(name, child)
+        return child
+
+    def registration(self, name: str) -> dict | None:
+        raw = self.r().get(f"rkmojo:worker:{name}")
+        return json.loads(raw) if raw else None
+
+    def wait_registered(self, name: str, child: processes.Child, timeout: float = 60) -> dict:
+        def ready():
+            reg = self.registration(name)
+            return reg is not None and reg["pid"] == child.pid
+        processes.wait_for(ready, timeout, f"worker {name} to register", child=child)
+        return self.registration(name)
+
+    def r(self):
+        import redis
+
+        return redis.Redis.from_url(self.redis_url, decode_responses=True)
+
+    # --- clients ---------------------------------------------------------------------------------
+    def openai(self, **kw):
+        import openai
+
+        return openai.OpenAI(**{"base_url": f"{self.url}/v1", "api_key": self.key, **kw})
+
+    def ollama(self, **kw):
+        import ollama
+
+        return ollama.Client(host=self.url, headers={"Authorization": f"Bearer {self.key}"}, **kw)
+
+    def idle(self, timeout: float = 30) -> None:
+        """Wait until no request is queued or running on any model."""
+        def empty():
+            r = self.r()
+            return all(r.zcard(k) == 0 for k in r.scan_iter("rkmojo:queue:*"))
+        processes.wait_for(empty, timeout, "the queues to drain")
+
+    @staticmethod
+    def wait_until(check, timeout: float = 10.0, interval: float = 0.05):
+        """Poll `check()` until it returns something true; that value."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = check()
+            if value:
+                return value
+            time.sleep(interval)
+        raise AssertionError(f"condition not met within {timeout} s")
+
+    def stop(self) -> None:
+        for child in [*self.workers.values(), self.daphne]:
+            child.stop(15)
+        self.redis.stop()
+
+
+@pytest.fixture(scope="session")
+def stack(smollm2_store, tmp_path_factory):
+    s = Stack(tmp_path_factory.mktemp("appliance"), smollm2_store)
+    try:
+        yield s
+    finally:
+        s.stop()
+        if os.environ.get("RKMOJO_KEEP_TEST_LOGS"):
+            shutil.copytree(s.data / "logs", Path(os.environ["RKMOJO_KEEP_TEST_LOGS"]), dirs_exist_ok=True)
+
+
+@pytest.fixture
+def oai(stack):
+    return stack.openai()
+
+
+@pytest.fixture
+def oll(stack):
+    return stack.ollama()
+
+
+@pytest.fixture
+def django_for_stack(stack):
+    """Django set up in this process against the stack's data directory and Redis."""
+    os.environ.update(DJANGO_SETTINGS_MODULE="appliance.settings", RKMOJO_DATA=str(stack.data),
+                      REDIS_URL=stack.redis_url)
+    import django
+    from django.conf import settings
+
+    django.setup()
+    assert settings.REDIS_URL == stack.redis_url, "Django was set up earlier in this process for another stack"

@@ -1,0 +1,157 @@
+"""What every API view shares: the error type, JSON in and out, API-key checks, the view decorator.
+
+Views are plain async functions under `api_view(flavor, methods)`, which checks the method and the API
+key, parses the JSON body, and turns every failure into the flavor's error format — OpenAI's
+`{"error": {"message", "type", "param", "code"}}` or Ollama's `{"error": "..."}` — with the right
+status. An unexpected exception is logged and answered 500 in the same format, never as HTML.
+"""
+from __future__ import annotations
+
+import functools
+import ipaddress
+import json
+import logging
+from datetime import timedelta
+
+import pydantic
+from django.conf import settings
+from django.http import HttpRequest, JsonResponse
+from django.utils import timezone
+from django.views.decorators.csrf import csrf_exempt
+
+log = logging.getLogger("rkmojo.api")
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "invalid_request_error", 409: "invalid_request_error", 413: "invalid_request_error",
+          422: "invalid_request_error", 429: "rate_limit_exceeded", 503: "server_error"}
+
+
+_UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+class ApiError(Exception):
+    """A request that cannot be served; `status` is the HTTP status, `param` the offending field."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.param, self.code, self.headers = status, param, code, headers or {}
+
+    @classmethod
+    def from_event(cls, ev: dict) -> "ApiError":
+        return cls(int(ev.get("status") or 500), ev.get("message") or "the request failed",
+                   param=ev.get("param"), code=ev.get("code"))
+
+
+def openai_error_body(e: ApiError) -> dict:
+    return {"error": {"message": str(e), "type": _TYPES.get(e.status, "server_error" if e.status >= 500 else
+                                                            "invalid_request_error"),
+                      "param": e.param, "code": e.code}}
+
+
+def error_response(flavor: str, e: ApiError) -> JsonResponse:
+    body = openai_error_body(e) if flavor == "openai" else {"error": str(e)}
+    resp = JsonResponse(body, status=e.status)
+    for k, v in e.headers.items():
+        resp[k] = v
+    return resp
+
+
+def validation_error(e: pydantic.ValidationError) -> ApiError:
+    """The first pydantic error as an ApiError naming the field as OpenAI does (`messages[0].content`)."""
+    err = e.errors()[0]
+    loc = err.get("loc", ())
+    # a union reports each member's failure under the member's type name: keep the field path only
+    parts = [p for p in loc if isinstance(p, int) or (p not in _UNION_TAGS and not any(c in p for c in "[]-"))]
+    param = ""
+    for p in parts:
+        param += f"[{p}]" if isinstance(p, int) else (f".{p}" if param else str(p))
+    msg = err.get("msg", "invalid value")
+    if err.get("type") == "extra_forbidden":
+        return ApiError(400, f"Unrecognized request argument supplied: {param}", param=param or None)
+    if err.get("type") == "missing":
+        return ApiError(400, f"Missing required parameter: '{param}'", param=param or None,
+                        code="missing_required_parameter")
+    got = err.get("input")
+    shown = json.dumps(got)[:80] if not isinstance(got, dict) else "an object"
+    return ApiError(400, f"Invalid value for '{param}': {msg} (got {shown})", param=param or None,
+                    code="invalid_value" if "type" not in err.get("type", "") else "invalid_type")
+
+
+def parse_json(request: HttpRequest) -> dict:
+    try:
+        body = json.loads(request.body or b"null")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"the request body is not valid JSON ({e})", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    return body
+
+
+# --- API keys --------------------------------------------------------------------------------------
+def is_loopback(addr: str | None) -> bool:
+    try:
+        return ipaddress.ip_address((addr or "").split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def key_required(policy: str, client_addr: str | None) -> bool:
+    """Whether a client must show a key: "always", "never", or "remote" (all but loopback clients)."""
+    return policy == "always" or (policy == "remote" and not is_loopback(client_addr))
+
+
+async def check_api_key(request: HttpRequest) -> None:
+    """Raise 401 unless the request carries a valid key or needs none (see RKMOJO_API_KEYS)."""
+    from webui.models import ApiKey, hash_key
+
+    policy = settings.RKMOJO["API_KEYS"]
+    header = request.headers.get("Authorization", "")
+    key = header[7:].strip() if header[:7].lower() == "bearer " else ""
+    if not key:
+        if not key_required(policy, request.META.get("REMOTE_ADDR")):
+            return
+        raise ApiError(401, "You didn't provide an API key. Give it as `Authorization: Bearer KEY`; create one "
+                            "with `rkmojo up --create-api-key NAME` or in the admin pages.", code="missing_api_key")
+    if policy == "never":
+        return
+    found = await ApiKey.objects.filter(digest=hash_key(key), revoked=None).afirst()
+    if found is None:
+        raise ApiError(401, f"Incorrect API key provided: {key[:6]}…; check it or create a new one.",
+                       code="invalid_api_key")
+    now = timezone.now()
+    if found.last_used is None or now - found.last_used > timedelta(minutes=1):
+        await ApiKey.objects.filter(pk=found.pk).aupdate(last_used=now)
+
+
+def api_view(flavor: str, methods: tuple[str, ...] = ("POST",), *, auth: bool = True):
+    """Decorate an async view `fn(request, body)` (body: the parsed JSON object for POST/DELETE, else {})."""
+
+    def wrap(fn):
+        @csrf_exempt
+        @functools.wraps(fn)
+        async def view(request: HttpRequest, *args, **kwargs):
+            try:
+                if request.method not in methods:
+                    raise ApiError(405, f"{request.method} is not allowed on {request.path}; use {' or '.join(methods)}",
+                                   headers={"Allow": ", ".join(methods)})
+                if auth:
+                    await check_api_key(request)
+                body = parse_json(request) if request.method in ("POST", "DELETE") else {}
+                return await fn(request, body, *args, **kwargs)
+            except ApiError as e:
+                return error_response(flavor, e)
+            except pydantic.ValidationError as e:
+                return error_response(flavor, validation_error(e))
+            except Exception:
+                log.exception("%s %s failed", request.method, request.path)
+                return error_response(flavor, ApiError(500, "internal error; the server log has the details"))
+
+        return view
+
+    return wrap
+
+
+def ollama_model_name(name: str) -> str:
+    """Ollama clients say `name:latest`; our models have no tags."""
+    return name[: -len(":latest")] if name.endswith(":latest") else name

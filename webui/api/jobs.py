@@ -1,0 +1,189 @@
+"""The web side of a request: route it to a worker, admit it to the queue, follow its event stream.
+
+    job = await Job.submit("rkmojo.generate", model, payload, client=addr)   # 404 / 429 as ApiError
+    try:
+        async for ev in job.events():   # start, delta…, final — or one error
+            ...
+    finally:
+        await job.close()               # the client left before the end: the worker stops at its next token
+
+While it waits, `events()` renews the request's lease in the queue and watches the worker: a worker
+that took the request and then vanished (killed, its registration expired or replaced by a restarted
+worker's) ends the stream with an error event instead of a hang.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import AsyncIterator
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+
+from appliance import bus
+
+from .common import ApiError
+
+_CLIENTS: dict = {}
+
+
+def redis():
+    """The async Redis client of the running event loop."""
+    loop = asyncio.get_running_loop()
+    r = _CLIENTS.get(loop)
+    if r is None:
+        _CLIENTS.clear()  # a new loop (tests, reloads): the old clients belong to a closed loop
+        r = _CLIENTS[loop] = bus.connect_async(settings.REDIS_URL)
+    return r
+
+
+async def catalog() -> dict[str, list[dict]]:
+    """{model name: [(worker registration, model description), …]} over every live worker."""
+    out: dict[str, list] = {}
+    for w in await bus.workers(redis()):
+        for m in w.get("models", []):
+            out.setdefault(m["name"], []).append((w, m))
+    return out
+
+
+async def find_model(name: str) -> tuple[list[dict], dict]:
+    """The workers serving `name` and its description (a restarting worker counts).
+
+    Raises:
+        ApiError 404: no live worker serves it.
+    """
+    if not isinstance(name, str) or not name:
+        raise ApiError(400, "you must provide a model parameter", param="model", code="missing_required_parameter")
+    found = (await catalog()).get(name)
+    if not found and (worker := await bus.seen(redis(), name)):
+        return [{"name": worker}], {"name": name}  # its worker is restarting: the request waits for it
+    if not found:
+        raise ApiError(404, f"The model '{name}' does not exist or is not served by any worker; "
+                            "GET /v1/models lists the ones that are", param="model", code="model_not_found")
+    return [w for w, _ in found], found[0][1]
+
+
+class Job:
+    def __init__(self, task: str, queue: str, payload: dict, *, model: str | None, worker: str | None):
+        self.task, self.queue, self.payload = task, queue, payload
+        self.model, self.worker = model, worker
+        self.id = payload["id"]
+        self.done = False
+        self.claim: dict | None = None
+        self.after = "0"  # the last stream id read: `events()` may be called again and goes on from there
+
+    @classmethod
+    async def submit(cls, task: str, model: str, payload: dict, *, client: str | None = None,
+                     refused_status: int = 429) -> "Job":
+        """Admit a generation request for `model` and hand it to the model's queue.
+
+        Raises:
+            ApiError: 404 unknown model; `refused_status` (429 or 503) with Retry-After when the queue is full.
+        """
+        workers, _ = await find_model(model)
+        rid = payload.setdefault("id", uuid.uuid4().hex)
+        capacity = (1 + settings.RKMOJO["QUEUE_LIMIT"]) * len(workers)
+        info = {"id": rid, "model": model, "kind": payload.get("kind"), "client": client, "created": time.time()}
+        if not await bus.admit(redis(), model, rid, capacity, info):
+            wait = settings.RKMOJO["RETRY_AFTER"]
+            raise ApiError(refused_status, f"{model} has {capacity} requests running or waiting, the most it "
+                                           f"queues; retry after {wait} s", code="queue_full",
+                           headers={"Retry-After": str(wait)})
+        job = cls(task, bus.model_queue(model), payload, model=model, worker=None)
+        await job._send()
+        return job
+
+    @classmethod
+    async def submit_board(cls, task: str, worker: str, payload: dict) -> "Job":
+        """Hand a control task (install, delete, verify) to one worker's board queue."""
+        payload.setdefault("id", uuid.uuid4().hex)
+        job = cls(task, bus.board_queue(worker), payload, model=None, worker=worker)
+        await job._send()
+        return job
+
+    async def _send(self) -> None:
+        from appliance.celery import app
+
+        try:
+            await sync_to_async(app.send_task, thread_sensitive=False)(self.task, args=[self.payload],
+                                                                       queue=self.queue)
+        except BaseException:
+            await self.close()
+            raise
+
+    async def events(self) -> AsyncIterator[dict]:
+        """The request's events from the first (claim events are kept, not yielded); ends after final/error."""
+        r = redis()
+        waiting_since = time.monotonic()
+        while not self.done:
+            batch = await bus.read(r, self.id, self.after, 1000)
+            if not batch:
+                if self.model:
+                    await bus.renew(r, self.model, self.id)
+                problem = await self._check_worker(r, waiting_since)
+                if problem:
+                    self.done = True
+                    yield problem
+                continue
+            for eid, ev in batch:
+                self.after = eid
+                if ev["t"] == "claim":
+                    self.claim = ev
+                    continue
+                if ev["t"] in ("final", "error"):
+                    self.done = True
+                yield ev
+                if self.done:
+                    return
+
+    async def first(self) -> dict:
+        """The first event: `start` (the request is valid and running) or `error`."""
+        async for ev in self.events():
+            return ev
+        raise ApiError(500, "the request's event stream ended without an event")
+
+    async def started(self) -> dict:
+        """Wait (through the queue) for the start event; an error event instead raises it as an ApiError.
+
+        The HTTP status is decided here: a request the worker refused (prompt too long, …) is still a 4xx.
+        """
+        try:
+            ev = await self.first()
+        except BaseException:
+            await self.close()
+            raise
+        if ev["t"] == "error":
+            await self.close()
+            raise ApiError.from_event(ev)
+        return ev
+
+    async def _check_worker(self, r, waiting_since: float) -> dict | None:
+        if self.claim is not None:
+            w = await bus.worker(r, self.claim["worker"])
+            if w is None or w.get("boot") != self.claim["boot"]:
+                why = "restarted" if w is not None else "stopped answering"
+                return {"t": "error", "status": 503, "code": "worker_lost", "param": None,
+                        "message": f"the worker {self.claim['worker']} {why} while serving this request; retry it"}
+            return None
+        if self.worker is not None:
+            alive = await bus.worker(r, self.worker) is not None
+        else:
+            alive = any(m["name"] == self.model for w in await bus.workers(r) for m in w.get("models", []))
+        if not alive and time.monotonic() - waiting_since > settings.RKMOJO["NO_WORKER_TIMEOUT"]:
+            return {"t": "error", "status": 503, "code": "no_worker", "param": None,
+                    "message": f"no worker serving {self.model or self.worker} came up within "
+                               f"{settings.RKMOJO['NO_WORKER_TIMEOUT']:.0f} s; retry later"}
+        return None
+
+    async def close(self) -> None:
+        """Cancel the request unless it finished, and drop it from its queue. Safe to call twice."""
+        r = redis()
+        try:
+            if not self.done:
+                self.done = True
+                await asyncio.shield(bus.cancel(r, self.id))
+            if self.model:
+                await asyncio.shield(bus.release(r, self.model, self.id))
+        except asyncio.CancelledError:
+            pass

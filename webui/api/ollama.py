@@ -1,0 +1,460 @@
+"""The Ollama-compatible API: /api/chat, /api/generate, /api/embed(dings), /api/tags, /api/ps, /api/show,
+/api/version, /api/delete, /api/pull.
+
+Streaming answers are NDJSON, one object a line, the last with `done: true`, `done_reason` and the
+durations in nanoseconds; a failure after the first line is a line `{"error": "..."}` (the ollama
+client raises it). Like Ollama, fields it does not know are ignored; values the engine cannot honour
+(images, tools, a JSON `format`, `think`, mirostat, …) are refused with 400.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from . import jobs
+from .common import ApiError, api_view, log, ollama_model_name
+from .openai import embedding_result
+from .params import chat_messages, check_sampling, seed_value
+
+VERSION = "0.9.0"  # the Ollama API level these endpoints follow; clients gate features on it
+
+# options that tune Ollama's own runtime: accepted and without effect here (the worker owns its engine)
+_RUNTIME_OPTIONS = {"num_ctx", "num_batch", "num_gpu", "main_gpu", "low_vram", "num_thread", "use_mmap",
+                    "use_mlock", "numa", "num_keep", "repeat_last_n", "penalize_newline", "vocab_only",
+                    "logits_all", "embedding_only", "f16_kv"}
+
+
+class _Req(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class Options(_Req):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    num_predict: int | None = None
+    temperature: float | None = Field(None, ge=0)
+    top_k: int | None = Field(None, ge=0)
+    top_p: float | None = Field(None, ge=0, le=1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    seed: int | None = None
+    stop: list[str] | None = None
+    repeat_penalty: float | None = Field(None, ge=0)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    mirostat: int | None = None
+    mirostat_tau: float | None = None
+    mirostat_eta: float | None = None
+    tfs_z: float | None = None
+    typical_p: float | None = None
+
+
+class _Generation(_Req):
+    model: str
+    stream: bool | None = True
+    options: dict | None = None
+    keep_alive: float | int | str | None = None
+    format: str | dict | None = None
+    think: bool | str | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+
+class ChatRequest(_Generation):
+    messages: list[Any] | None = None
+    tools: list | None = None
+
+
+class GenerateRequest(_Generation):
+    prompt: str | None = None
+    suffix: str | None = None
+    system: str | None = None
+    template: str | None = None
+    context: list[int] | None = None
+    raw: bool | None = None
+    images: list | None = None
+
+
+class EmbedRequest(_Req):
+    model: str
+    input: str | list[str] = ""
+    truncate: bool | None = None
+    options: dict | None = None
+    keep_alive: float | int | str | None = None
+    dimensions: int | None = None
+
+
+class ModelRequest(_Req):
+    model: str | None = None
+    name: str | None = None  # older clients
+
+    def target(self) -> str:
+        name = self.model or self.name
+        if not name:
+            raise ApiError(400, "model is required", param="model")
+        return ollama_model_name(name)
+
+
+class PullRequest(ModelRequest):
+    stream: bool | None = True
+    insecure: bool | None = None
+    worker: str | None = None  # ours: which board installs it when there are several
+
+
+# --- request pieces ------------------------------------------------------------------------------
+def keep_alive_seconds(value) -> float | None:
+    """Ollama's keep_alive: seconds as a number, or a Go duration ("5m", "1h30m", "-1"); negative: forever."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    text = str(value).strip()
+    if re.fullmatch(r"-?\d+(\.\d+)?", text):
+        return float(text)
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)", text.lstrip("-"))
+    if not parts or "".join(a + b for a, b in parts) != text.lstrip("-"):
+        raise ApiError(400, f"keep_alive {value!r}: give seconds or a duration like 5m or 1h", param="keep_alive")
+    scale = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "h": 3600}
+    seconds = sum(float(n) * scale[u] for n, u in parts)
+    return -seconds if text.startswith("-") else seconds
+
+
+def sampling(req: _Generation) -> dict:
+    opts = dict(req.options or {})
+    unknown = sorted(set(opts) - set(Options.model_fields) - _RUNTIME_OPTIONS)
+    if unknown:
+        raise ApiError(400, f"unknown option {unknown[0]!r}", param=f"options.{unknown[0]}")
+    o = Options.model_validate({k: v for k, v in opts.items() if k not in _RUNTIME_OPTIONS})
+    for name, neutral in (("mirostat", 0), ("tfs_z", 1.0), ("typical_p", 1.0)):
+        if getattr(o, name) not in (None, neutral):
+            raise ApiError(400, f"option {name} is not supported by this server", param=f"options.{name}")
+    if req.format:
+        raise ApiError(400, "format (structured output) is not supported by this server", param="format")
+    if req.think:
+        raise ApiError(400, f"\"{req.model}\" does not support thinking", param="think")
+    max_tokens = None if o.num_predict is None or o.num_predict < 0 else o.num_predict
+    if o.num_predict == 0:
+        raise ApiError(400, "num_predict 0 asks for nothing; give a positive number or -1", param="options.num_predict")
+    params = {"max_tokens": max_tokens, "temperature": o.temperature, "top_k": o.top_k,
+              "top_p": o.top_p if o.top_p else None, "min_p": o.min_p, "repetition_penalty": o.repeat_penalty or None,
+              "presence_penalty": o.presence_penalty or 0.0, "frequency_penalty": o.frequency_penalty or 0.0,
+              "seed": seed_value(o.seed), "stop": o.stop or []}
+    if req.logprobs:
+        params["logprobs"] = req.top_logprobs or 0
+    return check_sampling(params)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _iso(ts: float | None) -> str:
+    if ts is None:
+        return "2318-11-30T00:00:00Z"  # kept loaded until memory is needed: Ollama's "forever"
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _durations(final: dict, t0: float) -> dict:
+    u, t = final.get("usage") or {}, final.get("timings") or {}
+    ttft, total = t.get("ttft", 0.0), t.get("total", 0.0)
+    return {"total_duration": int((time.perf_counter() - t0) * 1e9), "load_duration": int(final.get("load_duration", 0) * 1e9),
+            "prompt_eval_count": u.get("prompt_tokens", 0), "prompt_eval_duration": int(ttft * 1e9),
+            "eval_count": u.get("completion_tokens", 0), "eval_duration": int(max(total - ttft, 0.0) * 1e9)}
+
+
+def _ndjson(job, lines) -> StreamingHttpResponse:
+    async def body():
+        try:
+            async for obj in lines:
+                yield json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n"
+        except ApiError as e:
+            yield json.dumps({"error": str(e)}) + "\n"
+        finally:
+            await lines.aclose()
+            await job.close()
+
+    return StreamingHttpResponse(body(), content_type="application/x-ndjson")
+
+
+async def _answer(job, model: str, t0: float, piece, stream: bool, on_final=None):
+    """The NDJSON lines of a generation (or the one JSON object when not streaming)."""
+    parts, lps = [], []
+    async for ev in job.events():
+        if ev["t"] == "delta":
+            parts.append(ev["text"])
+            lp = [_ollama_lp(x) for x in ev.get("logprobs") or []]
+            if stream:
+                yield {"model": model, "created_at": _now(), **piece(ev["text"]), "done": False,
+                       **({"logprobs": lp} if lp else {})}
+            else:
+                lps += lp
+        elif ev["t"] == "final":
+            reason = {"cancelled": "stop"}.get(ev["finish_reason"], ev["finish_reason"])
+            text = "" if stream else "".join(parts)
+            if on_final is not None:
+                await on_final("".join(parts), ev)
+            yield {"model": model, "created_at": _now(), **piece(text), "done": True, "done_reason": reason,
+                   **_durations(ev, t0), **({"logprobs": lps} if lps else {})}
+        elif ev["t"] == "error":
+            raise ApiError.from_event(ev)
+
+
+def _ollama_lp(x: dict) -> dict:
+    return {"token": x["token"], "logprob": x["logprob"], "bytes": x["bytes"],
+            "top_logprobs": [{"token": t["token"], "logprob": t["logprob"], "bytes": t["bytes"]}
+                             for t in x.get("top_logprobs") or []]}
+
+
+async def _respond(job, model: str, t0: float, piece, stream: bool, on_final=None):
+    lines = _answer(job, model, t0, piece, stream, on_final)
+    if stream:
+        return _ndjson(job, lines)
+    try:
+        last = None
+        async for obj in lines:
+            last = obj
+    finally:
+        await job.close()
+    return JsonResponse(last)
+
+
+async def _load_or_unload(request, model: str, keep_alive: float | None, piece) -> JsonResponse:
+    """Ollama's way to load a model (empty prompt/messages) or unload it (that and keep_alive 0)."""
+    kind = "unload" if keep_alive == 0 else "load"
+    job = await jobs.Job.submit("rkmojo.generate", model, {"kind": kind, "model": model, "keep_alive": keep_alive},
+                                client=request.META.get("REMOTE_ADDR"), refused_status=503)
+    try:
+        await job.started()
+        async for ev in job.events():
+            if ev["t"] == "error":
+                raise ApiError.from_event(ev)
+    finally:
+        await job.close()
+    return JsonResponse({"model": model, "created_at": _now(), **piece(""), "done": True, "done_reason": kind})
+
+
+# --- /api/chat, /api/generate ----------------------------------------------------------------------
+@api_view("ollama")
+async def chat(request, body):
+    t0 = time.perf_counter()
+    req = ChatRequest.model_validate(body)
+    model = ollama_model_name(req.model)
+    if req.tools:
+        raise ApiError(400, f"\"{model}\" does not support tools", param="tools")
+    params = sampling(req)
+    keep_alive = keep_alive_seconds(req.keep_alive)
+    piece = lambda text: {"message": {"role": "assistant", "content": text}}  # noqa: E731
+    if not req.messages:
+        return await _load_or_unload(request, model, keep_alive, piece)
+    messages = chat_messages(req.messages)
+    payload = {"kind": "chat", "model": model, "messages": messages, "params": params, "keep_alive": keep_alive,
+               "field": "messages"}
+    job = await jobs.Job.submit("rkmojo.generate", model, payload, client=request.META.get("REMOTE_ADDR"),
+                                refused_status=503)
+    await job.started()
+
+    async def record(text, final):
+        from webui import sessions
+
+        try:
+            await sessions.record("ollama", model, messages, text, final.get("usage"))
+        except Exception:
+            log.exception("could not record the chat session")
+
+    return await _respond(job, model, t0, piece, req.stream is not False, record)
+
+
+@api_view("ollama")
+async def generate(request, body):
+    t0 = time.perf_counter()
+    req = GenerateRequest.model_validate(body)
+    model = ollama_model_name(req.model)
+    for name in ("suffix", "template", "images", "context"):
+        if getattr(req, name):
+            raise ApiError(400, f"{name} is not supported by this server", param=name)
+    params = sampling(req)
+    keep_alive = keep_alive_seconds(req.keep_alive)
+    piece = lambda text: {"response": text}  # noqa: E731
+    if not req.prompt:
+        return await _load_or_unload(request, model, keep_alive, piece)
+    if req.raw:
+        payload = {"kind": "complete", "prompt": req.prompt, "field": "prompt"}
+    else:
+        messages = ([{"role": "system", "content": req.system}] if req.system else []) + \
+                   [{"role": "user", "content": req.prompt}]
+        payload = {"kind": "chat", "messages": messages, "field": "prompt"}
+    payload.update(model=model, params=params, keep_alive=keep_alive)
+    job = await jobs.Job.submit("rkmojo.generate", model, payload, client=request.META.get("REMOTE_ADDR"),
+                                refused_status=503)
+    await job.started()
+    return await _respond(job, model, t0, piece, req.stream is not False)
+
+
+# --- /api/embed, /api/embeddings -----------------------------------------------------------------
+async def _embed(request, model: str, texts: list[str], keep_alive) -> tuple:
+    if not texts or any(not isinstance(t, str) or not t for t in texts):
+        raise ApiError(400, "input must be a non-empty string or a list of non-empty strings", param="input")
+    job = await jobs.Job.submit("rkmojo.generate", model, {"kind": "embed", "model": model, "input": texts,
+                                                           "keep_alive": keep_alive_seconds(keep_alive)},
+                                client=request.META.get("REMOTE_ADDR"), refused_status=503)
+    try:
+        start = await job.started()
+        vecs, tokens = await embedding_result(job)
+    finally:
+        await job.close()
+    return vecs, tokens, start
+
+
+@api_view("ollama")
+async def embed(request, body):
+    t0 = time.perf_counter()
+    req = EmbedRequest.model_validate(body)
+    if req.dimensions:
+        raise ApiError(400, "dimensions is not supported by this server", param="dimensions")
+    model = ollama_model_name(req.model)
+    vecs, tokens, start = await _embed(request, model, [req.input] if isinstance(req.input, str) else req.input,
+                                       req.keep_alive)
+    return JsonResponse({"model": model, "embeddings": vecs.tolist(), "total_duration": int((time.perf_counter() - t0) * 1e9),
+                         "load_duration": int(start.get("load_duration", 0) * 1e9), "prompt_eval_count": tokens})
+
+
+@api_view("ollama")
+async def embeddings(request, body):
+    model = ModelRequest.model_validate(body).target()
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str):
+        raise ApiError(400, "prompt must be a string", param="prompt")
+    vecs, _, _ = await _embed(request, model, [prompt], body.get("keep_alive"))
+    return JsonResponse({"embedding": vecs[0].tolist()})
+
+
+# --- models -----------------------------------------------------------------------------------
+def _details(desc: dict) -> dict:
+    from inference.models_dir import fmt_count
+
+    return {"parent_model": "", "format": "rkmojo", "family": desc.get("family", ""),
+            "families": [desc.get("family", "")], "parameter_size": fmt_count(desc.get("params", 0)),
+            "quantization_level": desc.get("quant", "")}
+
+
+@api_view("ollama", ("GET",))
+async def tags(request, body):
+    cat = await jobs.catalog()
+    return JsonResponse({"models": [
+        {"name": name, "model": name, "modified_at": _iso(d.get("modified")), "size": d.get("size", 0),
+         "digest": d.get("digest", ""), "details": _details(d)}
+        for name, entries in sorted(cat.items()) for d in [entries[0][1]]]})
+
+
+@api_view("ollama", ("GET",))
+async def ps(request, body):
+    from appliance import bus
+
+    r = jobs.redis()
+    workers = await bus.workers(r)
+    models, requests = [], []
+    running = {w["running"]: w["name"] for w in workers if w.get("running")}
+    for w in workers:
+        descs = {m["name"]: m for m in w.get("models", [])}
+        for ld in w.get("loaded", []):
+            d = descs.get(ld["name"], {})
+            models.append({"name": ld["name"], "model": ld["name"], "size": ld.get("size", 0), "digest": d.get("digest", ""),
+                           "details": _details(d), "expires_at": _iso(ld.get("expires_at")), "size_vram": 0,
+                           "context_length": d.get("context") or None, "worker": w["name"]})
+    for name in sorted({m["name"] for w in workers for m in w.get("models", [])}):
+        for q in await bus.queued(r, name):
+            requests.append({**q, "state": "running" if q["id"] in running else "waiting",
+                             "worker": running.get(q["id"])})
+    return JsonResponse({"models": models, "requests": requests})
+
+
+@api_view("ollama")
+async def show(request, body):
+    name = ModelRequest.model_validate(body).target()
+    _, d = await jobs.find_model(name)
+    arch = d.get("architecture", "")
+    gen = d.get("generation") or {}
+    return JsonResponse({
+        "modelfile": f"# rkmojo store {name}\n", "template": "", "license": "",
+        "parameters": "\n".join(f"{k} {v}" for k, v in gen.items() if isinstance(v, (int, float, str))),
+        "details": _details(d), "modified_at": _iso(d.get("modified")),
+        "model_info": {"general.architecture": arch, "general.parameter_count": d.get("params", 0),
+                       f"{arch}.context_length": d.get("context", 0), f"{arch}.embedding_length": d.get("hidden", 0),
+                       f"{arch}.block_count": d.get("layers", 0), "rkmojo.active_parameter_count": d.get("active_params", 0)},
+        "capabilities": ["completion", "embedding"]})
+
+
+@api_view("ollama", ("GET",), auth=False)
+async def version(request, body):
+    return JsonResponse({"version": VERSION})
+
+
+@api_view("ollama", ("DELETE",))
+async def delete(request, body):
+    name = ModelRequest.model_validate(body).target()
+    try:
+        workers, _ = await jobs.find_model(name)
+    except ApiError:
+        raise ApiError(404, f"model '{name}' not found") from None
+    for w in workers:
+        job = await jobs.Job.submit_board("rkmojo.delete", w["name"], {"name": name})
+        try:
+            async for ev in job.events():
+                if ev["t"] == "error":
+                    raise ApiError.from_event(ev)
+        finally:
+            await job.close()
+    return JsonResponse({})
+
+
+@api_view("ollama")
+async def pull(request, body):
+    from appliance import bus
+    from inference.pull import default_name
+
+    req = PullRequest.model_validate(body)
+    source = req.model or req.name
+    if not source:
+        raise ApiError(400, "model is required: a repository id (owner/name), a .gguf URL or a path on the worker",
+                       param="model")
+    if source.startswith(("/", "./", "../", "~")):  # a path on the worker's machine
+        name = Path(source).name.removesuffix(".gguf").lower()
+    else:
+        name = ollama_model_name(default_name(source))
+    if name in await jobs.catalog():
+        return _pull_done(req.stream is not False, [{"status": "success"}])
+    workers = await bus.workers(jobs.redis())
+    if req.worker:
+        workers = [w for w in workers if w["name"] == req.worker]
+    if not workers:
+        raise ApiError(503, f"no worker {'named ' + req.worker + ' ' if req.worker else ''}is running to install it")
+    job = await jobs.Job.submit_board("rkmojo.install", workers[0]["name"], {"source": source, "name": name})
+    await job.started()
+
+    async def lines():
+        yield {"status": "pulling manifest"}
+        async for ev in job.events():
+            if ev["t"] == "progress":
+                yield {k: v for k, v in ev.items() if k in ("status", "digest", "total", "completed") and v is not None}
+            elif ev["t"] == "error":
+                raise ApiError.from_event(ev)
+
+    if req.stream is not False:
+        return _ndjson(job, lines())
+    try:
+        async for _ in lines():
+            pass
+    finally:
+        await job.close()
+    return JsonResponse({"status": "success"})
+
+
+def _pull_done(stream: bool, objs: list[dict]):
+    if not stream:
+        return JsonResponse(objs[-1])
+    return HttpResponse("".join(json.dumps(o) + "\n" for o in objs), content_type="application/x-ndjson")

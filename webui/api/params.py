@@ -1,0 +1,66 @@
+"""Request pieces both APIs share: chat messages and sampling parameters, checked at the edge."""
+from __future__ import annotations
+
+from typing import Any
+
+from .common import ApiError
+
+ROLES = ("system", "developer", "user", "assistant")
+
+
+def chat_messages(messages: list[Any], *, allow_images: bool = False) -> list[dict]:
+    """OpenAI/Ollama messages as {"role", "content": str} dicts.
+
+    Content is a string or a list of text parts; anything else (image or audio parts, tool messages)
+    is refused with 400 naming the field, e.g. `messages[2].content[1].type`.
+    """
+    if not messages:
+        raise ApiError(400, "messages must hold at least one message", param="messages")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise ApiError(400, f"{where} must be an object with a role and content", param=where)
+        role = m.get("role")
+        if role not in ROLES:
+            raise ApiError(400, f"{where}.role {role!r} is not supported; use one of {', '.join(ROLES)}",
+                           param=f"{where}.role")
+        for key in ("tool_calls", "images", "audio", "function_call"):
+            if m.get(key):
+                raise ApiError(400, f"{where}.{key} is not supported by this server", param=f"{where}.{key}",
+                               code="unsupported_value")
+        content = m.get("content")
+        if content is None:
+            content = ""
+        if isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                pwhere = f"{where}.content[{j}]"
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                    raise ApiError(400, f"{pwhere}: only text parts are supported, got {kind!r}",
+                                   param=f"{pwhere}.type", code="unsupported_value")
+                texts.append(part["text"])
+            content = "".join(texts)
+        if not isinstance(content, str):
+            raise ApiError(400, f"{where}.content must be a string or a list of text parts", param=f"{where}.content")
+        out.append({"role": "system" if role == "developer" else role, "content": content})
+    return out
+
+
+def seed_value(seed: int | None) -> int | None:
+    """Any integer seed (OpenAI's are signed 64-bit) as the engine's non-negative one."""
+    return None if seed is None else seed % 2**64
+
+
+def check_sampling(params: dict) -> dict:
+    """`params` (SamplingParams fields) checked by the engine's own rules; 400 naming the field when out of range."""
+    from inference.sampler import SamplingParams
+
+    params = {k: v for k, v in params.items() if v is not None}
+    try:
+        SamplingParams.from_any(params)
+    except ValueError as e:
+        field = str(e).split("=", 1)[0].split(":", 1)[0].strip()
+        raise ApiError(400, str(e), param=field if field.isidentifier() else None) from None
+    return params

@@ -1,0 +1,29 @@
+"""`python -m django apikey create NAME | list | revoke PREFIX` (settings: appliance.settings)."""
+from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
+
+from webui.models import ApiKey
+
+
+class Command(BaseCommand):
+    help = "Create, list or revoke API keys (stored hashed; a new key is shown once)."
+
+    def add_arguments(self, parser):
+        sub = parser.add_subparsers(dest="action", required=True)
+        sub.add_parser("create").add_argument("name")
+        sub.add_parser("list")
+        sub.add_parser("revoke").add_argument("prefix", help="the key's first characters, as `list` shows them")
+
+    def handle(self, *args, action, **opts):
+        if action == "create":
+            _, key = ApiKey.create(opts["name"])
+            self.stdout.write(key)
+        elif action == "list":
+            for k in ApiKey.objects.all():
+                self.stdout.write(f"{k.prefix}  {k.name}  created {k.created:%Y-%m-%d}"
+                                  f"{'  revoked' if k.revoked else ''}")
+        else:
+            n = ApiKey.objects.filter(prefix__startswith=opts["prefix"], revoked=None).update(revoked=timezone.now())
+            if n == 0:
+                raise CommandError(f"no active key starts with {opts['prefix']!r}; `apikey list` shows them")
+            self.stdout.write(f"revoked {n} key{'s' * (n != 1)}")

@@ -1,0 +1,77 @@
+"""API keys (stored hashed) and chat sessions with their messages."""
+from __future__ import annotations
+
+import hashlib
+import secrets
+import uuid
+
+from django.db import models
+
+KEY_PREFIX = "rkm-"
+
+
+def hash_key(key: str) -> str:
+    # keys are 32 random bytes: a plain SHA-256 is enough (no dictionary to guess from), and fast per request
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class ApiKey(models.Model):
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=12, help_text="the first characters, to tell keys apart")
+    digest = models.CharField(max_length=64, unique=True)
+    created = models.DateTimeField(auto_now_add=True)
+    last_used = models.DateTimeField(null=True, blank=True)
+    revoked = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…{', revoked' if self.revoked else ''})"
+
+    @classmethod
+    def create(cls, name: str) -> tuple["ApiKey", str]:
+        """A new key; the plain key is returned once and never stored."""
+        k = cls(name=name)
+        key = k.new_secret()
+        k.save()
+        return k, key
+
+    def new_secret(self) -> str:
+        """Give this (unsaved) key its secret; returns the plain key, which is not kept."""
+        key = KEY_PREFIX + secrets.token_urlsafe(32)
+        self.prefix, self.digest = key[:10], hash_key(key)
+        return key
+
+
+class ChatSession(models.Model):
+    """A conversation: through the web UI (by id) or the API (found again by its messages' digest)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    model = models.CharField(max_length=200)
+    title = models.CharField(max_length=200, blank=True)
+    source = models.CharField(max_length=20, default="api")  # openai | ollama | web
+    digest = models.CharField(max_length=64, db_index=True, help_text="of the messages so far, reply included")
+    created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-updated"]
+
+    def __str__(self) -> str:
+        return self.title or str(self.id)
+
+
+class ChatMessage(models.Model):
+    session = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="messages")
+    index = models.PositiveIntegerField()
+    role = models.CharField(max_length=20)
+    content = models.TextField()
+    created = models.DateTimeField(auto_now_add=True)
+    prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
+    cached_tokens = models.PositiveIntegerField(null=True, blank=True)
+    completion_tokens = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["session", "index"]
+        constraints = [models.UniqueConstraint(fields=["session", "index"], name="one_message_per_index")]

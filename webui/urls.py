@@ -1,0 +1,21 @@
+from django.urls import path
+
+from .api import ollama, openai
+
+urlpatterns = [
+    path("v1/chat/completions", openai.chat_completions),
+    path("v1/completions", openai.completions),
+    path("v1/embeddings", openai.embeddings),
+    path("v1/models", openai.models),
+    path("v1/models/<path:name>", openai.model_detail),
+    path("api/chat", ollama.chat),
+    path("api/generate", ollama.generate),
+    path("api/embed", ollama.embed),
+    path("api/embeddings", ollama.embeddings),
+    path("api/tags", ollama.tags),
+    path("api/ps", ollama.ps),
+    path("api/show", ollama.show),
+    path("api/version", ollama.version),
+    path("api/delete", ollama.delete),
+    path("api/pull", ollama.pull),
+]

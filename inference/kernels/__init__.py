@@ -1,19 +1,59 @@
-"""Fused dequantize-and-multiply kernels.
+"""Fused dequantize-and-multiply kernels (compiled C in rkkernels.c, loaded through ctypes).
 
-TEMPORARY numpy implementation while the compiled kernels are written (replaced by rkkernels.c).
+Every weight kind of `inference.quant` is multiplied in its stored form: each block of weights is
+dequantized into registers and applied to up to 6 activation rows, never to a dense copy. Activations
+stay float32. Results are deterministic: the same inputs give bit-identical outputs whatever the thread
+count and whatever other rows share the batch.
+
+Raises:
+    ImportError: at import, when the compiled library has not been built (`pip install -e .`).
 """
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
 from ..quant import QTensor, dequantize
+from ._lib import KernelLib, default_library_path
+
+_LIB = KernelLib(default_library_path())
+_LIB.set_threads(os.cpu_count() or 1)
+
+BACKEND = _LIB.backend  # "avx2", "neon" or "scalar": the instruction set the library was built for
 
 
 def linear(x: np.ndarray, w: QTensor) -> np.ndarray:
-    """y[T, out] = x[T, in] @ W[out, in].T in float32."""
-    return np.ascontiguousarray(x, dtype=np.float32) @ dequantize(w).T
+    """y = x @ W.T in float32.
+
+    Args:
+        x: activations [T, in] (or [..., in]); converted to float32 if needed.
+        w: weight [out, in] of any kind in `inference.quant.KINDS`, parts C-contiguous (memmap views
+           are fine; nothing is copied).
+
+    Returns:
+        A new float32 array [T, out] (or [..., out]).
+
+    Raises:
+        ValueError: shapes do not match, or the weight's parts are not laid out as its kind says.
+    """
+    return _LIB.linear(x, w)
 
 
-def embed_rows(w: QTensor, ids: np.ndarray) -> np.ndarray:
-    """Rows `ids` of the embedding matrix `w` as float32 [T, H]."""
-    return dequantize(w.rows(np.asarray(ids)))
+def embed_rows(w: QTensor, ids) -> np.ndarray:
+    """Rows `ids` of the embedding matrix `w` as float32 [T, H] (only those rows are dequantized)."""
+    return dequantize(w.rows(np.asarray(ids).reshape(-1)))
+
+
+def set_threads(n: int) -> None:
+    """Threads the kernels split output rows over (default: os.cpu_count()).
+
+    Raises:
+        ValueError: `n` is not a positive integer.
+    """
+    _LIB.set_threads(n)
+
+
+def get_threads() -> int:
+    """The thread count set by `set_threads`."""
+    return _LIB.get_threads()

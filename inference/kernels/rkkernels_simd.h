@@ -1,0 +1,207 @@
+/* The vector vocabulary the kernels in rkkernels.c are written in, with one backend per ISA.
+ *
+ * Backends: AVX2+FMA+F16C (x86_64), NEON (aarch64), and portable C (anything else, or when built
+ * with -DRK_NO_SIMD). Each defines:
+ *   VL                      lanes in a vector `vf` of float32
+ *   NV8 = 8 / VL            vectors that hold 8 decoded weights
+ *   vf_zero, vf_set1, vf_load, vf_store, vf_add
+ *   vf_fma(a, b, c)         a * b + c (fused where the ISA has it; always the same per backend)
+ *   vf_hsum(v)              sum of the lanes in a fixed order
+ *   dec8_f32/f16/i8(p, w)   8 weights at p as NV8 float vectors
+ *   dec8_nib(p, lo, b)      8 bytes at p: their low nibbles (8 values) and the whole bytes (8 values)
+ *   f16_to_f32(bits)        one IEEE half to float
+ * Every kernel step is one of these, so the order of float operations per output element is fixed by
+ * the source; it never depends on how many rows share a call (see rkkernels.c).
+ */
+#ifndef RKKERNELS_SIMD_H
+#define RKKERNELS_SIMD_H
+
+#include <stdint.h>
+#include <string.h>
+
+#define RK_INLINE static inline __attribute__((always_inline))
+
+#if !defined(RK_NO_SIMD) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+/* ---------------------------------------------------------------- AVX2 + FMA + F16C */
+#include <immintrin.h>
+#define RK_BACKEND "avx2"
+#define VL 8
+typedef __m256 vf;
+
+RK_INLINE vf vf_zero(void) { return _mm256_setzero_ps(); }
+RK_INLINE vf vf_set1(float a) { return _mm256_set1_ps(a); }
+RK_INLINE vf vf_load(const float *p) { return _mm256_loadu_ps(p); }
+RK_INLINE void vf_store(float *p, vf a) { _mm256_storeu_ps(p, a); }
+RK_INLINE vf vf_add(vf a, vf b) { return _mm256_add_ps(a, b); }
+RK_INLINE vf vf_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+
+RK_INLINE float vf_hsum(vf a)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+RK_INLINE void dec8_f32(const float *p, vf *w) { w[0] = _mm256_loadu_ps(p); }
+RK_INLINE void dec8_f16(const uint16_t *p, vf *w)
+{
+    w[0] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+RK_INLINE void dec8_i8(const int8_t *p, vf *w)
+{
+    w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+RK_INLINE void dec8_nib(const uint8_t *p, vf *lo, vf *b)
+{
+#ifdef RK_MAGIC
+    __m256i v = _mm256_or_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)), _mm256_set1_epi32(0x4B000000));
+    const __m256 magic = _mm256_set1_ps(8388608.0f);
+    lo[0] = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(0x4B00000F))), magic);
+    b[0] = _mm256_sub_ps(_mm256_castsi256_ps(v), magic);
+#else
+    __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    lo[0] = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15)));
+    b[0] = _mm256_cvtepi32_ps(v);
+#endif
+}
+RK_INLINE float f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
+
+#elif !defined(RK_NO_SIMD) && defined(__ARM_NEON) && defined(__aarch64__)
+/* ---------------------------------------------------------------- NEON (aarch64) */
+#include <arm_neon.h>
+#define RK_BACKEND "neon"
+#define VL 4
+typedef float32x4_t vf;
+
+RK_INLINE vf vf_zero(void) { return vdupq_n_f32(0.0f); }
+RK_INLINE vf vf_set1(float a) { return vdupq_n_f32(a); }
+RK_INLINE vf vf_load(const float *p) { return vld1q_f32(p); }
+RK_INLINE void vf_store(float *p, vf a) { vst1q_f32(p, a); }
+RK_INLINE vf vf_add(vf a, vf b) { return vaddq_f32(a, b); }
+RK_INLINE vf vf_fma(vf a, vf b, vf c) { return vfmaq_f32(c, a, b); }
+
+RK_INLINE float vf_hsum(vf a)
+{
+    float32x2_t s = vadd_f32(vget_low_f32(a), vget_high_f32(a));
+    return vget_lane_f32(vpadd_f32(s, s), 0);
+}
+
+RK_INLINE void dec8_f32(const float *p, vf *w)
+{
+    w[0] = vld1q_f32(p);
+    w[1] = vld1q_f32(p + 4);
+}
+RK_INLINE void dec8_f16(const uint16_t *p, vf *w)
+{
+    float16x8_t h = vreinterpretq_f16_u16(vld1q_u16(p));
+    w[0] = vcvt_f32_f16(vget_low_f16(h));
+    w[1] = vcvt_high_f32_f16(h);
+}
+RK_INLINE void dec8_i8(const int8_t *p, vf *w)
+{
+    int16x8_t h = vmovl_s8(vld1_s8(p));
+    w[0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(h)));
+    w[1] = vcvtq_f32_s32(vmovl_high_s16(h));
+}
+RK_INLINE void dec8_nib(const uint8_t *p, vf *lo, vf *b)
+{
+    uint16x8_t h = vmovl_u8(vld1_u8(p));
+    uint16x8_t l = vandq_u16(h, vdupq_n_u16(15)); /* one op masks 8 weights */
+    lo[0] = vcvtq_f32_u32(vmovl_u16(vget_low_u16(l)));
+    lo[1] = vcvtq_f32_u32(vmovl_high_u16(l));
+    b[0] = vcvtq_f32_u32(vmovl_u16(vget_low_u16(h)));
+    b[1] = vcvtq_f32_u32(vmovl_high_u16(h));
+}
+RK_INLINE float f16_to_f32(uint16_t h)
+{
+    __fp16 v;
+    memcpy(&v, &h, 2);
+    return (float)v;
+}
+
+#else
+/* ---------------------------------------------------------------- portable C */
+#define RK_BACKEND "scalar"
+#define VL 8
+typedef struct {
+    float v[VL];
+} vf;
+
+RK_INLINE vf vf_zero(void)
+{
+    vf r;
+    for (int l = 0; l < VL; l++) r.v[l] = 0.0f;
+    return r;
+}
+RK_INLINE vf vf_set1(float a)
+{
+    vf r;
+    for (int l = 0; l < VL; l++) r.v[l] = a;
+    return r;
+}
+RK_INLINE vf vf_load(const float *p)
+{
+    vf r;
+    memcpy(r.v, p, sizeof r.v);
+    return r;
+}
+RK_INLINE void vf_store(float *p, vf a) { memcpy(p, a.v, sizeof a.v); }
+RK_INLINE vf vf_add(vf a, vf b)
+{
+    for (int l = 0; l < VL; l++) a.v[l] += b.v[l];
+    return a;
+}
+/* a separate multiply and add: the same on every compiler (fp-contract off, see rkkernels.c) */
+RK_INLINE vf vf_fma(vf a, vf b, vf c)
+{
+    for (int l = 0; l < VL; l++) {
+        float p = a.v[l] * b.v[l];
+        c.v[l] = c.v[l] + p;
+    }
+    return c;
+}
+RK_INLINE float vf_hsum(vf a)
+{
+    float s0 = (a.v[0] + a.v[4]) + (a.v[2] + a.v[6]);
+    float s1 = (a.v[1] + a.v[5]) + (a.v[3] + a.v[7]);
+    return s0 + s1;
+}
+
+RK_INLINE float f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
+    float f;
+    if (exp == 0) { /* zero or subnormal: man * 2^-24, exact in float */
+        f = (float)man * 5.9604644775390625e-8f;
+        return sign ? -f : f;
+    }
+    if (exp == 31)
+        bits = sign | 0x7f800000u | (man << 13);
+    else
+        bits = sign | ((exp + 112u) << 23) | (man << 13);
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+RK_INLINE void dec8_f32(const float *p, vf *w) { memcpy(w[0].v, p, 8 * sizeof(float)); }
+RK_INLINE void dec8_f16(const uint16_t *p, vf *w)
+{
+    for (int l = 0; l < 8; l++) w[0].v[l] = f16_to_f32(p[l]);
+}
+RK_INLINE void dec8_i8(const int8_t *p, vf *w)
+{
+    for (int l = 0; l < 8; l++) w[0].v[l] = (float)p[l];
+}
+RK_INLINE void dec8_nib(const uint8_t *p, vf *lo, vf *b)
+{
+    for (int l = 0; l < 8; l++) {
+        lo[0].v[l] = (float)(p[l] & 15);
+        b[0].v[l] = (float)p[l];
+    }
+}
+#endif
+
+#define NV8 (8 / VL)
+
+#endif /* RKKERNELS_SIMD_H */

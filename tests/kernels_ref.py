@@ -1,0 +1,122 @@
+"""The reference the kernels are tested against, and builds of rkkernels.c other than the installed one.
+
+`reference` is x @ dequantize(W).T in float64. A kernel result passes when every element is within
+`rel` of |x| @ |W|.T, the scale its rounding errors grow with (a cancelling sum can be near zero).
+
+Other builds: the portable C backend (compiled here into a shared library and loaded like the real
+one) and the NEON backend (cross-compiled with a small driver and run under qemu-aarch64), so an x86
+CI machine checks every backend's arithmetic.
+"""
+from __future__ import annotations
+
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from inference.quant import KINDS, dequantize, part_layout, quantize
+
+KERNEL_SOURCE = Path(__file__).resolve().parent.parent / "inference" / "kernels" / "rkkernels.c"
+
+
+def reference(x: np.ndarray, w) -> np.ndarray:
+    """x @ W.T in float64 from the dequantized weight."""
+    return x.astype(np.float64) @ dequantize(w).astype(np.float64).T
+
+
+def assert_close(y: np.ndarray, x: np.ndarray, w, rel: float = 1e-5) -> None:
+    """Every y[t, o] within `rel` · (|x| @ |W|.T)[t, o] of the float64 reference."""
+    wd = dequantize(w).astype(np.float64)
+    ref = x.astype(np.float64) @ wd.T
+    scale = np.abs(x).astype(np.float64) @ np.abs(wd).T + 1e-30
+    err = np.abs(y - ref) / scale
+    worst = np.unravel_index(np.argmax(err), err.shape)
+    assert err.max() <= rel, f"{w.kind} {w.shape}: error {err.max():.2e} of |x||W| at {worst} (allowed {rel:.0e})"
+
+
+def random_weight(kind: str, out: int, inn: int, rng: np.random.Generator):
+    """A quantized random matrix with a few rows of larger magnitude, so scales differ per row/group."""
+    w = rng.standard_normal((out, inn), dtype=np.float32) * rng.uniform(0.01, 2.0, (out, 1)).astype(np.float32)
+    return quantize(w, kind)
+
+
+# ------------------------------------------------------------------ the portable C build
+
+
+def build_portable(out_dir: Path) -> Path | None:
+    """rkkernels.c with the SIMD backends disabled, as a shared library; None without a C compiler."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None
+    lib = out_dir / "rkkernels_portable.so"
+    cmd = [cc, "-O2", "-std=c11", "-fopenmp", "-fPIC", "-shared", "-DRK_NO_SIMD", "-DRK_NO_PYTHON",
+           str(KERNEL_SOURCE), "-o", str(lib)]
+    subprocess.run(cmd, check=True, capture_output=True)
+    return lib
+
+
+# ------------------------------------------------------------------ the NEON build under qemu
+
+# Reads one call from stdin (header of int64: kind, threads, T, out, in, bytes of the 3 parts; then x
+# and the parts) and writes y to stdout.
+_DRIVER_C = r"""
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+int rk_linear(int, int64_t, int64_t, int64_t, const float *, float *, const void *, const void *, const void *);
+void rk_set_threads(int);
+const char *rk_backend(void);
+static void *slurp(int64_t n) {
+    void *p = malloc(n + 1);
+    if (n && fread(p, 1, n, stdin) != (size_t)n) exit(3);
+    return p;
+}
+int main(int argc, char **argv) {
+    int64_t h[8];
+    if (argc > 1) { puts(rk_backend()); return 0; }
+    if (fread(h, 8, 8, stdin) != 8) return 2;
+    rk_set_threads((int)h[1]);
+    float *x = slurp(4 * h[2] * h[4]);
+    void *p0 = slurp(h[5]), *p1 = slurp(h[6]), *p2 = slurp(h[7]);
+    float *y = malloc(4 * h[2] * h[3] + 4);
+    int rc = rk_linear((int)h[0], h[2], h[3], h[4], x, y, p0, p1, p2);
+    if (rc) return 10 + rc;
+    fwrite(y, 4, h[2] * h[3], stdout);
+    return 0;
+}
+"""
+
+
+class NeonRunner:
+    """The NEON build (cross-compiled for the RK3588's Cortex-A76) run under qemu-aarch64."""
+
+    def __init__(self, exe: Path, qemu: str):
+        self.exe, self.qemu = exe, qemu
+        self.backend = subprocess.run([qemu, str(exe), "backend"], check=True, capture_output=True,
+                                      text=True).stdout.strip()
+
+    @classmethod
+    def build(cls, out_dir: Path) -> "NeonRunner | None":
+        """None when the cross compiler or qemu-aarch64 is missing."""
+        cc, qemu = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64")
+        if cc is None or qemu is None or sys.platform != "linux":
+            return None
+        driver = out_dir / "driver.c"
+        driver.write_text(_DRIVER_C)
+        exe = out_dir / "rkkernels_neon"
+        cmd = [cc, "-O2", "-std=c11", "-fopenmp", "-mcpu=cortex-a76", "-static", "-DRK_NO_PYTHON",
+               str(driver), str(KERNEL_SOURCE), "-o", str(exe)]
+        subprocess.run(cmd, check=True, capture_output=True)
+        return cls(exe, qemu)
+
+    def linear(self, x: np.ndarray, w, threads: int = 2) -> np.ndarray:
+        parts = [np.ascontiguousarray(w.parts[n]).tobytes() for n in part_layout(w.kind, w.shape)] + [b"", b""]
+        out, inn = w.shape
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        header = struct.pack("<8q", KINDS.index(w.kind), threads, x.shape[0], out, inn, *map(len, parts[:3]))
+        run = subprocess.run([self.qemu, str(self.exe)], input=header + x.tobytes() + b"".join(parts[:3]),
+                             capture_output=True, check=True)
+        return np.frombuffer(run.stdout, np.float32).reshape(x.shape[0], out)

@@ -1,0 +1,216 @@
+"""The compiled kernels against the float64 reference, their determinism, and the quantizers' bounds."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from kernels_ref import NeonRunner, assert_close, build_portable, random_weight
+
+from inference import kernels
+from inference.kernels._lib import KernelLib
+from inference.quant import KINDS, QTensor, dequantize, quantize
+
+BATCHES = (1, 3, 17, 128, 130)
+
+
+def shapes_for(kind: str) -> list[tuple[int, int]]:
+    """Odd output counts; inputs at the kind's granularity, one past a K block (1024) for prefill."""
+    shapes = [(7, 64), (49, 192), (13, 2112)]
+    if kind in ("f32", "f16", "q8"):  # no grouping: ragged input sizes reach the scalar tail
+        shapes += [(5, 1), (6, 13), (9, 1100)]
+    return shapes
+
+
+@pytest.fixture(scope="module")
+def rng():
+    return np.random.default_rng(7)
+
+
+@pytest.fixture(autouse=True)
+def restore_threads():
+    before = kernels.get_threads()
+    yield
+    kernels.set_threads(before)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_it_matches_the_float64_reference(kind, rng):
+    for out, inn in shapes_for(kind):
+        w = random_weight(kind, out, inn, rng)
+        for T in BATCHES:
+            x = rng.standard_normal((T, inn), dtype=np.float32)
+            y = kernels.linear(x, w)
+            assert y.shape == (T, out) and y.dtype == np.float32
+            assert_close(y, x, w)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_row_gives_the_same_bits_alone_or_in_any_batch(kind, rng):
+    for out, inn in shapes_for(kind):
+        w = random_weight(kind, out, inn, rng)
+        x = rng.standard_normal((130, inn), dtype=np.float32)
+        full = kernels.linear(x, w)
+        for t in (0, 5, 127, 129):
+            assert np.array_equal(kernels.linear(x[t : t + 1], w)[0], full[t])
+        for lo, hi in ((0, 3), (3, 20), (7, 135)):  # tiles fall at other offsets in a sub-batch
+            assert np.array_equal(kernels.linear(x[lo:hi], w), full[lo:hi])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_thread_count_does_not_change_a_bit(kind, rng):
+    w = random_weight(kind, 203, 1088, rng)
+    for T in (1, 130):
+        x = rng.standard_normal((T, 1088), dtype=np.float32)
+        kernels.set_threads(1)
+        one = kernels.linear(x, w)
+        for n in (2, 3):
+            kernels.set_threads(n)
+            assert np.array_equal(kernels.linear(x, w), one)
+
+
+def test_concurrent_calls_from_python_threads_agree_with_serial_ones(rng):
+    from concurrent.futures import ThreadPoolExecutor
+
+    ws = [random_weight(kind, 96, 512, rng) for kind in ("q4", "q8", "q4_0", "f16")]
+    x = rng.standard_normal((9, 512), dtype=np.float32)
+    serial = [kernels.linear(x, w) for w in ws]
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(5):
+            results = list(pool.map(lambda w: kernels.linear(x, w), ws))
+            assert all(np.array_equal(a, b) for a, b in zip(results, serial))
+
+
+def test_it_multiplies_read_only_memmap_views_in_place(tmp_path, rng):
+    experts = [random_weight("q4", 48, 128, rng) for _ in range(3)]
+    path = tmp_path / "experts.bin"
+    stacked = {name: np.stack([e.parts[name] for e in experts]) for name in ("q", "scales", "biases")}
+    offsets, pos = {}, 0
+    with path.open("wb") as f:
+        for name, arr in stacked.items():
+            offsets[name] = pos
+            pos += f.write(arr.tobytes())
+    x = rng.standard_normal((5, 128), dtype=np.float32)
+    for e, expected in enumerate(experts):
+        parts = {
+            name: np.memmap(path, arr.dtype, "r", offsets[name], arr.shape)[e] for name, arr in stacked.items()
+        }
+        assert not parts["q"].flags.writeable
+        y = kernels.linear(x, QTensor("q4", (48, 128), parts))
+        assert np.array_equal(y, kernels.linear(x, expected))
+
+
+def test_it_takes_any_leading_dims_and_converts_x_to_float32(rng):
+    w = random_weight("q8", 11, 64, rng)
+    x = rng.standard_normal((2, 3, 64))
+    y = kernels.linear(x, w)
+    assert y.shape == (2, 3, 11)
+    assert np.array_equal(y.reshape(6, 11), kernels.linear(x.reshape(6, 64).astype(np.float32), w))
+    assert kernels.linear(x[0, 0], w).shape == (11,)
+
+
+def test_it_rejects_a_mismatched_x(rng):
+    with pytest.raises(ValueError, match=r"needs \[\.\.\., 64\]"):
+        kernels.linear(np.zeros((2, 32), np.float32), random_weight("q4", 8, 64, rng))
+
+
+def test_it_rejects_parts_laid_out_wrong(rng):
+    w = random_weight("q8", 8, 64, rng)
+    strided = QTensor("q8", (8, 32), {"q": w.parts["q"][:, ::2], "scales": w.parts["scales"]})
+    with pytest.raises(ValueError, match="C-contiguous"):
+        kernels.linear(np.zeros((1, 32), np.float32), strided)
+    wrong_dtype = QTensor("q8", (8, 64), {"q": w.parts["q"].view(np.uint8), "scales": w.parts["scales"]})
+    with pytest.raises(ValueError, match="int8"):
+        kernels.linear(np.zeros((1, 64), np.float32), wrong_dtype)
+
+
+def test_thread_count_round_trips_and_must_be_positive():
+    kernels.set_threads(3)
+    assert kernels.get_threads() == 3
+    with pytest.raises(ValueError, match="positive"):
+        kernels.set_threads(0)
+
+
+def test_a_missing_build_is_an_import_error_that_says_how_to_build(tmp_path):
+    with pytest.raises(ImportError, match=r"pip install -e \."):
+        KernelLib(tmp_path / "absent.so")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_embed_rows_are_the_dequantized_rows(kind, rng):
+    w = random_weight(kind, 40, 64, rng)
+    ids = np.array([3, 0, 39, 3])
+    assert np.array_equal(kernels.embed_rows(w, ids), dequantize(w)[ids])
+
+
+# error bound per element, in units of the element's quantization step
+@pytest.mark.parametrize(
+    "kind, steps",
+    [("q8", 0.5), ("q4", 0.5), ("q4_1", 0.5), ("q8_0", 0.5),
+     ("q4_0", 1.0)],  # the largest magnitude maps to -8, so the opposite extreme clips at +7
+)
+def test_quantizers_round_trip_within_their_step(kind, steps, rng):
+    w = (rng.standard_normal((16, 256)) * rng.uniform(0.01, 3.0, (16, 1))).astype(np.float32)
+    w[3] = 0.0
+    w[5, :64] = 0.0
+    q = quantize(w, kind)
+    err = np.abs(dequantize(q) - w)
+    if kind == "q8":
+        step = np.broadcast_to(q.parts["scales"][:, None], w.shape)
+    elif kind == "q4":
+        step = np.repeat(q.parts["scales"].astype(np.float32), 64, axis=1)
+    else:
+        blocks = q.parts["blocks"].reshape(16, 8, -1)
+        step = np.repeat(np.abs(blocks[..., :2].copy().view(np.float16).astype(np.float32))[..., 0], 32, axis=1)
+    assert np.all(err <= steps * step * (1 + 1e-3) + 1e-12)
+    assert np.all(dequantize(q)[3] == 0.0) and np.all(dequantize(q)[5, :64] == 0.0)
+
+
+def test_f16_round_trip_is_half_precision(rng):
+    w = rng.standard_normal((4, 64)).astype(np.float32)
+    assert np.all(np.abs(dequantize(quantize(w, "f16")) - w) <= np.abs(w) * 2.0**-11)
+
+
+# ------------------------------------------------------------------ the other backends
+
+
+@pytest.fixture(scope="module")
+def portable(tmp_path_factory):
+    path = build_portable(tmp_path_factory.mktemp("portable"))
+    if path is None:
+        pytest.skip("no C compiler to build the portable backend")
+    return KernelLib(path)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_portable_c_backend_matches_the_reference(portable, kind, rng):
+    assert portable.backend == "scalar"
+    portable.set_threads(2)
+    for out, inn in shapes_for(kind):
+        w = random_weight(kind, out, inn, rng)
+        x = rng.standard_normal((130, inn), dtype=np.float32)
+        full = portable.linear(x, w)
+        assert_close(full, x, w)
+        assert np.array_equal(portable.linear(x[129:], w)[0], full[129])
+
+
+@pytest.fixture(scope="module")
+def neon(tmp_path_factory):
+    import platform
+
+    if platform.machine().lower() in ("aarch64", "arm64"):
+        pytest.skip("native NEON build: the main tests cover it")
+    runner = NeonRunner.build(tmp_path_factory.mktemp("neon"))
+    if runner is None:
+        pytest.skip("needs aarch64-linux-gnu-gcc and qemu-aarch64 to check the NEON backend")
+    return runner
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_neon_backend_matches_the_reference_under_qemu(neon, kind, rng):
+    assert neon.backend == "neon"
+    out, inn = shapes_for(kind)[-1]
+    w = random_weight(kind, out, inn, rng)
+    x = rng.standard_normal((130, inn), dtype=np.float32)
+    full = neon.linear(x, w, threads=2)
+    assert_close(full, x, w)
+    assert np.array_equal(neon.linear(x, w, threads=1), full)
+    assert np.array_equal(neon.linear(x[129:], w)[0], full[129])

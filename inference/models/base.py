@@ -184,11 +184,12 @@ def attention(q: np.ndarray, kv: LayerKV, positions: np.ndarray, scale: float) -
     g = H // n_kv
     qg = q.reshape(T, n_kv, g, D).transpose(1, 2, 0, 3).reshape(n_kv, g * T, D)  # [KV, g*T, D]
     scores = np.matmul(qg, k.transpose(0, 2, 1)) * np.float32(scale)  # [KV, g*T, S]
-    qpos = np.tile(positions, g)  # [g*T]
-    ok = (kpos[None, :] <= qpos[:, None]) & (kpos[None, :] >= 0)
-    if kv.window:
-        ok &= kpos[None, :] > qpos[:, None] - kv.window
-    scores = np.where(ok[None], scores, np.float32(-np.inf))
+    if T > 1 or kv.window:  # a full layer's single new row sees every held row: no mask needed
+        qpos = np.tile(positions, g)  # [g*T]
+        ok = (kpos[None, :] <= qpos[:, None]) & (kpos[None, :] >= 0)
+        if kv.window:
+            ok &= kpos[None, :] > qpos[:, None] - kv.window
+        scores = np.where(ok[None], scores, np.float32(-np.inf))
     scores -= scores.max(axis=-1, keepdims=True)
     p = np.exp(scores)
     p /= p.sum(axis=-1, keepdims=True)
@@ -215,6 +216,14 @@ class Transformer:
         self.embed = store.dense("embed")
         self.lm_head = store.dense("lm_head") if store.has("lm_head") else self.embed
         self.norm = self.vec("norm")
+        self._rope_memo: dict = {}
+
+    def rope(self, positions: np.ndarray, inv_freq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """cos/sin for this chunk's positions, computed once per chunk and frequency table."""
+        key = id(inv_freq)
+        if key not in self._rope_memo:
+            self._rope_memo[key] = rope_cos_sin(positions, inv_freq)
+        return self._rope_memo[key]
 
     def vec(self, name: str) -> np.ndarray:
         """A small resident vector (norm weight, scale) as float32."""
@@ -236,6 +245,7 @@ class Transformer:
         for s in range(0, len(ids), self.chunk):
             part = ids[s : s + self.chunk]
             positions = np.arange(cache.offset, cache.offset + len(part))
+            self._rope_memo = {}
             h = embed_rows(self.embed, part)
             if self.embed_scale != 1.0:
                 h = h * np.float32(self.embed_scale)

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..kernels import linear
 from .base import (ACTIVATIONS, BaseArgs, KVCache, LayerKV, Transformer, apply_rope, attention, rms_norm,
-                   rope_cos_sin, rope_inv_freq)
+                   rope_inv_freq)
 from ..experts import ResidentExperts
 from .moe import expert_mlp, lookahead, mixture, softmax, top_k
 
@@ -185,7 +185,7 @@ class Model(Transformer):
         T = h.shape[0]
         D = a.attn_dims(i)[0]
         x = rms_norm(h, Lw["attn_norm"], eps)
-        cos, sin = rope_cos_sin(positions, self.inv_freq[a.layer_types[i]])
+        cos, sin = self.rope(positions, self.inv_freq[a.layer_types[i]])
         q = rms_norm(linear(x, Lw["q"]).reshape(T, -1, D), Lw["attn.q_norm"], eps)  # [T, Hq, D]
         k_raw = linear(x, Lw["k"]).reshape(T, -1, D)  # [T, Hkv, D]
         v = k_raw if Lw["v"] is None else linear(x, Lw["v"]).reshape(T, -1, D)

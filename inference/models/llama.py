@@ -7,7 +7,7 @@ import numpy as np
 
 from ..kernels import linear
 from .base import (BaseArgs, KVCache, LayerKV, Transformer, apply_rope, attention, rms_norm,
-                   rope_cos_sin, rope_inv_freq, silu)
+                   rope_inv_freq, silu)
 from .moe import expert_mlp
 
 # checkpoint tensor name → (internal name, tensor class); see inference/convert/hf.py
@@ -85,7 +85,7 @@ class Model(Transformer):
         a, L = self.args, self.layers[i]
         T, D = h.shape[0], a.head_dim
         x = rms_norm(h, L["attn_norm"], a.rms_norm_eps)
-        cos, sin = rope_cos_sin(positions, self.inv_freq)
+        cos, sin = self.rope(positions, self.inv_freq)
         q = apply_rope(linear(x, L["q"]).reshape(T, -1, D), cos, sin)  # [T, Hq, D]
         k = apply_rope(linear(x, L["k"]).reshape(T, -1, D), cos, sin)  # [T, Hkv, D]
         v = linear(x, L["v"]).reshape(T, -1, D)

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..kernels import linear
 from . import qwen3_moe
-from .base import KVCache, apply_rope, attention, rms_norm, rope_cos_sin
+from .base import KVCache, apply_rope, attention, rms_norm
 
 HF_NAMES = qwen3_moe.HF_NAMES
 
@@ -42,7 +42,7 @@ class Model(qwen3_moe.Model):
         v = linear(x, Lw["v"])
         if a.clip_qkv is not None:
             q, k, v = (np.clip(t, -a.clip_qkv, a.clip_qkv) for t in (q, k, v))
-        cos, sin = rope_cos_sin(positions, self.inv_freq)
+        cos, sin = self.rope(positions, self.inv_freq)
         q, k = apply_rope(q.reshape(T, -1, D), cos, sin), apply_rope(k.reshape(T, -1, D), cos, sin)
         cache.layers[i].append(k, v.reshape(T, -1, D), positions)
         return linear(attention(q, cache.layers[i], positions, D**-0.5).reshape(T, -1), Lw["o"])

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..kernels import linear
 from . import llama
-from .base import KVCache, LayerKV, Transformer, apply_rope, attention, rms_norm, rope_cos_sin, rope_inv_freq, silu
+from .base import KVCache, LayerKV, Transformer, apply_rope, attention, rms_norm, rope_inv_freq, silu
 from ..experts import ResidentExperts
 from .moe import expert_mlp, lookahead, mixture, softmax, top_k
 
@@ -111,7 +111,7 @@ class Model(Transformer):
         """Self-attention of the normed input x [T, H] → [T, H]; q/k RMSNorm per head."""
         a, Lw = self.args, self.layers[i]
         T, D = x.shape[0], a.head_dim
-        cos, sin = rope_cos_sin(positions, self.inv_freq)
+        cos, sin = self.rope(positions, self.inv_freq)
         q = rms_norm(linear(x, Lw["q"]).reshape(T, -1, D), Lw["q_norm"], a.rms_norm_eps)
         k = rms_norm(linear(x, Lw["k"]).reshape(T, -1, D), Lw["k_norm"], a.rms_norm_eps)
         v = linear(x, Lw["v"]).reshape(T, -1, D)

@@ -17,6 +17,7 @@ from ..convert.hf import DTYPES, TOKENIZER_FILES, convert_hf
 from ..convert.progress import progress_bar
 from ..errors import ConvertError, ModelFormatError
 from ..store import StoreWriter
+from ..store.writer import ResumePoint
 from ..store.format import digest_bytes
 from .http import PullError, Remote
 from .staging import Journal, PullLock, Spool
@@ -112,49 +113,19 @@ class RemoteShard:
 
 
 class ResumableWriter(StoreWriter):
-    """A `StoreWriter` whose temporary directory is the staging area's `store/`, kept on errors,
-    and adopted by the next run up to the last committed tensor.
-
-    It reaches into `StoreWriter`'s state (`tmp`, `_dense`, `_expert_fds`, `_expert_written`); a
-    resume entry point in `store/writer.py` would be the cleaner home for that.
-    """
+    """A `StoreWriter` working in the staging area's `store/`, kept on errors and adopted by the
+    next run up to the last tensor the journal committed."""
 
     def __init__(self, out, architecture: str, config: dict, *, state: PullState):
-        super().__init__(out, architecture, config)
+        partial = state.staging / "store"
+        resume = None
+        if state.done and partial.is_dir():
+            records = [r for r in state.journal.records if r.get("t") == "tensor"]
+            resume = ResumePoint(records[-1]["dense_size"], {k: v for r in records for k, v in r["dense"].items()},
+                                 [tuple(x) for r in records for x in r["experts"]])
+        super().__init__(out, architecture, config, workdir=partial, resume=resume)
         self.state = state
         state.writer = self
-        partial = state.staging / "store"
-        self._resumed_experts: set = set()
-        if state.done and partial.is_dir():
-            self._dense.close()
-            shutil.rmtree(self.tmp)
-            self.tmp = partial
-            records = [r for r in state.journal.records if r.get("t") == "tensor"]
-            size = records[-1]["dense_size"]
-            self._dense = open(partial / "dense.bin", "r+b")
-            self._dense.truncate(size)
-            self._dense.seek(size)
-            for r in records:
-                self.manifest["dense"]["tensors"].update(r["dense"])
-                self._resumed_experts.update(tuple(x) for x in r["experts"])
-        else:
-            shutil.rmtree(partial, ignore_errors=True)
-            os.rename(self.tmp, partial)  # the open dense.bin moves along with its directory
-            self.tmp = partial
-
-    def begin_expert_layer(self, layer: int, n_experts: int, tensors: dict) -> None:
-        path = self.tmp / f"experts/layer_{layer:02d}.bin"
-        kept = path.with_suffix(".keep")
-        resumed = {(e, w) for (l, e, w) in self._resumed_experts if l == layer}
-        if resumed and path.exists():
-            os.rename(path, kept)  # the parent truncates the file it opens
-        super().begin_expert_layer(layer, n_experts, tensors)
-        assert self.manifest["experts"]["layers"][str(layer)]["file"] == f"experts/layer_{layer:02d}.bin"
-        if resumed and kept.exists():
-            os.close(self._expert_fds[layer])
-            os.rename(kept, path)
-            self._expert_fds[layer] = os.open(path, os.O_RDWR)
-            self._expert_written[layer] |= resumed
 
     def add_dense(self, name: str, t) -> None:
         super().add_dense(name, t)
@@ -166,22 +137,6 @@ class ResumableWriter(StoreWriter):
 
     def set_source(self, source: dict) -> None:
         super().set_source({**self.state.source, "model_type": source.get("model_type")})
-
-    def sync(self) -> int:
-        """fsync what is written; the committed size of dense.bin."""
-        self._dense.flush()
-        os.fsync(self._dense.fileno())
-        for fd in self._expert_fds.values():
-            os.fsync(fd)
-        return self._dense.tell()
-
-    def abort(self) -> None:
-        """Close the files but keep them: the next `rkmojo pull` resumes from them."""
-        if not self._dense.closed:
-            self._dense.close()
-        for fd in self._expert_fds.values():
-            os.close(fd)
-        self._expert_fds.clear()
 
     def finish(self) -> Path:
         self.state.commit()

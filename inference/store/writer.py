@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -34,15 +35,21 @@ class StoreWriter:
         config: the model's full (text) config, stored as given.
     """
 
-    def __init__(self, out: str | os.PathLike, architecture: str, config: dict):
+    def __init__(self, out: str | os.PathLike, architecture: str, config: dict, *,
+                 workdir: str | os.PathLike | None = None, resume: "ResumePoint | None" = None):
         self.out = Path(out)
         if self.out.exists():
             raise ConvertError(f"{self.out}: output path exists; remove it or choose another path")
         if not self.out.parent.is_dir():
             raise ConvertError(f"{self.out.parent}: output directory does not exist; create it first")
-        self.tmp = self.out.parent / f".{self.out.name}.tmp-{uuid.uuid4().hex[:8]}"
-        self.tmp.mkdir()
-        (self.tmp / "experts").mkdir()
+        # workdir: a caller-owned directory that survives abort() (resumable installs); else a
+        # temporary directory beside the target, removed on abort()
+        self.keep_on_abort = workdir is not None
+        self.tmp = Path(workdir) if workdir else self.out.parent / f".{self.out.name}.tmp-{uuid.uuid4().hex[:8]}"
+        if resume is None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        (self.tmp / "experts").mkdir(exist_ok=True)
         self.manifest: dict = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
@@ -54,7 +61,16 @@ class StoreWriter:
             "dense": {"file": "dense.bin", "tensors": {}},
             "experts": {"layers": {}},
         }
-        self._dense = open(self.tmp / "dense.bin", "wb")
+        self._resumed_experts: set[tuple[int, int, str]] = set()
+        if resume is None:
+            self._dense = open(self.tmp / "dense.bin", "wb")
+        else:
+            # adopt what an interrupted run committed: dense.bin up to its last committed tensor
+            self._dense = open(self.tmp / "dense.bin", "r+b")
+            self._dense.truncate(resume.dense_size)
+            self._dense.seek(resume.dense_size)
+            self.manifest["dense"]["tensors"].update(resume.dense)
+            self._resumed_experts = set(resume.experts)
         self._expert_fds: dict[int, int] = {}
         self._expert_written: dict[int, set] = {}
         self._finished = False
@@ -68,13 +84,27 @@ class StoreWriter:
             self.abort()
 
     def abort(self) -> None:
-        """Remove everything written so far; the target path stays absent."""
+        """Stop; the target path stays absent. The work directory is removed unless it is the
+        caller's (`workdir=`), which keeps it for a resumed run."""
+        self.close()
+        if not self.keep_on_abort:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def close(self) -> None:
+        """Close the open files, deleting nothing."""
         if not self._dense.closed:
             self._dense.close()
         for fd in self._expert_fds.values():
             os.close(fd)
         self._expert_fds.clear()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def sync(self) -> int:
+        """fsync everything written so far; returns the committed size of dense.bin (a resume point)."""
+        self._dense.flush()
+        os.fsync(self._dense.fileno())
+        for fd in self._expert_fds.values():
+            os.fsync(fd)
+        return self._dense.tell()
 
     # --- metadata --------------------------------------------------------------------------
     def set_quantization(self, classes: dict[str, str]) -> None:
@@ -140,10 +170,12 @@ class StoreWriter:
         blob = pos
         stride = round_up(blob, EXPERT_STRIDE_ALIGN)
         fname = f"experts/layer_{layer:02d}.bin"
-        fd = os.open(self.tmp / fname, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        resumed = {(e, t) for (l, e, t) in self._resumed_experts if l == layer}
+        # a resumed layer keeps the blobs already written; a fresh one starts empty
+        fd = os.open(self.tmp / fname, os.O_RDWR | os.O_CREAT | (0 if resumed else os.O_TRUNC), 0o644)
         os.ftruncate(fd, stride * n_experts)
         self._expert_fds[layer] = fd
-        self._expert_written[layer] = set()
+        self._expert_written[layer] = resumed
         self.manifest["experts"]["layers"][str(layer)] = {
             "file": fname,
             "n_experts": n_experts,
@@ -219,6 +251,16 @@ class StoreWriter:
             f.flush()
             os.fsync(f.fileno())
         os.rename(tmp, path)
+
+
+@dataclass
+class ResumePoint:
+    """What an interrupted write had committed: dense.bin's size and index entries, and the
+    (layer, expert, sub-tensor) triples already in the expert files."""
+
+    dense_size: int
+    dense: dict = field(default_factory=dict)
+    experts: list = field(default_factory=list)
 
 
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:

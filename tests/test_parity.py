@@ -19,6 +19,18 @@ def gemma4():
     return transformers.Gemma4ForCausalLM, cfg
 
 
+def gemma4_released_layout():
+    """The released checkpoint's class: text weights under model.language_model, a vision tower to drop."""
+    _, text = gemma4()
+    cfg = transformers.Gemma4Config(
+        text_config=text.to_dict(), audio_config=None,
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           num_key_value_heads=2, head_dim=16),
+    )
+    cfg.vocab_size = text.vocab_size
+    return transformers.Gemma4ForConditionalGeneration, cfg
+
+
 def qwen3_moe():
     cfg = transformers.Qwen3MoeConfig(
         vocab_size=512, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
@@ -46,7 +58,7 @@ def olmoe():
     return transformers.OlmoeForCausalLM, cfg
 
 
-ARCHS = {"gemma4": gemma4, "qwen3_moe": qwen3_moe, "llama": llama, "olmoe": olmoe}
+ARCHS = {"gemma4": gemma4, "gemma4_released_layout": gemma4_released_layout, "qwen3_moe": qwen3_moe, "llama": llama, "olmoe": olmoe}
 
 
 @pytest.mark.parametrize("quant", ["f16", "q8", "q4"])

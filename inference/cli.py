@@ -75,7 +75,9 @@ def cmd_run(a) -> int:
     except ValueError as e:
         raise RkmojoError(str(e)) from None
     options = {k: v for k, v in (("threads", a.threads), ("memory_budget", a.memory_budget),
-                                 ("expert_slots", a.expert_slots), ("context", a.context)) if v is not None}
+                                 ("expert_slots", a.expert_slots), ("context", a.context),
+                                 ("policy", a.cache_policy), ("io", a.io), ("verify_experts", a.verify_experts),
+                                 ("prefetch", a.prefetch)) if v is not None}
     return run_chat(resolve_model(a.model), prompt=a.prompt, params=params, system=a.system,
                     show_stats=a.stats, engine_options=options)
 
@@ -209,6 +211,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--context", type=int, default=None, help="KV cache length in tokens")
     e.add_argument("--memory-budget", default=None, help="stream experts within this much memory, e.g. 6G")
     e.add_argument("--expert-slots", type=int, default=None, help="expert cache slots per layer")
+    e.add_argument("--cache-policy", choices=["lfu", "lru"], default=None, help="expert cache eviction (default lfu)")
+    e.add_argument("--io", choices=["auto", "uring", "threads"], default=None,
+                   help="expert reads: io_uring or a preadv thread pool (default auto)")
+    e.add_argument("--verify-experts", choices=["off", "first", "always"], default=None,
+                   help="digest check of expert blobs (default: first load of each)")
+    e.add_argument("--prefetch", type=int, default=None, metavar="SLOTS",
+                   help="gate-lookahead prefetch slots per layer (default 0: off)")
     r.set_defaults(fn=cmd_run)
 
     u = sub.add_parser("pull", help="install a model from a Hugging Face-style repository or a GGUF URL (resumable)")

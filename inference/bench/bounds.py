@@ -1,0 +1,85 @@
+"""The IO bound of expert streaming, measured with the engine's own reader, and page-cache helpers.
+
+Read bandwidth is measured the way the engine reads: the same reader class (`open_reader`: io_uring
+or the preadv pool), the same O_DIRECT files, page-aligned slot buffers, blob-sized reads, and the
+same batches (one per layer step, as many reads as that step missed in the decode run) — only the
+expert ids are random, so nothing is served from a cache the decode run warmed. O_DIRECT bypasses
+the page cache; caches are also dropped first when we are allowed to (root).
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import time
+
+import numpy as np
+
+from ..experts.cache import PAGE, SlotPool
+from ..experts.io import ReadRequest, open_reader
+
+DROP_CACHES = "/proc/sys/vm/drop_caches"
+
+
+def drop_caches() -> bool:
+    """Drop the page cache (root only); False when not allowed."""
+    try:
+        os.sync()
+        with open(DROP_CACHES, "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def read_bandwidth(store, batches: list[tuple[int, int]], *, io: str = "auto", seconds: float = 10.0,
+                   seed: int = 0, direct: bool = True) -> dict:
+    """Bytes per second reading random expert blobs in `batches` of (layer, reads in flight).
+
+    Returns:
+        {"bytes_per_s", "bytes", "seconds", "reads", "io", "direct", "batches"}.
+    """
+    if not batches:
+        return {"bytes_per_s": None, "bytes": 0, "seconds": 0.0, "reads": 0, "io": io, "direct": direct, "batches": 0}
+    layouts = store.expert_layers
+    width = max(k for _, k in batches)
+    pool = SlotPool(width, max(lay.blob_size for lay in layouts.values()))
+    reader = open_reader(store, io, direct=direct)
+    rng = np.random.default_rng(seed)
+    total = reads = steps = 0
+    t0 = time.perf_counter()
+    try:
+        for layer, k in itertools.cycle(batches):
+            lay = layouts[layer]
+            length = -(-lay.blob_size // PAGE) * PAGE  # as StreamingExperts reads a blob
+            experts = rng.choice(lay.n_experts, k, replace=False)
+            reqs = [ReadRequest(layer, int(e), i, pool.memoryview(i), int(e) * lay.stride, length)
+                    for i, e in enumerate(experts)]
+            for r in reader.submit(reqs).completed():
+                total += r.length
+                reads += 1
+            steps += 1
+            if time.perf_counter() - t0 >= seconds:
+                break
+        dt = time.perf_counter() - t0
+        name, is_direct = reader.name, all(reader.files.is_direct(l) for l in layouts)
+    finally:
+        reader.close()
+        reader.files.close()
+    return {"bytes_per_s": total / dt, "bytes": total, "seconds": dt, "reads": reads, "io": name,
+            "direct": is_direct, "batches": steps, "mean_batch": reads / max(1, steps)}
+
+
+def warm(store) -> int:
+    """Read dense.bin into the page cache and fault every page of the expert files into the store's
+    own mappings, so a resident run measures compute, not disk. Returns the bytes touched."""
+    n = 0
+    with open(store.path / store.manifest["dense"]["file"], "rb", buffering=0) as f:
+        buf = bytearray(64 * 2**20)
+        while k := f.readinto(buf):
+            n += k
+    for layer in sorted(store.expert_layers):
+        m = store.expert_map(layer)
+        for s in range(0, len(m), 256 * 2**20):
+            int(m[s : s + 256 * 2**20 : PAGE].sum())  # one byte per page
+        n += len(m)
+    return n

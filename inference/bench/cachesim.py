@@ -1,0 +1,151 @@
+"""Routing traces and the cache simulator: what hit rate other cache sizes and policies would have had.
+
+`TraceRecorder` wraps the engine's expert source and writes down every expert request (phase,
+layer, experts, misses). `replay` runs such a trace through the engine's own `LayerCache` class
+(so LFU and LRU are the engine's policies, not a re-implementation) in the order
+`StreamingExperts.run` uses it; `belady` is the offline optimum on the same trace: on a miss with
+every slot taken, evict the cached expert whose next request lies furthest in the future.
+"""
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..experts.cache import LayerCache
+
+PHASES = ("prefill", "decode")
+
+
+@dataclass(frozen=True)
+class Call:
+    """One expert request of one layer: the experts a forward step asked for at once."""
+
+    phase: str
+    layer: int
+    experts: tuple[int, ...]
+    misses: int = 0  # what the engine itself missed (recorded only from a live engine)
+
+
+class TraceRecorder:
+    """Wraps a `StreamingExperts` (or `ResidentExperts`); records every `run` call, delegates the rest."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.calls: list[Call] = []
+        self.phase = "prefill"
+
+    def run(self, layer: int, experts, compute, during_io=None):
+        experts = tuple(int(e) for e in experts)
+        caches = getattr(self.inner, "caches", None)
+        before = caches[layer].stats.misses if caches else 0
+        out = self.inner.run(layer, experts, compute, during_io)
+        self.calls.append(Call(self.phase, layer, experts, (caches[layer].stats.misses - before) if caches else 0))
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@dataclass
+class SimPool:
+    """Stands in for `SlotPool` in a simulation: `LayerCache` only needs the slot count."""
+
+    n: int
+
+
+def serve(cache: LayerCache, experts) -> None:
+    """One request through `cache` in the order `StreamingExperts.run` takes it: hits pinned, the
+    misses that fit the free slots assigned, then the rest in tiles of the slot count."""
+    hits, misses = cache.request(experts)
+    cache.pin(hits.values())
+    free = cache.pool.n - len(hits)
+    tiles = [misses[:free]] + [misses[free:][i : i + cache.pool.n] for i in range(0, len(misses) - free, cache.pool.n)]
+    for tile in tiles:
+        slots = [cache.assign(e) for e in tile]
+        for e, s in zip(tile, slots):
+            cache.fill(e, s)
+        cache.unpin_all()
+
+
+def replay(calls: list[Call], n_experts: int, slots: int, policy: str) -> dict[str, dict]:
+    """Requests and hits per phase of `calls` through fresh `LayerCache`s of `slots` slots."""
+    caches: dict[int, LayerCache] = {}
+    out = {p: {"requests": 0, "hits": 0} for p in PHASES}
+    for c in calls:
+        cache = caches.get(c.layer)
+        if cache is None:
+            cache = caches[c.layer] = LayerCache(n_experts, SimPool(min(slots, n_experts)), policy)
+        h, r = cache.stats.hits, cache.stats.requests
+        serve(cache, c.experts)
+        out[c.phase]["hits"] += cache.stats.hits - h
+        out[c.phase]["requests"] += cache.stats.requests - r
+    return out
+
+
+def belady(calls: list[Call], slots: int) -> dict[str, dict]:
+    """Requests and hits per phase of `calls` under the offline optimum (per layer, furthest next use).
+
+    A request for more experts than slots is served in tiles of `slots`, as the engine does.
+    """
+    out = {p: {"requests": 0, "hits": 0} for p in PHASES}
+    by_layer: dict[int, list[tuple[str, tuple[int, ...]]]] = defaultdict(list)
+    for c in calls:
+        ex = c.experts
+        for i in range(0, len(ex), slots):
+            by_layer[c.layer].append((c.phase, ex[i : i + slots]))
+    for reqs in by_layer.values():
+        future: dict[int, deque] = defaultdict(deque)  # expert → indices of its requests, in order
+        for i, (_, ex) in enumerate(reqs):
+            for e in ex:
+                future[e].append(i)
+        cached: set[int] = set()
+        for i, (phase, ex) in enumerate(reqs):
+            for e in ex:
+                future[e].popleft()
+            miss = [e for e in ex if e not in cached]
+            out[phase]["requests"] += len(ex)
+            out[phase]["hits"] += len(ex) - len(miss)
+            over = len(cached) + len(miss) - slots
+            if over > 0:
+                now = set(ex)
+                victims = sorted((e for e in cached if e not in now),
+                                 key=lambda e: future[e][0] if future[e] else float("inf"), reverse=True)
+                cached.difference_update(victims[:over])
+            cached.update(miss)
+    return out
+
+
+def hit_rate(counts: dict, phase: str = "decode") -> float:
+    c = counts[phase]
+    return c["hits"] / c["requests"] if c["requests"] else 0.0
+
+
+def sweep(calls: list[Call], n_experts: int, sizes=(8, 16, 24, 32), policies=("lfu", "lru")) -> dict:
+    """Decode hit rate for each cache size under each policy and under Belady's optimum."""
+    out = {"slots": list(sizes)}
+    for p in policies:
+        out[p] = [hit_rate(replay(calls, n_experts, s, p)) for s in sizes]
+    out["belady"] = [hit_rate(belady(calls, s)) for s in sizes]
+    return out
+
+
+def popularity(calls: list[Call], n_experts: int, phase: str = "decode", seed: int = 0) -> dict:
+    """How concentrated routing is: the share of a layer's requests its most requested eighth of the
+    experts take (16 of 128; mean over layers), next to the share the same number of uniformly
+    random picks would give (above 1/8 in short runs: the busiest experts of a small sample)."""
+    top = max(1, n_experts // 8)
+    rng = np.random.default_rng(seed)
+    counts: dict[int, np.ndarray] = defaultdict(lambda: np.zeros(n_experts, np.int64))
+    uniform: dict[int, np.ndarray] = defaultdict(lambda: np.zeros(n_experts, np.int64))
+    for c in calls:
+        if c.phase == phase:
+            counts[c.layer][list(c.experts)] += 1
+            uniform[c.layer][rng.choice(n_experts, len(c.experts), replace=False)] += 1
+
+    def share(by_layer) -> float | None:
+        s = [np.sort(v)[::-1][:top].sum() / max(1, v.sum()) for v in by_layer.values()]
+        return float(np.mean(s)) if s else None
+
+    return {"top": top, "share": share(counts), "uniform_share": share(uniform)}

@@ -1,0 +1,146 @@
+"""Timed runs of an opened engine, by token ids (no tokenizer): prefill with its time to first
+token, and decode, each with the expert cache's counters read before and after.
+
+Decode feeds a fixed, seeded sequence of random token ids by default (`feed="random"`), and still
+computes the full logits of every step. Greedy decoding of random weights falls into a loop of a
+few tokens whose repeated routing would flatter any cache; `feed="greedy"` is there to see that.
+"""
+from __future__ import annotations
+
+import os
+import resource
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .cachesim import TraceRecorder
+
+FEEDS = ("random", "greedy")
+COUNTERS = ("requests", "hits", "misses", "bytes_read", "read_seconds")
+
+
+@dataclass
+class Workload:
+    """What a bench run computes: the same for the streaming and the compute-only runs."""
+
+    prompt_tokens: int = 128  # the prompt before each decode run
+    prefill_tokens: tuple[int, ...] = (128, 1024)  # prompts timed for prefill speed and TTFT
+    decode_tokens: int = 256
+    runs: int = 3
+    feed: str = "random"
+    seed: int = 0
+
+    def prompt(self, vocab: int) -> np.ndarray:
+        n = max((self.prompt_tokens, *self.prefill_tokens))
+        return np.random.default_rng(self.seed).integers(0, vocab, n)
+
+    def feed_ids(self, vocab: int) -> np.ndarray:
+        return np.random.default_rng(self.seed + 1).integers(0, vocab, self.decode_tokens)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def cpu_mark() -> tuple[float, float, float]:
+    """(busy CPU seconds of the whole machine, CPU seconds of this process, wall clock) right now."""
+    v = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    t = os.times()
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK"), t.user + t.system, time.perf_counter()
+
+
+def others_cpu(mark: tuple[float, float, float]) -> float:
+    """Share of all CPUs that other processes used since `mark`: what disturbed a timing."""
+    busy, own, wall = cpu_mark()
+    used = (busy - mark[0]) - (own - mark[1])
+    return min(1.0, max(0.0, used / max(1e-9, (wall - mark[2]) * (os.cpu_count() or 1))))
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def counters(engine) -> dict:
+    """The expert cache's running totals (zeros when every expert is resident)."""
+    t = engine.expert_stats.get("total", {})
+    return {k: t.get(k, 0) for k in COUNTERS}
+
+
+def _since(engine, before: dict) -> dict:
+    now = counters(engine)
+    return {k: now[k] - before[k] for k in COUNTERS}
+
+
+def timed_prefill(engine, ids: np.ndarray) -> dict:
+    """Prefill `ids` into a fresh sequence; the time to the first token's logits."""
+    engine.reset()
+    c, mark = counters(engine), cpu_mark()
+    t = time.perf_counter()
+    logits = engine.forward(ids)
+    dt = time.perf_counter() - t
+    return {"tokens": len(ids), "ttft_s": dt, "tok_s": len(ids) / dt, "next": int(np.argmax(logits[-1])),
+            "others_cpu": others_cpu(mark), **_since(engine, c)}
+
+
+def timed_decode(engine, first: int, feed: np.ndarray | None, n: int) -> dict:
+    """`n` decode steps after the current sequence; the fed ids are `feed`, or the argmax when None."""
+    c, mark = counters(engine), cpu_mark()
+    nxt = first
+    t = time.perf_counter()
+    for i in range(n):
+        logits = engine.forward([nxt])
+        nxt = int(feed[i]) if feed is not None else int(np.argmax(logits[-1]))
+    dt = time.perf_counter() - t
+    if not np.isfinite(logits).all():
+        raise FloatingPointError("decode produced non-finite logits; the store's weights are not usable")
+    return {"tokens": n, "seconds": dt, "tok_s": n / dt, "others_cpu": others_cpu(mark), **_since(engine, c)}
+
+
+def run_workload(engine, w: Workload, recorder: TraceRecorder | None = None) -> dict:
+    """Decode runs (each after a prefill of the prompt) and the extra prefill prompts.
+
+    Returns:
+        {"decode": {...}, "prefill": {str(n): {...}}} with per-run details and medians.
+    """
+    vocab = engine.args.vocab_size
+    prompt, feed = w.prompt(vocab), w.feed_ids(vocab)
+
+    def phase(p: str) -> None:
+        if recorder is not None:
+            recorder.phase = p
+
+    prefills: dict[int, list[dict]] = {}
+    decodes = []
+    for _ in range(w.runs):
+        phase("prefill")
+        p = timed_prefill(engine, prompt[: w.prompt_tokens])
+        prefills.setdefault(w.prompt_tokens, []).append(p)
+        phase("decode")
+        decodes.append(timed_decode(engine, p["next"], feed if w.feed == "random" else None, w.decode_tokens))
+    phase("prefill")
+    for n in w.prefill_tokens:
+        if n not in prefills:
+            prefills[n] = [timed_prefill(engine, prompt[:n])]
+    engine.reset()
+    return {"decode": summarize_decode(decodes), "prefill": {str(n): summarize_prefill(r) for n, r in prefills.items()
+                                                             if n in w.prefill_tokens}}
+
+
+def summarize_decode(runs: list[dict]) -> dict:
+    tokens = sum(r["tokens"] for r in runs)
+    sums = {k: sum(r[k] for r in runs) for k in COUNTERS}
+    return {
+        "tok_s": statistics.median(r["tok_s"] for r in runs),
+        "runs": runs,
+        "hit_rate": sums["hits"] / sums["requests"] if sums["requests"] else None,
+        "expert_mb_per_token": sums["bytes_read"] / tokens / 1e6,
+        "io_wait_ms_per_token": sums["read_seconds"] / tokens * 1e3,
+        "miss_bytes_per_token": sums["bytes_read"] / tokens,
+        "others_cpu_max": max(r["others_cpu"] for r in runs),
+    }
+
+
+def summarize_prefill(runs: list[dict]) -> dict:
+    return {"tok_s": statistics.median(r["tok_s"] for r in runs),
+            "ttft_s": statistics.median(r["ttft_s"] for r in runs), "runs": runs}

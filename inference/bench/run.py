@@ -1,0 +1,303 @@
+"""`rkmojo bench STORE`: one run that measures a store and the bounds it is measured against.
+
+The work happens in two child processes, so each starts with clean memory:
+1. streaming (inside the memory cgroup when `--cgroup-memory` is given): decode runs, prefill
+   runs, the routing trace, then the read bandwidth with the engine's own read pattern;
+2. compute-only (never in the cgroup; only when RAM holds the whole store): the same tokens with
+   every expert resident in a page-cache-warm memory map.
+The parent replays the trace through the cache simulator, combines, prints a table and writes JSON.
+
+    IO bound      = read bandwidth / expert bytes read per decoded token (at the measured hit rate)
+    efficiency    = decode tok/s / min(IO bound, compute-only tok/s)
+
+The children run with OPENBLAS_NUM_THREADS=1 and GOMP_SPINCOUNT=10000 unless the caller set them:
+on a 2-core board, OpenBLAS's idle threads and OpenMP workers spinning between kernel calls take
+the cores the other threads need, and decode measured 4–8× slower with the defaults. The values
+used are part of the result (`env`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import RkmojoError
+from .cachesim import Call, TraceRecorder, popularity, replay, hit_rate, sweep
+from .measure import Workload, cpu_mark, others_cpu, peak_rss_bytes, run_workload
+
+EFFICIENCY_FORMULA = "decode_tok_s / min(io_bound_tok_s, compute_only_tok_s)"
+# the JSON's fields as dotted paths (`prefill.N` for each timed prompt length N)
+REQUIRED_FIELDS = (
+    "store", "architecture", "router", "engine.slots", "engine.policy", "engine.io", "engine.verify_experts",
+    "engine.threads", "engine.memory_budget", "workload", "load.before", "load.after", "load.cpu_busy_before",
+    "env", "cgroup",
+    "decode.tok_s", "decode.runs", "decode.others_cpu_max", "decode.hit_rate", "decode.expert_mb_per_token", "decode.io_wait_ms_per_token",
+    "peak_rss_bytes", "bounds.read_bandwidth_bytes_per_s", "bounds.read", "bounds.miss_bytes_per_token",
+    "bounds.io_bound_tok_s", "bounds.compute_only_tok_s", "bounds.compute", "bounds.efficiency",
+    "bounds.efficiency_formula", "routing.share", "sweep.slots", "sweep.lfu", "sweep.lru", "sweep.belady",
+    "sweep.check",
+)
+GiB = 2**30
+CHILD_ENV = {"OPENBLAS_NUM_THREADS": "1", "GOMP_SPINCOUNT": "10000"}
+
+
+@dataclass
+class BenchOptions:
+    memory_budget: str | None = None
+    expert_slots: int | None = None
+    policy: str = "lfu"
+    io: str = "auto"
+    verify_experts: str = "first"
+    threads: int | None = None
+    chunk: int = 128
+    workload: Workload = field(default_factory=Workload)
+    sweep: tuple[int, ...] = (8, 16, 24, 32)
+    bandwidth_seconds: float = 10.0
+    compute_tokens: int = 64
+    compute_bound: bool = True
+    drop_caches: bool = True
+    cgroup_memory: str | None = None
+
+    def engine_kw(self) -> dict:
+        return {"memory_budget": self.memory_budget, "expert_slots": self.expert_slots, "policy": self.policy,
+                "io": self.io, "verify_experts": self.verify_experts, "threads": self.threads, "chunk": self.chunk}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "BenchOptions":
+        d = dict(d)
+        wl = dict(d.pop("workload"))
+        wl["prefill_tokens"] = tuple(wl["prefill_tokens"])
+        return cls(workload=Workload(**wl), **{k: tuple(v) if k == "sweep" else v for k, v in d.items()})
+
+
+# --- the child processes ----------------------------------------------------------------------
+def child_streaming(store: Path, o: BenchOptions) -> dict:
+    """Decode and prefill runs with the engine as configured; then the read bandwidth."""
+    from ..engine import Engine
+    from ..kernels import get_threads
+    from .bounds import drop_caches, read_bandwidth
+
+    engine = Engine.open(store, **o.engine_kw())
+    rec = None
+    if engine.slots is not None:
+        rec = engine.model.experts = TraceRecorder(engine.model.experts)
+    out = run_workload(engine, o.workload, rec)
+    st = engine.expert_stats
+    out["engine"] = {"slots": engine.slots, "policy": o.policy if rec else None, "io": st.get("io"),
+                     "verify_experts": o.verify_experts if rec else None, "threads": get_threads(),
+                     "memory_budget": engine.cfg.memory_budget, "chunk": o.chunk}
+    out["peak_rss_bytes"] = peak_rss_bytes()
+    if rec is not None:
+        out["trace"] = [[c.phase, c.layer, list(c.experts), c.misses] for c in rec.calls]
+        engine.close()
+        batches = [(c.layer, c.misses) for c in rec.calls if c.phase == "decode" and c.misses]
+        out["drop_caches"] = drop_caches() if o.drop_caches else False
+        out["read"] = read_bandwidth(engine.store, batches, io=o.io, seconds=o.bandwidth_seconds,
+                                     seed=o.workload.seed + 2)
+    return out
+
+
+def child_compute(store: Path, o: BenchOptions) -> dict:
+    """Decode with every expert resident and warm: the compute-only bound (skipped if RAM is short)."""
+    import resource
+
+    from ..engine import Engine
+    from ..store import Store
+    from .bounds import warm
+    from .cgroup import meminfo
+
+    need = Store(store).total_bytes() + GiB
+    avail = meminfo()["MemAvailable"]
+    if avail < need:
+        return {"mode": "skipped", "reason": f"needs {need / GiB:.1f} GiB of free RAM for the whole store, "
+                                             f"{avail / GiB:.1f} GiB available"}
+    engine = Engine.open(store, threads=o.threads, chunk=o.chunk)
+    t = time.perf_counter()
+    warm(engine.store)
+    warm_s = time.perf_counter() - t
+    w = dataclasses.replace(o.workload, runs=1, decode_tokens=o.compute_tokens,
+                            prefill_tokens=(o.workload.prompt_tokens,))
+    majflt = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+    r = run_workload(engine, w)
+    return {"mode": "resident", "tok_s": r["decode"]["tok_s"], "tokens": o.compute_tokens,
+            "prefill_tok_s": r["prefill"][str(w.prompt_tokens)]["tok_s"], "warm_s": warm_s,
+            "others_cpu": r["decode"]["others_cpu_max"],
+            "major_faults": resource.getrusage(resource.RUSAGE_SELF).ru_majflt - majflt}
+
+
+CHILDREN = {"streaming": child_streaming, "compute": child_compute}
+
+
+def _spawn(role: str, store: Path, o: BenchOptions, tmp: Path, cgroup=None) -> tuple[dict, dict | None]:
+    spec, out = tmp / f"{role}.spec.json", tmp / f"{role}.json"
+    spec.write_text(json.dumps({"store": str(store), "options": dataclasses.asdict(o)}))
+    cmd = [sys.executable, "-m", "inference.bench", role, str(spec), str(out)]
+    env = child_env()
+    if cgroup is None:
+        proc, use = subprocess.run(cmd, env=env), None
+    else:
+        proc, use = cgroup.run(cmd, env=env)
+    if proc.returncode != 0 or not out.exists():
+        why = f"exit status {proc.returncode}"
+        if use and use["oom_kills"]:
+            why = f"killed by the OOM killer in the {use['limit_bytes'] / GiB:.2f} GiB cgroup"
+        raise RkmojoError(f"bench: the {role} run failed ({why}); its error is printed above")
+    return json.loads(out.read_text()), use
+
+
+def child_env() -> dict:
+    return {**CHILD_ENV, **os.environ}
+
+
+def cpu_busy(seconds: float = 1.0) -> float:
+    """Share of all CPUs other processes use over `seconds`: what else is running right now."""
+    mark = cpu_mark()
+    time.sleep(seconds)
+    return others_cpu(mark)
+
+
+# --- the parent -------------------------------------------------------------------------------
+def run_bench(store: Path, o: BenchOptions, *, json_out: str | None = None, trace_out: str | None = None,
+              echo=print) -> dict:
+    """Measure `store` (see the module docstring); print the table, write JSON; return the result."""
+    from ..engine import parse_size
+    from ..store import Store
+    from .cgroup import MemoryCgroup
+
+    st = Store(store)
+    if o.cgroup_memory and o.memory_budget and parse_size(o.memory_budget) > parse_size(o.cgroup_memory):
+        raise RkmojoError(f"--memory-budget {o.memory_budget} is more than --cgroup-memory {o.cgroup_memory}; "
+                          "the engine would be OOM-killed: give it a budget within the limit")
+    load_before, busy_before = os.getloadavg(), cpu_busy()
+    with tempfile.TemporaryDirectory(prefix="rkmojo-bench-") as tmp:
+        if o.cgroup_memory:
+            with MemoryCgroup(o.cgroup_memory) as g:
+                s, use = _spawn("streaming", st.path, o, Path(tmp), g)
+        else:
+            s, use = _spawn("streaming", st.path, o, Path(tmp))
+        streaming = "trace" in s
+        c = _spawn("compute", st.path, o, Path(tmp))[0] if streaming and o.compute_bound else None
+    calls = [Call(p, l, tuple(e), m) for p, l, e, m in s.pop("trace", [])]
+    r = combine(st, o, s, c, calls, use)
+    r["load"] = {"before": list(load_before), "after": list(os.getloadavg()), "cpus": os.cpu_count(),
+                 "cpu_busy_before": busy_before, "cpu_busy_after": cpu_busy()}
+    r["env"] = {k: child_env()[k] for k in CHILD_ENV}
+    if trace_out and calls:
+        Path(trace_out).write_text(json.dumps([[c.phase, c.layer, list(c.experts), c.misses] for c in calls]))
+    for line in table(r):
+        echo(line)
+    if json_out:
+        tmpf = Path(json_out).with_name(Path(json_out).name + ".part")
+        tmpf.write_text(json.dumps(r, indent=1))
+        tmpf.rename(json_out)
+    return r
+
+
+def router_label(st) -> str:
+    src = st.manifest.get("source", {})
+    if src.get("type") != "synthetic":
+        return "checkpoint"
+    return src["router"] + (f" (skew {src['skew']})" if src.get("skew") else "")
+
+
+def combine(st, o: BenchOptions, s: dict, c: dict | None, calls: list[Call], use: dict | None) -> dict:
+    dec = s["decode"]
+    miss = dec["miss_bytes_per_token"]
+    bw = s.get("read", {}).get("bytes_per_s")
+    io_bound = bw / miss if bw and miss else None
+    compute = c["tok_s"] if c and c.get("mode") == "resident" else None
+    bounds = [b for b in (io_bound, compute) if b]
+    n_experts = max((l.n_experts for l in st.expert_layers.values()), default=0)
+    r = {
+        "store": str(st.path), "architecture": st.architecture, "router": router_label(st),
+        "source": st.manifest.get("source"), "engine": s["engine"], "workload": o.workload.as_dict(),
+        "cgroup": use, "decode": dec, "prefill": s["prefill"], "peak_rss_bytes": s["peak_rss_bytes"],
+        "bounds": {
+            "read_bandwidth_bytes_per_s": bw, "read": {**s.get("read", {}), "drop_caches": s.get("drop_caches")},
+            "miss_bytes_per_token": miss, "io_bound_tok_s": io_bound, "compute_only_tok_s": compute,
+            "compute": c, "efficiency": dec["tok_s"] / min(bounds) if bounds else None,
+            "efficiency_formula": EFFICIENCY_FORMULA,
+        },
+        "routing": popularity(calls, n_experts) if calls else {"share": None},
+        "sweep": {"slots": [], "lfu": [], "lru": [], "belady": [], "check": None},
+    }
+    if calls:
+        sizes = tuple(x for x in o.sweep if x <= n_experts)
+        r["sweep"] = sweep(calls, n_experts, sizes)
+        eng = s["engine"]
+        sim = replay(calls, n_experts, eng["slots"], eng["policy"])
+        r["sweep"]["check"] = {"slots": eng["slots"], "policy": eng["policy"],
+                               "simulated": hit_rate(sim), "measured": dec["hit_rate"]}
+    return r
+
+
+def _pct(x) -> str:
+    return "   —  " if x is None else f"{100 * x:5.1f} %"
+
+
+def table(r: dict) -> list[str]:
+    """The human-readable summary of a result."""
+    e, d, b, w = r["engine"], r["decode"], r["bounds"], r["workload"]
+    out = [f"rkmojo bench: {Path(r['store']).name} ({r['architecture']}; router: {r['router']})"]
+    if e["slots"]:
+        rd = b["read"]
+        out.append(f"{'engine':<14}{e['slots']} slots/layer · {e['policy']} · io {e['io']}"
+                   f"{' (O_DIRECT)' if rd.get('direct') else ''} · verify {e['verify_experts']} · {e['threads']} threads")
+    else:
+        out.append(f"{'engine':<14}every expert resident (no --expert-slots/--memory-budget) · {e['threads']} threads")
+    if r.get("load"):
+        ld = r["load"]
+        out.append(f"{'load':<14}other processes used {100 * ld['cpu_busy_before']:.0f} % of the {ld['cpus']} CPUs "
+                   f"before, {100 * ld['cpu_busy_after']:.0f} % after; load average {ld['before'][0]:.2f} before, "
+                   f"{ld['after'][0]:.2f} after")
+        out.append(f"{'env':<14}" + " ".join(f"{k}={v}" for k, v in r["env"].items()))
+    runs = ", ".join(f"{x['tok_s']:.2f}" for x in d["runs"])
+    out.append(f"{'disturbance':<14}other processes used up to {100 * d['others_cpu_max']:.0f} % of the CPUs "
+               "during a decode run")
+    out.append(f"{'decode':<14}{d['tok_s']:.2f} tok/s  median of {len(d['runs'])} × {w['decode_tokens']} tokens "
+               f"after a {w['prompt_tokens']}-token prompt, {w['feed']} ids ({runs})")
+    for n, p in r["prefill"].items():
+        out.append(f"{'prefill ' + n:<14}{p['tok_s']:.1f} tok/s  time to first token {p['ttft_s']:.2f} s")
+    if e["slots"]:
+        out.append(f"{'experts':<14}hit rate {_pct(d['hit_rate']).strip()} · {d['expert_mb_per_token']:.0f} MB read "
+                   f"per token · IO wait {d['io_wait_ms_per_token']:.0f} ms per token")
+    mem = f"peak RSS {r['peak_rss_bytes'] / GiB:.2f} GiB"
+    if r["cgroup"]:
+        g = r["cgroup"]
+        mem += (f" · cgroup peak {g['max_usage_bytes'] / GiB:.2f} of {g['limit_bytes'] / GiB:.2f} GiB "
+                f"(page cache included), limit hit {g['failcnt']}×, OOM kills {g['oom_kills']}")
+    out.append(f"{'memory':<14}{mem}")
+    if not e["slots"]:
+        return out
+    rd = b["read"]
+    if b["io_bound_tok_s"]:
+        out.append(f"{'IO bound':<14}{b['io_bound_tok_s']:.2f} tok/s = {rd['bytes_per_s'] / 1e9:.2f} GB/s "
+                   f"({rd['io']}, {rd['mean_batch']:.1f} random blobs per batch as in decode, caches "
+                   f"{'dropped' if rd.get('drop_caches') else 'not dropped'}) / {b['miss_bytes_per_token'] / 1e6:.0f} MB per token")
+    c = b["compute"] or {}
+    if c.get("mode") == "resident":
+        out.append(f"{'compute bound':<14}{c['tok_s']:.2f} tok/s (every expert resident, page cache warm; "
+                   f"{c['tokens']} tokens, {c['major_faults']} major faults, others used {100 * c['others_cpu']:.0f} % of the CPUs)")
+    elif c:
+        out.append(f"{'compute bound':<14}not measured: {c['reason']}")
+    if b["efficiency"] is not None:
+        out.append(f"{'efficiency':<14}{b['efficiency']:.2f} = {EFFICIENCY_FORMULA}")
+    ro = r["routing"]
+    out.append(f"{'routing':<14}the {ro['top']} most used experts of a layer take {_pct(ro['share']).strip()} "
+               f"of its decode picks ({_pct(ro['uniform_share']).strip()} for as many uniformly random picks)")
+    sw = r["sweep"]
+    out.append("cache sweep   decode hit rate replayed on this run's routing trace "
+               "(LFU/LRU: the engine's LayerCache; Belady: offline optimum)")
+    out.append(f"{'':>6}{'slots':>8}{'LFU':>10}{'LRU':>10}{'Belady':>10}")
+    for i, n in enumerate(sw["slots"]):
+        out.append(f"{'':>6}{n:>8}{_pct(sw['lfu'][i]):>10}{_pct(sw['lru'][i]):>10}{_pct(sw['belady'][i]):>10}")
+    ck = sw["check"]
+    out.append(f"{'check':<14}simulated {ck['policy']} at {ck['slots']} slots {_pct(ck['simulated']).strip()}, "
+               f"engine measured {_pct(ck['measured']).strip()}")
+    return out

@@ -1,0 +1,146 @@
+"""`rkmojo bench`: the JSON it writes, the cache simulator against the engine and the optimum,
+the read-bandwidth probe, and the memory-cgroup helper."""
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inference.bench import REQUIRED_FIELDS, BenchOptions, Workload, run_bench
+from inference.bench.bounds import read_bandwidth
+from inference.bench.cachesim import Call, TraceRecorder, belady, replay
+from inference.bench.cgroup import ROOT, MemoryCgroup, check_limit
+from inference.bench.measure import run_workload
+from inference.engine import Engine
+from inference.errors import RkmojoError
+from inference.store import Store
+from inference.synth import synth_store
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return synth_store(tmp_path_factory.mktemp("bench") / "tiny", "tiny-qwen3-moe", router="skewed", progress=False)
+
+
+def small_workload() -> Workload:
+    return Workload(prompt_tokens=8, prefill_tokens=(8, 20), decode_tokens=12, runs=2)
+
+
+def field(d: dict, path: str):
+    for k in path.split("."):
+        d = d[k]
+    return d
+
+
+def test_bench_json_has_every_field(tiny, tmp_path):
+    o = BenchOptions(expert_slots=5, workload=small_workload(), sweep=(4, 8), bandwidth_seconds=0.2,
+                     compute_tokens=4, drop_caches=False)
+    r = run_bench(tiny, o, json_out=str(tmp_path / "b.json"), echo=lambda line: None)
+    saved = json.loads((tmp_path / "b.json").read_text())
+    for path in REQUIRED_FIELDS + ("prefill.8.tok_s", "prefill.8.ttft_s", "prefill.20.ttft_s"):
+        field(saved, path)  # KeyError names the missing one
+    assert saved["router"].startswith("skewed") and saved["engine"]["slots"] == 5
+    b = r["bounds"]
+    assert b["io_bound_tok_s"] > 0 and b["compute_only_tok_s"] > 0 and b["efficiency"] > 0
+    assert r["sweep"]["slots"] == [4, 8] and len(r["sweep"]["belady"]) == 2
+    assert r["sweep"]["check"]["simulated"] == pytest.approx(r["sweep"]["check"]["measured"])
+
+
+def test_the_simulator_replays_the_engines_own_hits_and_misses(tiny):
+    for slots, policy in [(3, "lfu"), (3, "lru"), (6, "lfu")]:  # 3 < top-4 · rows: prefill goes in tiles
+        e = Engine.open(tiny, expert_slots=slots, policy=policy, chunk=8)
+        rec = e.model.experts = TraceRecorder(e.model.experts)
+        run_workload(e, small_workload(), rec)
+        sim = replay(rec.calls, 16, slots, policy)
+        t = e.expert_stats["total"]
+        assert sim["prefill"]["hits"] + sim["decode"]["hits"] == t["hits"]
+        assert sim["prefill"]["requests"] + sim["decode"]["requests"] == t["requests"]
+        assert sum(c.misses for c in rec.calls) == t["misses"]
+
+
+def trace(*steps, phase="decode"):
+    return [Call(phase, 0, tuple(s)) for s in steps]
+
+
+def misses(counts):
+    return sum(c["requests"] - c["hits"] for c in counts.values())
+
+
+def test_belady_is_optimal_on_a_hand_made_trace():
+    # the textbook reference string: 3 frames, optimum 7 faults
+    calls = trace(*[[x] for x in (1, 2, 3, 4, 1, 2, 5, 1, 2, 3, 4, 5)])
+    assert misses(belady(calls, 3)) == 7
+    assert misses(replay(calls, 8, 3, "lru")) == 10
+    assert misses(replay(calls, 8, 3, "lfu")) > 7
+
+
+def brute_force_misses(steps, slots):
+    """The true optimum by searching every eviction choice (tiny traces only)."""
+    best = {frozenset(): 0}
+    for req in steps:
+        req = set(req)
+        nxt = {}
+        for cache, m in best.items():
+            m += len(req - cache)
+            full = cache | req
+            evictable = sorted(cache - req)
+            over = max(0, len(full) - slots)
+            for out in itertools.combinations(evictable, over):
+                state = frozenset(full - set(out))
+                nxt[state] = min(nxt.get(state, 1 << 30), m)
+        best = nxt
+    return min(best.values())
+
+
+def test_belady_matches_an_exhaustive_search_on_random_set_traces():
+    rng = np.random.default_rng(3)
+    for _ in range(30):
+        steps = [sorted(rng.choice(7, int(rng.integers(1, 3)), replace=False).tolist()) for _ in range(12)]
+        calls = trace(*steps)
+        opt = brute_force_misses(steps, 3)
+        assert misses(belady(calls, 3)) == opt
+        assert misses(replay(calls, 7, 3, "lfu")) >= opt and misses(replay(calls, 7, 3, "lru")) >= opt
+
+
+def test_read_bandwidth_reads_random_blobs_in_the_given_batches(tiny):
+    st = Store(tiny)
+    r = read_bandwidth(st, [(0, 3), (1, 2)], io="threads", seconds=0.05)
+    lay = st.expert_layers[0]
+    assert r["reads"] >= 5 and r["bytes"] == r["reads"] * -(-lay.blob_size // 4096) * 4096
+    assert r["io"] == "threads" and r["bytes_per_s"] > 0
+
+
+@pytest.mark.parametrize("size,message", [("4M", "too small"), ("four gigs", "write it like"),
+                                          ("100T", "more than this machine's RAM"), ("-1G", "positive")])
+def test_the_cgroup_helper_refuses_bad_sizes_with_a_clear_message(size, message):
+    with pytest.raises(RkmojoError, match=message):
+        check_limit(size)
+
+
+def test_cgroup_limit_names_the_size():
+    assert check_limit("512M") == 512 * 2**20
+
+
+v1_root = pytest.mark.skipif(os.geteuid() != 0 or not (ROOT / "memory.limit_in_bytes").exists(),
+                             reason="needs root and a cgroup-v1 memory controller")
+
+
+@v1_root
+def test_a_child_over_the_cgroup_limit_is_oom_killed_and_the_group_is_removed():
+    hog = "import numpy as np; a = np.ones(400 * 2**20, np.uint8); print(a.sum())"
+    with MemoryCgroup("256M") as g:
+        proc, use = g.run([sys.executable, "-c", hog], capture_output=True)
+        path = g.path
+    assert proc.returncode != 0 and use["oom_kills"] >= 1 and use["max_usage_bytes"] <= 256 * 2**20
+    assert not path.exists()
+
+
+@v1_root
+def test_the_cgroup_wrapper_runs_a_command_and_reports_its_peak():
+    p = subprocess.run([sys.executable, "-m", "inference.bench.cgroup", "256M", "--", sys.executable, "-c", "print(7)"],
+                       capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+    assert p.returncode == 0 and p.stdout.strip() == "7" and "peak" in p.stderr

@@ -3,8 +3,8 @@
 `reference` is x @ dequantize(W).T in float64. A kernel result passes when every element is within
 `rel` of |x| @ |W|.T, the scale its rounding errors grow with (a cancelling sum can be near zero).
 
-Other builds: the portable C backend (compiled here into a shared library and loaded like the real
-one) and the NEON backend (cross-compiled with a small driver and run under qemu-aarch64), so an x86
+Other builds: the portable C backend and, on AVX-512 machines, the AVX2 one (compiled here into shared
+libraries and loaded like the real one) and the NEON backend (cross-compiled with a small driver and run under qemu-aarch64), so an x86
 CI machine checks every backend's arithmetic.
 """
 from __future__ import annotations
@@ -46,16 +46,26 @@ def random_weight(kind: str, out: int, inn: int, rng: np.random.Generator):
 # ------------------------------------------------------------------ the portable C build
 
 
-def build_portable(out_dir: Path) -> Path | None:
-    """rkkernels.c with the SIMD backends disabled, as a shared library; None without a C compiler."""
+def build_variant(out_dir: Path, name: str, flags: list[str]) -> Path | None:
+    """rkkernels.c built with `flags` as a shared library; None without a C compiler."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         return None
-    lib = out_dir / "rkkernels_portable.so"
-    cmd = [cc, "-O2", "-std=c11", "-fopenmp", "-fPIC", "-shared", "-DRK_NO_SIMD", "-DRK_NO_PYTHON",
-           str(KERNEL_SOURCE), "-o", str(lib)]
+    lib = out_dir / f"rkkernels_{name}.so"
+    cmd = [cc, "-O2", "-std=c11", "-pthread", "-fPIC", "-shared", "-DRK_NO_PYTHON", *flags, str(KERNEL_SOURCE),
+           "-o", str(lib)]
     subprocess.run(cmd, check=True, capture_output=True)
     return lib
+
+
+def build_portable(out_dir: Path) -> Path | None:
+    """rkkernels.c with the SIMD backends disabled; None without a C compiler."""
+    return build_variant(out_dir, "portable", ["-DRK_NO_SIMD"])
+
+
+def build_avx2(out_dir: Path) -> Path | None:
+    """The native build with AVX-512 ruled out: AVX2 on x86 machines that have it; None without a C compiler."""
+    return build_variant(out_dir, "avx2", ["-march=native", "-DRK_NO_AVX512"])
 
 
 # ------------------------------------------------------------------ the NEON build under qemu
@@ -107,7 +117,7 @@ class NeonRunner:
         driver = out_dir / "driver.c"
         driver.write_text(_DRIVER_C)
         exe = out_dir / "rkkernels_neon"
-        cmd = [cc, "-O2", "-std=c11", "-fopenmp", "-mcpu=cortex-a76", "-static", "-DRK_NO_PYTHON",
+        cmd = [cc, "-O2", "-std=c11", "-pthread", "-mcpu=cortex-a76", "-static", "-DRK_NO_PYTHON",
                str(driver), str(KERNEL_SOURCE), "-o", str(exe)]
         subprocess.run(cmd, check=True, capture_output=True)
         return cls(exe, qemu)

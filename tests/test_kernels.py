@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kernels_ref import NeonRunner, assert_close, build_portable, random_weight
+from kernels_ref import NeonRunner, assert_close, build_avx2, build_portable, random_weight
 
 from inference import kernels
 from inference.kernels._lib import KernelLib
@@ -79,6 +79,53 @@ def test_concurrent_calls_from_python_threads_agree_with_serial_ones(rng):
             assert all(np.array_equal(a, b) for a, b in zip(results, serial))
 
 
+@pytest.mark.parametrize("threads", (1, 2))
+def test_linear_many_gives_each_matrix_the_bits_of_linear(threads, rng):
+    kernels.set_threads(threads)
+    ws = [random_weight(kind, out, 576, rng) for kind, out in
+          (("q4_1", 576), ("q4_1", 192), ("q4_0", 40), ("q4", 96), ("q8_0", 200), ("f16", 24), ("q8", 8))]
+    for T in (1, 3, 130):
+        x = rng.standard_normal((T, 576), dtype=np.float32)
+        ys = kernels.linear_many(x, ws)
+        assert [y.shape for y in ys] == [(T, w.shape[0]) for w in ws]
+        for y, w in zip(ys, ws):
+            assert np.array_equal(y, kernels.linear(x, w))
+    assert kernels.linear_many(x[0], ws[:2])[1].shape == (192,)
+
+
+def test_linear_many_rejects_matrices_that_do_not_fit_x(rng):
+    x = np.zeros((2, 64), np.float32)
+    with pytest.raises(ValueError, match=r"input size 64"):
+        kernels.linear_many(x, [random_weight("q4_1", 8, 64, rng), random_weight("q4_1", 8, 96, rng)])
+    with pytest.raises(ValueError, match=r"needs \[\.\.\., 32\]"):
+        kernels.linear_many(np.zeros((2, 64), np.float32), [random_weight("q8_0", 8, 32, rng)])
+    with pytest.raises(ValueError, match="1 to 16 matrices"):
+        kernels.linear_many(x, [])
+
+
+def test_pool_stats_count_the_multi_threaded_calls(rng):
+    w = random_weight("q4_1", 512, 576, rng)
+    x = rng.standard_normal((1, 576), dtype=np.float32)
+    kernels.set_threads(2)
+    before = kernels.pool_stats()
+    kernels.linear(x, w)
+    after = kernels.pool_stats()
+    assert set(after) == {"shared", "solo", "stalls", "stall_ns", "tasks", "helper_tasks"}
+    assert after["shared"] + after["solo"] == before["shared"] + before["solo"] + 1
+
+
+def test_a_forked_child_computes_without_the_parents_threads(rng):
+    import multiprocessing
+
+    w = random_weight("q4_1", 512, 576, rng)
+    x = rng.standard_normal((1, 576), dtype=np.float32)
+    kernels.set_threads(2)
+    expected = kernels.linear(x, w)  # starts the helper threads, which a fork does not copy
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        got = pool.apply(kernels.linear, (x, w))
+    assert np.array_equal(got, expected)
+
+
 def test_it_multiplies_read_only_memmap_views_in_place(tmp_path, rng):
     experts = [random_weight("q4", 48, 128, rng) for _ in range(3)]
     path = tmp_path / "experts.bin"
@@ -120,6 +167,9 @@ def test_it_rejects_parts_laid_out_wrong(rng):
     wrong_dtype = QTensor("q8", (8, 64), {"q": w.parts["q"].view(np.uint8), "scales": w.parts["scales"]})
     with pytest.raises(ValueError, match="int8"):
         kernels.linear(np.zeros((1, 64), np.float32), wrong_dtype)
+    short = QTensor("q8", (8, 64), {"q": w.parts["q"][:7], "scales": w.parts["scales"]})
+    with pytest.raises(ValueError, match="512 elements"):
+        kernels.linear_many(np.zeros((1, 64), np.float32), [w, short])
 
 
 def test_thread_count_round_trips_and_must_be_positive():
@@ -172,24 +222,35 @@ def test_f16_round_trip_is_half_precision(rng):
 # ------------------------------------------------------------------ the other backends
 
 
-@pytest.fixture(scope="module")
-def portable(tmp_path_factory):
-    path = build_portable(tmp_path_factory.mktemp("portable"))
+# name → (its build, its backend): the portable C one, and AVX2 where the native build is AVX-512
+OTHER_BUILDS = {"portable": (build_portable, "scalar"), "avx2": (build_avx2, "avx2")}
+
+
+@pytest.fixture(scope="module", params=sorted(OTHER_BUILDS))
+def other_build(request, tmp_path_factory):
+    import platform
+
+    build, backend = OTHER_BUILDS[request.param]
+    if backend == "avx2" and (kernels.BACKEND != "avx512" or platform.machine().lower() not in ("x86_64", "amd64")):
+        pytest.skip("the native build is the AVX2 one (or not x86): the main tests cover it")
+    path = build(tmp_path_factory.mktemp(request.param))
     if path is None:
-        pytest.skip("no C compiler to build the portable backend")
-    return KernelLib(path)
+        pytest.skip(f"no C compiler to build the {request.param} backend")
+    lib = KernelLib(path)
+    assert lib.backend == backend
+    return lib
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_the_portable_c_backend_matches_the_reference(portable, kind, rng):
-    assert portable.backend == "scalar"
-    portable.set_threads(2)
+def test_the_other_c_backends_match_the_reference(other_build, kind, rng):
+    other_build.set_threads(2)
     for out, inn in shapes_for(kind):
         w = random_weight(kind, out, inn, rng)
         x = rng.standard_normal((130, inn), dtype=np.float32)
-        full = portable.linear(x, w)
+        full = other_build.linear(x, w)
         assert_close(full, x, w)
-        assert np.array_equal(portable.linear(x[129:], w)[0], full[129])
+        assert np.array_equal(other_build.linear(x[129:], w)[0], full[129])
+        assert all(np.array_equal(y, full) for y in other_build.linear_many(x, [w, w]))
 
 
 @pytest.fixture(scope="module")

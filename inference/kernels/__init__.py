@@ -1,4 +1,4 @@
-"""Fused dequantize-and-multiply kernels (compiled C in rkkernels.c, loaded through ctypes).
+"""Fused dequantize-and-multiply kernels (compiled C in rkkernels.c, loaded by _lib.py).
 
 Every weight kind of `inference.quant` is multiplied in its stored form: each block of weights is
 dequantized into registers and applied to up to 6 activation rows, never to a dense copy. Activations
@@ -10,17 +10,18 @@ Raises:
 """
 from __future__ import annotations
 
+import importlib
 import os
 
 import numpy as np
 
 from ..quant import QTensor, dequantize
-from ._lib import KernelLib, default_library_path
+from ._lib import EXTENSION, KernelLib, default_library_path
 
-_LIB = KernelLib(default_library_path())
+_LIB = KernelLib(default_library_path(), importlib.import_module(EXTENSION))
 _LIB.set_threads(os.cpu_count() or 1)
 
-BACKEND = _LIB.backend  # "avx2", "neon" or "scalar": the instruction set the library was built for
+BACKEND = _LIB.backend  # "avx512", "avx2", "neon" or "scalar": the instruction set the library was built for
 
 
 def linear(x: np.ndarray, w: QTensor) -> np.ndarray:
@@ -40,6 +41,24 @@ def linear(x: np.ndarray, w: QTensor) -> np.ndarray:
     return _LIB.linear(x, w)
 
 
+def linear_many(x: np.ndarray, ws) -> list[np.ndarray]:
+    """[x @ W.T for W in ws] in float32, as one call: the matrices share one split over the threads
+    and one preparation of x. For matrices fed the same activations, e.g. q/k/v or gate/up; each
+    result is bit-identical to `linear(x, W)`.
+
+    Args:
+        x: activations [T, in] (or [..., in]); converted to float32 if needed.
+        ws: 1 to 16 weights [out_j, in] of any kinds in `inference.quant.KINDS`.
+
+    Returns:
+        A list of new float32 arrays [T, out_j] (or [..., out_j]), in the order of `ws`.
+
+    Raises:
+        ValueError: shapes do not match, or a weight's parts are not laid out as its kind says.
+    """
+    return _LIB.linear_many(x, ws)
+
+
 def embed_rows(w: QTensor, ids) -> np.ndarray:
     """Rows `ids` of the embedding matrix `w` as float32 [T, H] (only those rows are dequantized)."""
     return dequantize(w.rows(np.asarray(ids).reshape(-1)))
@@ -57,3 +76,15 @@ def set_threads(n: int) -> None:
 def get_threads() -> int:
     """The thread count set by `set_threads`."""
     return _LIB.get_threads()
+
+
+def pool_stats() -> dict[str, int]:
+    """How multi-threaded calls went since import (for benchmarks on busy machines).
+
+    Returns:
+        Counters: jobs `shared` with helper threads; jobs run `solo` by the caller alone (for a while
+        after frequent stalls, or while helpers seldom got a core); `stalls` (a preempted helper kept
+        the caller waiting) and the `stall_ns` they cost; the `tasks` of shared jobs and the
+        `helper_tasks` of them helpers ran.
+    """
+    return _LIB.pool_stats()

@@ -1,8 +1,10 @@
-"""Loads the compiled kernels (rkkernels.c) with ctypes and checks every call's arguments.
+"""Loads the compiled kernels (rkkernels.c) and checks every call's arguments.
 
-ctypes rather than a CPython extension API: the kernels are plain C functions, and a ctypes call
-releases the GIL for its whole duration, so expert IO threads keep running while a matmul computes.
-setuptools still builds the file as the extension `inference.kernels._rkkernels`; we only use its path.
+The kernels are plain C functions, loaded with ctypes. The installed build is also a CPython extension
+whose one function, `linear_many`, takes the arrays themselves (buffer protocol): decode makes ~200
+calls per token and ctypes' argument conversion took ~3 µs of each. Other builds of the same source
+(the portable C one the tests load) are called through ctypes with pointers. Either way the GIL is
+released for the whole computation, so expert IO threads keep running while a matmul computes.
 """
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ import ctypes
 import functools
 import importlib.util
 import math
+import operator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +26,8 @@ BUILD_HINT = "build it with `pip install -e .` (or `python setup.py build_ext --
 # kind → its code in rkkernels.c
 _KIND_CODES = {kind: code for code, kind in enumerate(KINDS)}
 _ERRORS = {1: "invalid kind or shape", 2: "out of memory for the activation scratch"}
+_F32 = np.dtype(np.float32)
+MAX_MATRICES = 16  # per linear_many call (MAX_MATRICES in rkkernels.c)
 
 # An ndarray's data pointer sits right after the object header (PyArrayObject: PyObject_HEAD, then
 # `char *data`, numpy's stable C ABI). Reading it there takes 0.1 µs where `.ctypes.data` takes 1.2 µs,
@@ -29,8 +35,11 @@ _ERRORS = {1: "invalid kind or shape", 2: "out of memory for the activation scra
 _DATA_OFFSET = ctypes.sizeof(ctypes.c_ssize_t) + ctypes.sizeof(ctypes.c_void_p)
 
 
+_pointer_at = ctypes.c_void_p.from_address
+
+
 def _data_fast(a: np.ndarray) -> int:
-    return ctypes.c_void_p.from_address(id(a) + _DATA_OFFSET).value or 0
+    return _pointer_at(id(a) + _DATA_OFFSET).value or 0
 
 
 def _data_slow(a: np.ndarray) -> int:
@@ -61,15 +70,63 @@ def default_library_path() -> Path:
 
 
 @functools.lru_cache(maxsize=4096)
-def _layout(kind: str, shape: tuple[int, ...]) -> tuple[tuple[str, np.dtype, int], ...]:
-    """(name, dtype, element count) of each part, in the kernel's argument order."""
-    return tuple((name, np.dtype(dt), math.prod(shp)) for name, (dt, shp) in part_layout(kind, shape).items())
+def _plan(kind: str, shape: tuple[int, ...]) -> tuple[int, Callable[[dict], tuple], tuple[tuple[str, np.dtype, int], ...]]:
+    """The kernel's code for `kind`, a getter of its parts (a tuple in argument order) from a parts
+    dict, and (name, dtype, element count) of each part.
+
+    Raises:
+        ValueError: not a matrix of a kind the kernels know.
+    """
+    code = _KIND_CODES.get(kind)
+    if code is None or len(shape) != 2:
+        raise ValueError(f"linear: needs a matrix [out, in] of kind {', '.join(KINDS)}; got {kind} {shape}")
+    layout = tuple((name, np.dtype(dt), math.prod(shp)) for name, (dt, shp) in part_layout(kind, shape).items())
+    names = [name for name, _, _ in layout]
+    get = operator.itemgetter(*names)
+    return code, (get if len(names) > 1 else lambda parts: (get(parts),)), layout
+
+
+def _part_pointers(w: QTensor) -> list[int]:
+    """The kind code and the data pointers of w's parts in the kernel's order (padded to 3), after
+    checking their layout.
+
+    Raises:
+        ValueError: a part's dtype, size or contiguity is not what the kind needs.
+    """
+    code, _, layout = _plan(w.kind, tuple(w.shape))
+    ptrs = [code, 0, 0, 0]
+    for j, (name, dtype, size) in enumerate(layout):
+        p = w.parts[name]
+        if p.dtype != dtype or p.size != size or not p.flags.c_contiguous:
+            raise ValueError(
+                f"linear: {w.kind} part {name!r} must be C-contiguous {dtype} with {size} elements for "
+                f"shape {w.shape}, got {p.dtype} {p.shape} (contiguous={p.flags.c_contiguous})"
+            )
+        ptrs[j + 1] = _data(p)
+    return ptrs
+
+
+def _activations(x: np.ndarray, inn: int, what: str) -> tuple[np.ndarray, int]:
+    """x as C-contiguous float32 and its row count T.
+
+    Raises:
+        ValueError: x's last dimension is not `inn`.
+    """
+    x = np.ascontiguousarray(x, dtype=_F32)
+    if x.ndim == 0 or x.shape[-1] != inn:
+        raise ValueError(f"linear: x has shape {x.shape}, {what} needs [..., {inn}]")
+    return x, (x.size // inn if inn else math.prod(x.shape[:-1]))
 
 
 class KernelLib:
-    """One loaded build of rkkernels.c (tests also load other builds, e.g. the portable C one)."""
+    """One loaded build of rkkernels.c (tests also load other builds, e.g. the portable C one).
 
-    def __init__(self, path: str | Path):
+    Args:
+        path: the shared library.
+        module: the same library imported as the extension module, for its fast entry point.
+    """
+
+    def __init__(self, path: str | Path, module=None):
         try:
             lib = ctypes.CDLL(str(path))
         except OSError as e:
@@ -77,13 +134,18 @@ class KernelLib:
         vp, i64 = ctypes.c_void_p, ctypes.c_int64
         lib.rk_linear.argtypes = [ctypes.c_int, i64, i64, i64, vp, vp, vp, vp, vp]
         lib.rk_linear.restype = ctypes.c_int
+        lib.rk_linear_many.argtypes = [ctypes.c_int, i64, i64, vp, vp]
+        lib.rk_linear_many.restype = ctypes.c_int
         lib.rk_set_threads.argtypes = [ctypes.c_int]
         lib.rk_set_threads.restype = None
         lib.rk_get_threads.argtypes = []
         lib.rk_get_threads.restype = ctypes.c_int
         lib.rk_backend.argtypes = []
         lib.rk_backend.restype = ctypes.c_char_p
+        lib.rk_pool_stats.argtypes = [vp]
+        lib.rk_pool_stats.restype = None
         self._lib = lib
+        self._fast = getattr(module, "linear_many", None)
         self.path = Path(path)
         self.backend = lib.rk_backend().decode()
 
@@ -100,27 +162,66 @@ class KernelLib:
     def get_threads(self) -> int:
         return self._lib.rk_get_threads()
 
+    def pool_stats(self) -> dict[str, int]:
+        """Counters of the thread pool since load (see rk_pool_stats in rkkernels.c)."""
+        out = np.zeros(6, np.int64)
+        self._lib.rk_pool_stats(_data(out))
+        return dict(zip(("shared", "solo", "stalls", "stall_ns", "tasks", "helper_tasks"), map(int, out)))
+
     def linear(self, x: np.ndarray, w: QTensor) -> np.ndarray:
         """y[..., out] = x[..., in] @ W.T in float32 (see `inference.kernels.linear`)."""
-        code = _KIND_CODES.get(w.kind)
-        if code is None or len(w.shape) != 2:
-            raise ValueError(f"linear: needs a matrix [out, in] of kind {', '.join(KINDS)}; got {w.kind} {w.shape}")
+        code, get_parts, _ = _plan(w.kind, tuple(w.shape))
         out, inn = w.shape
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        if x.ndim == 0 or x.shape[-1] != inn:
-            raise ValueError(f"linear: x has shape {x.shape}, the {w.kind} weight {w.shape} needs [..., {inn}]")
-        ptrs = [None, None, None]
-        for j, (name, dtype, size) in enumerate(_layout(w.kind, w.shape)):
-            p = w.parts[name]
-            if p.dtype != dtype or p.size != size or not p.flags.c_contiguous:
-                raise ValueError(
-                    f"linear: {w.kind} part {name!r} must be C-contiguous {dtype} with {size} elements for "
-                    f"shape {w.shape}, got {p.dtype} {p.shape} (contiguous={p.flags.c_contiguous})"
-                )
-            ptrs[j] = _data(p)
-        y = np.empty(x.shape[:-1] + (out,), np.float32)
-        T = x.size // inn if inn else math.prod(x.shape[:-1])
-        rc = self._lib.rk_linear(code, T, out, inn, _data(x), _data(y), *ptrs)
+        x, T = _activations(x, inn, f"the {w.kind} weight {w.shape}")
+        y = np.empty(x.shape[:-1] + (out,), _F32)
+        if self._fast is not None:
+            try:
+                self._fast(T, inn, x, ((code, out, y) + get_parts(w.parts),))
+            except (ValueError, BufferError) as e:
+                self._explain(e, x, (w,))
+            return y
+        code, p0, p1, p2 = _part_pointers(w)
+        rc = self._lib.rk_linear(code, T, out, inn, _data(x), _data(y), p0, p1, p2)
         if rc:
             raise ValueError(f"linear: the kernel rejected {w.kind} {w.shape} with x {x.shape}: {_ERRORS.get(rc, rc)}")
         return y
+
+    def linear_many(self, x: np.ndarray, ws) -> list[np.ndarray]:
+        """[x @ W.T for W in ws] in one call (see `inference.kernels.linear_many`)."""
+        ws = tuple(ws)
+        if not 1 <= len(ws) <= MAX_MATRICES:
+            raise ValueError(f"linear_many: takes 1 to {MAX_MATRICES} matrices, got {len(ws)}")
+        inn = ws[0].shape[-1]
+        x, T = _activations(x, inn, f"the {ws[0].kind} weight {ws[0].shape}")
+        lead = x.shape[:-1]
+        for w in ws:
+            if len(w.shape) != 2 or w.shape[1] != inn:
+                raise ValueError(f"linear_many: all weights need input size {inn} (as x), got {w.kind} {w.shape}")
+        ys = [np.empty(lead + (w.shape[0],), _F32) for w in ws]
+        if self._fast is not None:
+            items = []
+            for w, y in zip(ws, ys):
+                code, get_parts, _ = _plan(w.kind, tuple(w.shape))
+                items.append((code, w.shape[0], y) + get_parts(w.parts))
+            try:
+                self._fast(T, inn, x, tuple(items))
+            except (ValueError, BufferError) as e:
+                self._explain(e, x, ws)
+            return ys
+        desc = []
+        for w, y in zip(ws, ys):
+            code, p0, p1, p2 = _part_pointers(w)
+            desc += (code, w.shape[0], _data(y), p0, p1, p2)
+        rc = self._lib.rk_linear_many(len(ws), T, inn, _data(x), _data(np.array(desc, dtype=np.int64)))
+        if rc:
+            shapes = ", ".join(f"{w.kind} {w.shape}" for w in ws)
+            raise ValueError(f"linear_many: the kernel rejected {shapes} with x {x.shape}: {_ERRORS.get(rc, rc)}")
+        return ys
+
+    @staticmethod
+    def _explain(e: Exception, x: np.ndarray, ws: tuple):
+        """Raises the ValueError for the fast entry point's refusal `e`, naming the part at fault."""
+        for w in ws:
+            _part_pointers(w)
+        shapes = ", ".join(f"{w.kind} {w.shape}" for w in ws)
+        raise ValueError(f"linear: the kernel rejected {shapes} with x {x.shape}: {e}") from e

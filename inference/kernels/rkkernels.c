@@ -1,8 +1,9 @@
 /* rkmojo's compiled kernels: y[T, out] = x[T, in] @ W[out, in].T with W in any storage kind of
  * inference/quant.py, dequantized block by block into registers (never as a whole matrix).
  *
- * Plain C functions loaded through ctypes (inference/kernels/_lib.py); the Python module init at the
- * bottom only exists so setuptools can build and import the file as an extension.
+ * Plain C functions (rk_linear_many and friends, loaded through ctypes by inference/kernels/_lib.py),
+ * built by setuptools as a Python extension whose one function is a cheaper way into the same code
+ * (rkpython.h). Threads come from rkpool.h, vectors from rkkernels_simd.h.
  *
  * Determinism. Each output element y[t, o] is computed by one thread, from one output row and one
  * activation row, by the same sequence of float operations whatever the batch (T), the tile it falls
@@ -18,21 +19,21 @@
  *   q_lo * x_lo + q_hi * x_hi = q_lo * (x_lo - x_hi / 16) + byte * (x_hi / 16)
  * so the kernel only masks the low nibble and converts the whole byte (no shift), against activations
  * rewritten that way. That rewrite and the group sums of x are made once per activation row and
- * shared by all output rows.
+ * shared by all output rows (and by all matrices of one rk_linear_many call).
  */
 #ifndef RK_NO_PYTHON
 #define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include <Python.h> /* first, as Python requires; it also selects POSIX */
+#elif !defined(_POSIX_C_SOURCE)
+#define _POSIX_C_SOURCE 200809L /* clock_gettime and pthreads under -std=c11 */
 #endif
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "rkkernels_simd.h"
+#include "rkpool.h"
 
 #ifdef __clang__
 #pragma STDC FP_CONTRACT OFF /* gcc: -std=c11 already implies -ffp-contract=off */
@@ -47,12 +48,13 @@ enum { RK_OK = 0, RK_EINVAL = 1, RK_ENOMEM = 2 };
 
 #define TILE_T 128    /* activation rows prepared at once */
 #define MAXR 6        /* largest micro-tile side */
-#define PREFILL_NR 6  /* activation rows per prefill micro-tile (decode tiles 4 output rows) */
+#define DECODE_MR 4   /* output rows per decode micro-tile */
+#define PREFILL_NR 6  /* activation rows per prefill micro-tile */
 
 typedef struct {
     int64_t out, in;
     int64_t ng;          /* groups per row: q4 (64), q4_0 / q4_1 / q8_0 (32) */
-    int64_t ngp;         /* ng rounded up to a batch of 8 */
+    int64_t ngp;         /* ng rounded up to a batch of DU */
     int64_t row_bytes;   /* bytes per row of p0 */
     const uint8_t *p0;   /* w | q | blocks */
     const uint8_t *p1;   /* q8: scales f32 [out]; q4: scales f16 [out, ng] */
@@ -61,7 +63,7 @@ typedef struct {
 
 typedef struct {
     const float *x;  /* [T, in]; nibble kinds: rewritten per byte pair (see prep_row) */
-    const float *xs; /* [T, ng rounded up to 8] per-group sums of x, zero-padded (nibble kinds) */
+    const float *xs; /* [T, ngp] per-group sums of x, zero-padded (nibble kinds) */
     float *y;        /* [T, out] */
     int64_t T;
 } acts;
@@ -74,9 +76,14 @@ RK_INLINE float load_f16(const uint8_t *p)
 }
 
 /* Decode (one activation row) streams weight rows from DRAM at their full rate only with a software
- * prefetch this many bytes ahead (hardware prefetchers lose track of 4 interleaved rows). */
+ * prefetch this far ahead: with small rows (in = 576) the 4 rows of a tile are one stream, and 512 B
+ * ahead of it is too close (x86 server: 4 KiB ahead made the SmolLM2 decode matmuls 25% faster). */
 #ifndef PREFETCH_AHEAD
-#define PREFETCH_AHEAD 512
+#if defined(__aarch64__)
+#define PREFETCH_AHEAD 512 /* RK3588 setting, not re-measured with the x86 change */
+#else
+#define PREFETCH_AHEAD 4096
+#endif
 #endif
 
 RK_INLINE void prefetch_ahead(const uint8_t *p) { __builtin_prefetch(p + PREFETCH_AHEAD); }
@@ -105,14 +112,14 @@ RK_INLINE void tile_suspend(const int MR, const int NR, vf *st, vf acc[MAXR][MAX
 
 /* ------------------------------------------------------------------ f32, f16, q8: one long sum */
 
-RK_INLINE void dense_dec8(const int kind, const uint8_t *row, int64_t k, vf *w)
+RK_INLINE void dense_decu(const int kind, const uint8_t *row, int64_t k, vf *w)
 {
     if (kind == K_F32)
-        dec8_f32((const float *)row + k, w);
+        decu_f32((const float *)row + k, w);
     else if (kind == K_F16)
-        dec8_f16((const uint16_t *)row + k, w);
+        decu_f16((const uint16_t *)row + k, w);
     else
-        dec8_i8((const int8_t *)row + k, w);
+        decu_i8((const int8_t *)row + k, w);
 }
 
 RK_INLINE float dense_scalar(const int kind, const uint8_t *row, int64_t k)
@@ -135,13 +142,13 @@ RK_INLINE void dense_tile(const int kind, const int MR, const int NR, const wmat
     tile_begin(MR, NR, k0, st, acc);
 
     int64_t k = k0;
-    for (; k + 16 <= k1; k += 16)
+    for (; k + 2 * DU <= k1; k += 2 * DU)
         for (int i = 0; i < MR; i++) {
-            vf wv[2 * NV8];
+            vf wv[2 * NU];
             if (NR == 1) prefetch_ahead(row[i] + (w->row_bytes / in) * k);
-            dense_dec8(kind, row[i], k, wv);
-            dense_dec8(kind, row[i], k + 8, wv + NV8);
-            for (int u = 0; u < 2 * NV8; u++)
+            dense_decu(kind, row[i], k, wv);
+            dense_decu(kind, row[i], k + DU, wv + NU);
+            for (int u = 0; u < 2 * NU; u++)
                 for (int r = 0; r < NR; r++)
                     acc[i][r][u & 1] = vf_fma(wv[u], vf_load(x[r] + k + u * VL), acc[i][r][u & 1]);
         }
@@ -149,15 +156,15 @@ RK_INLINE void dense_tile(const int kind, const int MR, const int NR, const wmat
         tile_suspend(MR, NR, st, acc);
         return;
     }
-    if (k + 8 <= in) {
+    if (k + DU <= in) {
         for (int i = 0; i < MR; i++) {
-            vf wv[NV8];
-            dense_dec8(kind, row[i], k, wv);
-            for (int u = 0; u < NV8; u++)
+            vf wv[NU];
+            dense_decu(kind, row[i], k, wv);
+            for (int u = 0; u < NU; u++)
                 for (int r = 0; r < NR; r++)
                     acc[i][r][u & 1] = vf_fma(wv[u], vf_load(x[r] + k + u * VL), acc[i][r][u & 1]);
         }
-        k += 8;
+        k += DU;
     }
     for (int i = 0; i < MR; i++) {
         const float scale = kind == K_Q8 ? ((const float *)w->p1)[o + i] : 1.0f;
@@ -174,6 +181,7 @@ RK_INLINE void dense_tile(const int kind, const int MR, const int NR, const wmat
 
 /* ------------------------------------------------------------------ q8_0: blocks of 32 */
 
+/* Blocks go in batches of DU, whose scales convert together (a strided load of their halves). */
 RK_INLINE void q80_tile(const int MR, const int NR, const wmat *w, const acts *a, int64_t o, int64_t t,
                         int64_t k0, int64_t k1, vf *st)
 {
@@ -182,21 +190,32 @@ RK_INLINE void q80_tile(const int MR, const int NR, const wmat *w, const acts *a
     for (int r = 0; r < NR; r++) x[r] = a->x + (t + r) * w->in;
     tile_begin(MR, NR, k0, st, acc);
 
-    for (int64_t b = k0 / 32; b < k1 / 32; b++) {
-        const int64_t k = 32 * b;
+    const int64_t b1 = k1 / 32;
+    for (int64_t b0 = k0 / 32; b0 < b1; b0 += DU) {
+        const int n = b1 - b0 < DU ? (int)(b1 - b0) : DU;
+        float sc[MAXR][DU];
         for (int i = 0; i < MR; i++) {
-            const uint8_t *blk = w->p0 + (o + i) * w->row_bytes + 34 * b;
-            if (NR == 1) prefetch_ahead(blk);
-            vf gs[MAXR];
-            for (int r = 0; r < NR; r++) gs[r] = vf_zero();
-            for (int c = 0; c < 4; c++) {
-                vf wv[NV8];
-                dec8_i8((const int8_t *)(blk + 2 + 8 * c), wv);
-                for (int v = 0; v < NV8; v++)
-                    for (int r = 0; r < NR; r++) gs[r] = vf_fma(wv[v], vf_load(x[r] + k + 8 * c + v * VL), gs[r]);
+            vf d[NU], unused[NU];
+            decu_f16x2_strided(w->p0 + (o + i) * w->row_bytes + 34 * b0, 34, n, d, unused);
+            for (int u = 0; u < NU; u++) vf_store(sc[i] + u * VL, d[u]);
+        }
+        for (int j = 0; j < n; j++) {
+            const int64_t k = 32 * (b0 + j);
+            for (int i = 0; i < MR; i++) {
+                const uint8_t *blk = w->p0 + (o + i) * w->row_bytes + 34 * (b0 + j);
+                if (NR == 1) prefetch_ahead(blk);
+                vf gs[MAXR];
+                for (int r = 0; r < NR; r++) gs[r] = vf_zero();
+                for (int c = 0; c < 32 / DU; c++) {
+                    vf wv[NU];
+                    decu_i8((const int8_t *)(blk + 2 + DU * c), wv);
+                    for (int v = 0; v < NU; v++)
+                        for (int r = 0; r < NR; r++)
+                            gs[r] = vf_fma(wv[v], vf_load(x[r] + k + DU * c + v * VL), gs[r]);
+                }
+                const vf d = vf_set1(sc[i][j]);
+                for (int r = 0; r < NR; r++) acc[i][r][0] = vf_fma(d, gs[r], acc[i][r][0]);
             }
-            const vf d = vf_set1(load_f16(blk));
-            for (int r = 0; r < NR; r++) acc[i][r][0] = vf_fma(d, gs[r], acc[i][r][0]);
         }
     }
     if (k1 < w->in) {
@@ -209,9 +228,11 @@ RK_INLINE void q80_tile(const int MR, const int NR, const wmat *w, const acts *a
 
 /* ------------------------------------------------------------------ q4, q4_0, q4_1: nibbles */
 
+RK_INLINE int64_t gguf_block_bytes(const int kind) { return kind == K_Q4_0 ? 18 : 20; }
+
 RK_INLINE const uint8_t *gguf_block(const int kind, const wmat *w, int64_t o, int64_t g)
 {
-    return w->p0 + o * w->row_bytes + (kind == K_Q4_0 ? 18 : 20) * g;
+    return w->p0 + o * w->row_bytes + gguf_block_bytes(kind) * g;
 }
 
 /* The nibbles of group g of row o. */
@@ -221,39 +242,38 @@ RK_INLINE const uint8_t *nib_bytes(const int kind, const wmat *w, int64_t o, int
     return gguf_block(kind, w, o, g) + (kind == K_Q4_0 ? 2 : 4);
 }
 
-/* Scales and biases of groups g0 .. g0+n-1 (n <= 8) of row o as floats, biases zero past n. q4 keeps
- * them in arrays of their own, which convert 8 at once. (q4_0 stores no bias: its q - 8 is -8 d.) */
+/* Scales and biases of groups g0 .. g0+n-1 (n <= DU) of row o as floats, zero past n, converted
+ * together: q4 keeps them in arrays of their own, GGUF blocks at a fixed stride. (q4_0 stores no
+ * bias: its q - 8 is -8 d; past n that is -0, which adds nothing either.) */
 RK_INLINE void nib_params(const int kind, const wmat *w, int64_t o, int64_t g0, int n, float *s, float *m)
 {
-    if (kind == K_Q4 && n == 8) {
-        vf v[NV8];
-        dec8_f16((const uint16_t *)w->p1 + o * w->ng + g0, v);
-        for (int u = 0; u < NV8; u++) vf_store(s + u * VL, v[u]);
-        dec8_f16((const uint16_t *)w->p2 + o * w->ng + g0, v);
-        for (int u = 0; u < NV8; u++) vf_store(m + u * VL, v[u]);
+    if (kind == K_Q4 && n < DU) { /* a partial batch: a vector load would run past the arrays */
+        for (int j = 0; j < DU; j++) {
+            s[j] = j < n ? load_f16(w->p1 + 2 * (o * w->ng + g0 + j)) : 0.0f;
+            m[j] = j < n ? load_f16(w->p2 + 2 * (o * w->ng + g0 + j)) : 0.0f;
+        }
         return;
     }
-    for (int j = 0; j < 8; j++) {
-        if (j >= n) {
-            m[j] = 0.0f;
-        } else if (kind == K_Q4) {
-            s[j] = load_f16(w->p1 + 2 * (o * w->ng + g0 + j));
-            m[j] = load_f16(w->p2 + 2 * (o * w->ng + g0 + j));
-        } else {
-            const uint8_t *blk = gguf_block(kind, w, o, g0 + j);
-            s[j] = load_f16(blk);
-            m[j] = kind == K_Q4_0 ? -8.0f * s[j] : load_f16(blk + 2);
-        }
+    vf sv[NU], mv[NU];
+    if (kind == K_Q4) {
+        decu_f16((const uint16_t *)w->p1 + o * w->ng + g0, sv);
+        decu_f16((const uint16_t *)w->p2 + o * w->ng + g0, mv);
+    } else {
+        decu_f16x2_strided(gguf_block(kind, w, o, g0), gguf_block_bytes(kind), n, sv, mv);
+    }
+    for (int u = 0; u < NU; u++) {
+        vf_store(s + u * VL, sv[u]);
+        vf_store(m + u * VL, kind == K_Q4_0 ? vf_mul(sv[u], vf_set1(-8.0f)) : mv[u]);
     }
 }
 
-/* Each 8 bytes of nibbles meet 16 prepared activations: 8 for the low nibbles, 8 for the bytes.
- * Groups go in batches of 8 (counted from the row start, so every tiling batches alike): scales and
+/* Each DU bytes of nibbles meet 2 DU prepared activations: DU for the low nibbles, DU for the bytes.
+ * Groups go in batches of DU (counted from the row start, so every tiling batches alike): scales and
  * biases convert together, and the batch's bias part m . xsum lands in the accumulator's lanes. */
 RK_INLINE void nib_tile(const int kind, const int MR, const int NR, const wmat *w, const acts *a, int64_t o,
                         int64_t t, int64_t k0, int64_t k1, vf *st)
 {
-    const int G = kind == K_Q4 ? 64 : 32, nchunk = G / 16;
+    const int G = kind == K_Q4 ? 64 : 32, nstep = G / (2 * DU);
     const float *x[MAXR], *xs[MAXR];
     vf acc[MAXR][MAXR][NA];
     for (int r = 0; r < NR; r++) {
@@ -263,9 +283,9 @@ RK_INLINE void nib_tile(const int kind, const int MR, const int NR, const wmat *
     tile_begin(MR, NR, k0, st, acc);
 
     const int64_t g1 = k1 / G;
-    for (int64_t g0 = k0 / G; g0 < g1; g0 += 8) {
-        const int n = g1 - g0 < 8 ? (int)(g1 - g0) : 8;
-        float sc[MAXR][8], mb[MAXR][8];
+    for (int64_t g0 = k0 / G; g0 < g1; g0 += DU) {
+        const int n = g1 - g0 < DU ? (int)(g1 - g0) : DU;
+        float sc[MAXR][DU], mb[MAXR][DU];
         for (int i = 0; i < MR; i++) nib_params(kind, w, o + i, g0, n, sc[i], mb[i]);
         for (int j = 0; j < n; j++) {
             const int64_t k = G * (g0 + j);
@@ -274,14 +294,14 @@ RK_INLINE void nib_tile(const int kind, const int MR, const int NR, const wmat *
                 if (NR == 1) prefetch_ahead(q);
                 vf gs[MAXR];
                 for (int r = 0; r < NR; r++) gs[r] = vf_zero();
-                for (int c = 0; c < nchunk; c++) {
-                    vf lo[NV8], by[NV8];
-                    dec8_nib(q + 8 * c, lo, by);
-                    const int64_t kc = k + 16 * c;
-                    for (int v = 0; v < NV8; v++)
+                for (int c = 0; c < nstep; c++) {
+                    vf lo[NU], by[NU];
+                    decu_nib(q + DU * c, lo, by);
+                    const int64_t kc = k + 2 * DU * c;
+                    for (int v = 0; v < NU; v++)
                         for (int r = 0; r < NR; r++) {
                             gs[r] = vf_fma(lo[v], vf_load(x[r] + kc + v * VL), gs[r]);
-                            gs[r] = vf_fma(by[v], vf_load(x[r] + kc + 8 + v * VL), gs[r]);
+                            gs[r] = vf_fma(by[v], vf_load(x[r] + kc + DU + v * VL), gs[r]);
                         }
                 }
                 const vf sv = vf_set1(sc[i][j]);
@@ -289,9 +309,9 @@ RK_INLINE void nib_tile(const int kind, const int MR, const int NR, const wmat *
             }
         }
         for (int i = 0; i < MR; i++) {
-            vf m[NV8];
-            dec8_f32(mb[i], m);
-            for (int u = 0; u < NV8; u++)
+            vf m[NU];
+            decu_f32(mb[i], m);
+            for (int u = 0; u < NU; u++)
                 for (int r = 0; r < NR; r++)
                     acc[i][r][0] = vf_fma(m[u], vf_load(xs[r] + g0 + u * VL), acc[i][r][0]);
         }
@@ -321,10 +341,10 @@ RK_INLINE void tile(const int kind, const int MR, const int NR, const wmat *w, c
 #ifndef KBLOCK_MAX
 #define KBLOCK_MAX 1024 /* columns per K block: 6 activation rows of it (24 KiB) stay in L1 */
 #endif
-#define KALIGN 512 /* K blocks start at whole batches of 8 groups (q4: 8 x 64), as T = 1 batches them */
+#define KALIGN (DU * 64) /* K blocks start at whole batches of DU groups (q4: DU x 64), as T = 1 batches them */
 
-/* Output rows [o0, o1) for all T activation rows. Decode (T = 1) runs 4 output rows side by side
- * over the whole row. Prefill runs 6 activation rows side by side, so each decoded weight block
+/* Output rows [o0, o1) for all T activation rows. Decode (T = 1) runs DECODE_MR output rows side by
+ * side over the whole row. Prefill runs 6 activation rows side by side, so each decoded weight block
  * serves 6 rows of x, and walks K in blocks so those x rows stay in L1 while the task's output rows
  * take their turns. */
 RK_INLINE void run_rows(const int kind, const wmat *w, const acts *a, int64_t o0, int64_t o1)
@@ -333,7 +353,7 @@ RK_INLINE void run_rows(const int kind, const wmat *w, const acts *a, int64_t o0
     int64_t o = o0;
     if (a->T == 1) {
         vf unused[MAXR * NA]; /* whole rows: nothing to carry between K blocks */
-        for (; o + 4 <= o1; o += 4) tile(kind, 4, 1, w, a, o, 0, 0, in, unused);
+        for (; o + DECODE_MR <= o1; o += DECODE_MR) tile(kind, DECODE_MR, 1, w, a, o, 0, 0, in, unused);
         for (; o < o1; o++) tile(kind, 1, 1, w, a, o, 0, 0, in, unused);
         return;
     }
@@ -377,25 +397,25 @@ static const runner_fn RUNNERS[K_COUNT] = {run_f32, run_f16, run_q8, run_q4, run
 
 /* ------------------------------------------------------------------ activations */
 
-/* Nibble kinds: the activations for each 8 bytes of a row (see the top of the file), and the group
- * sums of x. q4 (MLX) byte j of a 16-element span holds elements 2j (low) and 2j+1 (high); GGUF
- * byte j of a block holds elements j (low) and j+16 (high). */
+/* Nibble kinds: the activations for each DU bytes of a row (see the top of the file), and the group
+ * sums of x. q4 (MLX) byte b of a row holds elements 2b (low) and 2b+1 (high); GGUF byte j of a
+ * block holds elements j (low) and j+16 (high). q4_0 and q4_1 share one preparation. */
 static void prep_row(int kind, const wmat *w, const float *x, float *xp, float *xs)
 {
     const int G = kind == K_Q4 ? 64 : 32;
-    for (int64_t k = 0; k < w->in; k += 16) {
-        for (int j = 0; j < 8; j++) {
-            int64_t lo, hi;
+    for (int64_t k = 0; k < w->in; k += 2 * DU) {
+        for (int j = 0; j < DU; j++) {
+            int64_t lo;
             if (kind == K_Q4) {
                 lo = k + 2 * j;
-                hi = lo + 1;
-            } else { /* the 16-span is chunk c of block k / 32 */
-                lo = (k & ~(int64_t)31) + (k & 16) / 2 + j;
-                hi = lo + 16;
+            } else { /* byte k / 2 + j of the row is byte b % 16 of block b / 16 */
+                const int64_t b = k / 2 + j;
+                lo = 32 * (b / 16) + b % 16;
             }
+            const int64_t hi = kind == K_Q4 ? lo + 1 : lo + 16;
             const float xb = x[hi] * 0.0625f;
             xp[k + j] = x[lo] - xb;
-            xp[k + 8 + j] = xb;
+            xp[k + DU + j] = xb;
         }
     }
     for (int64_t g = 0; g < w->ng; g++) {
@@ -406,7 +426,63 @@ static void prep_row(int kind, const wmat *w, const float *x, float *xp, float *
     for (int64_t g = w->ng; g < w->ngp; g++) xs[g] = 0.0f;
 }
 
-/* ------------------------------------------------------------------ entry points */
+typedef struct {
+    int kind;
+    const wmat *w;
+    const float *x;
+    float *xp, *xs;
+} prep_job;
+
+static void prep_task(const void *ctx, int64_t t)
+{
+    const prep_job *p = ctx;
+    prep_row(p->kind, p->w, p->x + t * p->w->in, p->xp + t * p->w->in, p->xs + t * p->w->ngp);
+}
+
+/* ------------------------------------------------------------------ calls */
+
+/* One matrix of a call and the tasks (runs of output rows) it is split into. */
+typedef struct {
+    int kind;
+    wmat w;
+    float *y;      /* [T, out] */
+    acts a;        /* the current T tile */
+    int64_t rows;  /* output rows per task */
+    int64_t task0; /* its first task among all the call's matrices */
+} part;
+
+typedef struct {
+    const part *parts;
+    int n;
+} job;
+
+static void run_task(const void *ctx, int64_t task)
+{
+    const job *jb = ctx;
+    int j = 0;
+    while (j + 1 < jb->n && jb->parts[j + 1].task0 <= task) j++;
+    const part *p = &jb->parts[j];
+    const int64_t o0 = (task - p->task0) * p->rows, o1 = o0 + p->rows < p->w.out ? o0 + p->rows : p->w.out;
+    RUNNERS[p->kind](&p->w, &p->a, o0, o1);
+}
+
+static int wmat_init(wmat *w, int kind, int64_t out, int64_t in, const void *p0, const void *p1, const void *p2)
+{
+    if (kind < 0 || kind >= K_COUNT || out < 0 || in < 0) return RK_EINVAL;
+    if (kind == K_Q4 ? in % 64 : (kind >= K_Q4_0 && in % 32)) return RK_EINVAL;
+    *w = (wmat){out, in, 0, 0, 0, p0, p1, p2};
+    switch (kind) {
+    case K_F32: w->row_bytes = 4 * in; break;
+    case K_F16: w->row_bytes = 2 * in; break;
+    case K_Q8: w->row_bytes = in; break;
+    case K_Q4: w->ng = in / 64; w->row_bytes = in / 2; break;
+    case K_Q4_0: w->ng = in / 32; w->row_bytes = 18 * w->ng; break;
+    case K_Q4_1: w->ng = in / 32; w->row_bytes = 20 * w->ng; break;
+    case K_Q8_0: w->ng = in / 32; w->row_bytes = 34 * w->ng; break;
+    }
+    w->ngp = (w->ng + DU - 1) / DU * DU;
+    return RK_OK;
+}
 
 static int g_threads = 1;
 
@@ -414,89 +490,110 @@ RK_API void rk_set_threads(int n) { g_threads = n < 1 ? 1 : n; }
 RK_API int rk_get_threads(void) { return g_threads; }
 RK_API const char *rk_backend(void) { return RK_BACKEND; }
 
-/* Work below which a second thread costs more than it saves (multiply-adds). */
-#define MIN_WORK_PER_THREAD (1 << 17)
-
-/* y[T, out] = x[T, in] @ W.T. Parts by kind: f32/f16 (w); q8 (q, scales); q4 (q, scales, biases);
- * q4_0/q4_1/q8_0 (blocks). All C-contiguous as in inference.quant.part_layout. Returns RK_OK, or
- * RK_EINVAL (bad kind or shape) / RK_ENOMEM (scratch for the activations). */
-RK_API int rk_linear(int kind, int64_t T, int64_t out, int64_t in, const float *x, float *y,
-                     const void *p0, const void *p1, const void *p2)
+/* Counters since load, for benchmarks: multi-threaded jobs shared with helpers, those run alone in a
+ * solo period, stalls, the nanoseconds spent in them, the tasks of shared jobs and those of them
+ * helpers ran. */
+RK_API void rk_pool_stats(int64_t out[6])
 {
-    if (kind < 0 || kind >= K_COUNT || T < 0 || out < 0 || in < 0) return RK_EINVAL;
-    if (kind == K_Q4 ? in % 64 : (kind >= K_Q4_0 && in % 32)) return RK_EINVAL;
-    if (T == 0 || out == 0) return RK_OK;
+    pthread_mutex_lock(&pool.busy);
+    memcpy(out, pool.stats, sizeof pool.stats);
+    pthread_mutex_unlock(&pool.busy);
+}
+
+/* Work below which a second thread costs more than it saves (multiply-adds). */
+#define MIN_WORK_PER_THREAD (1 << 15)
+#define MAX_MATRICES 16
+#define DECODE_TASKS_PER_THREAD 4 /* balances late helpers and big.LITTLE cores; each claim moves a cache line */
+
+/* y_j[T, out_j] = x[T, in] @ W_j.T for the n matrices described by `desc`, 6 int64 each:
+ * kind, out, y (pointer), then the parts by kind: f32/f16 (w); q8 (q, scales); q4 (q, scales, biases);
+ * q4_0/q4_1/q8_0 (blocks); unused parts 0. All C-contiguous as in inference.quant.part_layout. The
+ * matrices run as one job (one wake-up of the helpers), and nibble kinds share the rewritten x.
+ * Returns RK_OK, or RK_EINVAL (bad count, kind or shape) / RK_ENOMEM (scratch for the activations). */
+RK_API int rk_linear_many(int n, int64_t T, int64_t in, const float *x, const int64_t *desc)
+{
+    if (n < 1 || n > MAX_MATRICES || T < 0 || in < 0) return RK_EINVAL;
+    part parts[MAX_MATRICES];
+    int64_t ngp_max = 0, work = 0;
+    int want[2] = {0, 0}; /* nibble preparations needed: q4, GGUF */
+    for (int j = 0; j < n; j++) {
+        const int64_t *d = desc + 6 * j;
+        part *p = &parts[j];
+        p->kind = (int)d[0];
+        const int rc = wmat_init(&p->w, p->kind, d[1], in, (const void *)(intptr_t)d[3],
+                                 (const void *)(intptr_t)d[4], (const void *)(intptr_t)d[5]);
+        if (rc) return rc;
+        p->y = (float *)(intptr_t)d[2];
+        if (is_nibble_kind(p->kind)) want[p->kind != K_Q4] = 1;
+        if (p->w.ngp > ngp_max) ngp_max = p->w.ngp;
+        work += p->w.out;
+    }
+    if (T == 0) return RK_OK;
     if (in == 0) {
-        memset(y, 0, sizeof(float) * T * out);
+        for (int j = 0; j < n; j++) memset(parts[j].y, 0, sizeof(float) * T * parts[j].w.out);
         return RK_OK;
     }
 
-    wmat w = {out, in, 0, 0, 0, p0, p1, p2};
-    switch (kind) {
-    case K_F32: w.row_bytes = 4 * in; break;
-    case K_F16: w.row_bytes = 2 * in; break;
-    case K_Q8: w.row_bytes = in; break;
-    case K_Q4: w.ng = in / 64; w.row_bytes = in / 2; break;
-    case K_Q4_0: w.ng = in / 32; w.row_bytes = 18 * w.ng; break;
-    case K_Q4_1: w.ng = in / 32; w.row_bytes = 20 * w.ng; break;
-    case K_Q8_0: w.ng = in / 32; w.row_bytes = 34 * w.ng; break;
-    }
-    w.ngp = (w.ng + 7) & ~(int64_t)7;
-    const int nib = is_nibble_kind(kind);
-
     const int64_t tt_max = T < TILE_T ? T : TILE_T;
-    float *xp = NULL, *xs = NULL;
-    if (nib && (!(xp = malloc(sizeof(float) * tt_max * in)) || !(xs = malloc(sizeof(float) * tt_max * w.ngp)))) {
-        free(xp);
-        return RK_ENOMEM;
-    }
+    float *xp[2] = {NULL, NULL}, *xs[2] = {NULL, NULL};
+    int rc = RK_OK;
+    for (int f = 0; f < 2; f++)
+        if (want[f] && (!(xp[f] = malloc(sizeof(float) * tt_max * in)) ||
+                        !(xs[f] = malloc(sizeof(float) * tt_max * ngp_max))))
+            rc = RK_ENOMEM;
 
-    for (int64_t t0 = 0; t0 < T; t0 += TILE_T) {
+    for (int64_t t0 = 0; t0 < T && rc == RK_OK; t0 += TILE_T) {
         const int64_t tt = T - t0 < TILE_T ? T - t0 : TILE_T;
-        const acts a = {nib ? xp : x + t0 * in, xs, y + t0 * out, tt};
-        const int64_t work = out * in * tt;
         int nth = g_threads;
-        if ((int64_t)nth * MIN_WORK_PER_THREAD > work) nth = (int)(work / MIN_WORK_PER_THREAD) + 1;
+        const int64_t tile_work = work * in * tt;
+        if ((int64_t)nth * MIN_WORK_PER_THREAD > tile_work) nth = (int)(tile_work / MIN_WORK_PER_THREAD) + 1;
         if (nth > g_threads) nth = g_threads;
-        /* Tasks of whole 4-row groups: decode aims at ~8 tasks per thread for dynamic balance
-         * (big.LITTLE cores finish at different speeds); prefill keeps a task's weights in cache. */
-        int64_t rows = tt == 1 ? (out + 8 * nth - 1) / (8 * nth) : PREFILL_ROWS;
-        rows = (rows + 3) & ~(int64_t)3;
-        const int64_t ntask = (out + rows - 1) / rows;
-        const runner_fn run = RUNNERS[kind];
-
-        if (nth == 1) { /* no OpenMP region at all: it costs about a microsecond even when serial */
-            for (int64_t t = 0; t < tt && nib; t++) prep_row(kind, &w, x + (t0 + t) * in, xp + t * in, xs + t * w.ngp);
-            for (int64_t o0 = 0; o0 < out; o0 += rows) run(&w, &a, o0, o0 + rows < out ? o0 + rows : out);
-            continue;
+        for (int f = 0; f < 2; f++) {
+            if (!want[f]) continue;
+            for (int j = 0; j < n; j++) /* any matrix of the family: prep only reads its in and ng */
+                if (is_nibble_kind(parts[j].kind) && (parts[j].kind != K_Q4) == f) {
+                    const prep_job pj = {parts[j].kind, &parts[j].w, x + t0 * in, xp[f], xs[f]};
+                    pool_run(prep_task, &pj, tt, nth);
+                    break;
+                }
         }
-#pragma omp parallel num_threads(nth)
-        {
-            if (nib) {
-#pragma omp for schedule(static)
-                for (int64_t t = 0; t < tt; t++) prep_row(kind, &w, x + (t0 + t) * in, xp + t * in, xs + t * w.ngp);
+        int64_t ntask = 0;
+        for (int j = 0; j < n; j++) {
+            part *p = &parts[j];
+            const int nib = is_nibble_kind(p->kind), f = p->kind != K_Q4;
+            p->a = (acts){nib ? xp[f] : x + t0 * in, nib ? xs[f] : NULL, p->y + t0 * p->w.out, tt};
+            /* decode: tasks of whole micro-tiles, a few per thread, sized by this matrix's share of the
+             * work; prefill: PREFILL_ROWS rows, whose weights stay in cache across x tiles */
+            int64_t rows = PREFILL_ROWS;
+            if (tt == 1) {
+                const int64_t tasks = nth == 1 ? 1 : (DECODE_TASKS_PER_THREAD * nth * p->w.out + work - 1) / work;
+                rows = (p->w.out + tasks - 1) / tasks;
+                rows = (rows + DECODE_MR - 1) / DECODE_MR * DECODE_MR;
             }
-#pragma omp for schedule(dynamic, 1)
-            for (int64_t task = 0; task < ntask; task++) {
-                const int64_t o0 = task * rows, o1 = o0 + rows < out ? o0 + rows : out;
-                run(&w, &a, o0, o1);
-            }
+            if (rows < 1) rows = 1;
+            p->rows = rows;
+            p->task0 = ntask;
+            ntask += (p->w.out + rows - 1) / rows;
         }
+        const job jb = {parts, n};
+        pool_run(run_task, &jb, ntask, nth);
     }
-    free(xp);
-    free(xs);
-    return RK_OK;
+    for (int f = 0; f < 2; f++) {
+        free(xp[f]);
+        free(xs[f]);
+    }
+    return rc;
 }
 
-/* ------------------------------------------------------------------ Python module stub */
+/* y[T, out] = x[T, in] @ W.T: rk_linear_many for one matrix, parts passed directly. */
+RK_API int rk_linear(int kind, int64_t T, int64_t out, int64_t in, const float *x, float *y,
+                     const void *p0, const void *p1, const void *p2)
+{
+    const int64_t desc[6] = {kind, out, (int64_t)(intptr_t)y, (int64_t)(intptr_t)p0, (int64_t)(intptr_t)p1,
+                             (int64_t)(intptr_t)p2};
+    return rk_linear_many(1, T, in, x, desc);
+}
 
 #ifndef RK_NO_PYTHON
-static struct PyModuleDef rk_module = {
-    PyModuleDef_HEAD_INIT,
-    .m_name = "_rkkernels",
-    .m_doc = "rkmojo kernels: plain C functions loaded with ctypes by inference.kernels._lib.",
-    .m_size = -1,
-};
-
-PyMODINIT_FUNC PyInit__rkkernels(void) { return PyModule_Create(&rk_module); }
+#include "rkpython.h"
 #endif

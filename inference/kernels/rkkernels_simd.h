@@ -1,17 +1,20 @@
 /* The vector vocabulary the kernels in rkkernels.c are written in, with one backend per ISA.
  *
- * Backends: AVX2+FMA+F16C (x86_64), NEON (aarch64), and portable C (anything else, or when built
- * with -DRK_NO_SIMD). Each defines:
- *   VL                      lanes in a vector `vf` of float32
- *   NV8 = 8 / VL            vectors that hold 8 decoded weights
- *   vf_zero, vf_set1, vf_load, vf_store, vf_add
- *   vf_fma(a, b, c)         a * b + c (fused where the ISA has it; always the same per backend)
- *   vf_hsum(v)              sum of the lanes in a fixed order
- *   dec8_f32/f16/i8(p, w)   8 weights at p as NV8 float vectors
- *   dec8_nib(p, lo, b)      8 bytes at p: their low nibbles (8 values) and the whole bytes (8 values)
- *   f16_to_f32(bits)        one IEEE half to float
+ * Backends: AVX-512 (x86_64 with F+BW), AVX2+FMA+F16C (x86_64), NEON (aarch64), and portable C
+ * (anything else, or when built with -DRK_NO_SIMD; -DRK_NO_AVX512 picks AVX2 on an AVX-512 machine).
+ * Weights decode in units of DU consecutive values (8, or 16 with AVX-512) held in NU vectors of VL
+ * float32 lanes. Each backend defines:
+ *   VL, NU, DU = NU * VL
+ *   vf_zero, vf_set1, vf_load, vf_store, vf_add, vf_mul
+ *   vf_fma(a, b, c)           a * b + c (fused where the ISA has it; always the same per backend)
+ *   vf_hsum(v)                sum of the lanes in a fixed order
+ *   decu_f32/f16/i8(p, w)     DU weights at p as NU float vectors
+ *   decu_nib(p, lo, b)        DU bytes at p: their low nibbles (DU values) and the whole bytes (DU values)
+ *   decu_f16x2_strided(p, s, n, a, b)  the half pairs at p + j*s for j < n <= DU: first halves to a,
+ *                             second to b, lanes from n on zero (and their memory untouched)
+ *   f16_to_f32(bits)          one IEEE half to float
  * Every kernel step is one of these, so the order of float operations per output element is fixed by
- * the source; it never depends on how many rows share a call (see rkkernels.c).
+ * the source and the backend; it never depends on how many rows share a call (see rkkernels.c).
  */
 #ifndef RKKERNELS_SIMD_H
 #define RKKERNELS_SIMD_H
@@ -21,11 +24,60 @@
 
 #define RK_INLINE static inline __attribute__((always_inline))
 
-#if !defined(RK_NO_SIMD) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#if !defined(RK_NO_SIMD) && !defined(RK_NO_AVX512) && defined(__AVX512F__) && defined(__AVX512BW__)
+/* ---------------------------------------------------------------- AVX-512 (F, BW) */
+#include <immintrin.h>
+#define RK_BACKEND "avx512"
+#define VL 16
+#define NU 1
+typedef __m512 vf;
+
+RK_INLINE vf vf_zero(void) { return _mm512_setzero_ps(); }
+RK_INLINE vf vf_set1(float a) { return _mm512_set1_ps(a); }
+RK_INLINE vf vf_load(const float *p) { return _mm512_loadu_ps(p); }
+RK_INLINE void vf_store(float *p, vf a) { _mm512_storeu_ps(p, a); }
+RK_INLINE vf vf_add(vf a, vf b) { return _mm512_add_ps(a, b); }
+RK_INLINE vf vf_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+RK_INLINE vf vf_fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+
+RK_INLINE float vf_hsum(vf a)
+{
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+RK_INLINE void decu_f32(const float *p, vf *w) { w[0] = _mm512_loadu_ps(p); }
+RK_INLINE void decu_f16(const uint16_t *p, vf *w) { w[0] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+RK_INLINE void decu_i8(const int8_t *p, vf *w)
+{
+    w[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+RK_INLINE void decu_nib(const uint8_t *p, vf *lo, vf *b)
+{
+    const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    lo[0] = _mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15)));
+    b[0] = _mm512_cvtepi32_ps(v);
+}
+RK_INLINE void decu_f16x2_strided(const uint8_t *p, int64_t stride, int n, vf *a, vf *b)
+{
+    const __m512i idx = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32((int)stride));
+    const __m512i v = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), (__mmask16)((1u << n) - 1), idx,
+                                                  (const void *)p, 1);
+    a[0] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v));
+    b[0] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16)));
+}
+RK_INLINE float f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
+
+#elif !defined(RK_NO_SIMD) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 /* ---------------------------------------------------------------- AVX2 + FMA + F16C */
 #include <immintrin.h>
 #define RK_BACKEND "avx2"
 #define VL 8
+#define NU 1
 typedef __m256 vf;
 
 RK_INLINE vf vf_zero(void) { return _mm256_setzero_ps(); }
@@ -33,6 +85,7 @@ RK_INLINE vf vf_set1(float a) { return _mm256_set1_ps(a); }
 RK_INLINE vf vf_load(const float *p) { return _mm256_loadu_ps(p); }
 RK_INLINE void vf_store(float *p, vf a) { _mm256_storeu_ps(p, a); }
 RK_INLINE vf vf_add(vf a, vf b) { return _mm256_add_ps(a, b); }
+RK_INLINE vf vf_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
 RK_INLINE vf vf_fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
 
 RK_INLINE float vf_hsum(vf a)
@@ -43,27 +96,28 @@ RK_INLINE float vf_hsum(vf a)
     return _mm_cvtss_f32(s);
 }
 
-RK_INLINE void dec8_f32(const float *p, vf *w) { w[0] = _mm256_loadu_ps(p); }
-RK_INLINE void dec8_f16(const uint16_t *p, vf *w)
-{
-    w[0] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-}
-RK_INLINE void dec8_i8(const int8_t *p, vf *w)
+RK_INLINE void decu_f32(const float *p, vf *w) { w[0] = _mm256_loadu_ps(p); }
+RK_INLINE void decu_f16(const uint16_t *p, vf *w) { w[0] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+RK_INLINE void decu_i8(const int8_t *p, vf *w)
 {
     w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
-RK_INLINE void dec8_nib(const uint8_t *p, vf *lo, vf *b)
+RK_INLINE void decu_nib(const uint8_t *p, vf *lo, vf *b)
 {
-#ifdef RK_MAGIC
-    __m256i v = _mm256_or_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)), _mm256_set1_epi32(0x4B000000));
-    const __m256 magic = _mm256_set1_ps(8388608.0f);
-    lo[0] = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(0x4B00000F))), magic);
-    b[0] = _mm256_sub_ps(_mm256_castsi256_ps(v), magic);
-#else
-    __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
     lo[0] = _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15)));
     b[0] = _mm256_cvtepi32_ps(v);
-#endif
+}
+RK_INLINE void decu_f16x2_strided(const uint8_t *p, int64_t stride, int n, vf *a, vf *b)
+{
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i idx = _mm256_mullo_epi32(iota, _mm256_set1_epi32((int)stride));
+    const __m256i v = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)p, idx,
+                                                  _mm256_cmpgt_epi32(_mm256_set1_epi32(n), iota), 1);
+    const __m256i lo = _mm256_and_si256(v, _mm256_set1_epi32(0xffff)), hi = _mm256_srli_epi32(v, 16);
+    const __m256i pk = _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xd8); /* lo 0-7 | hi 0-7 */
+    a[0] = _mm256_cvtph_ps(_mm256_castsi256_si128(pk));
+    b[0] = _mm256_cvtph_ps(_mm256_extracti128_si256(pk, 1));
 }
 RK_INLINE float f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
 
@@ -72,6 +126,7 @@ RK_INLINE float f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
 #include <arm_neon.h>
 #define RK_BACKEND "neon"
 #define VL 4
+#define NU 2
 typedef float32x4_t vf;
 
 RK_INLINE vf vf_zero(void) { return vdupq_n_f32(0.0f); }
@@ -79,6 +134,7 @@ RK_INLINE vf vf_set1(float a) { return vdupq_n_f32(a); }
 RK_INLINE vf vf_load(const float *p) { return vld1q_f32(p); }
 RK_INLINE void vf_store(float *p, vf a) { vst1q_f32(p, a); }
 RK_INLINE vf vf_add(vf a, vf b) { return vaddq_f32(a, b); }
+RK_INLINE vf vf_mul(vf a, vf b) { return vmulq_f32(a, b); }
 RK_INLINE vf vf_fma(vf a, vf b, vf c) { return vfmaq_f32(c, a, b); }
 
 RK_INLINE float vf_hsum(vf a)
@@ -87,24 +143,25 @@ RK_INLINE float vf_hsum(vf a)
     return vget_lane_f32(vpadd_f32(s, s), 0);
 }
 
-RK_INLINE void dec8_f32(const float *p, vf *w)
+RK_INLINE void decu_f32(const float *p, vf *w)
 {
     w[0] = vld1q_f32(p);
     w[1] = vld1q_f32(p + 4);
 }
-RK_INLINE void dec8_f16(const uint16_t *p, vf *w)
+RK_INLINE void cvt_f16x8(uint16x8_t bits, vf *w)
 {
-    float16x8_t h = vreinterpretq_f16_u16(vld1q_u16(p));
+    const float16x8_t h = vreinterpretq_f16_u16(bits);
     w[0] = vcvt_f32_f16(vget_low_f16(h));
     w[1] = vcvt_high_f32_f16(h);
 }
-RK_INLINE void dec8_i8(const int8_t *p, vf *w)
+RK_INLINE void decu_f16(const uint16_t *p, vf *w) { cvt_f16x8(vld1q_u16(p), w); }
+RK_INLINE void decu_i8(const int8_t *p, vf *w)
 {
     int16x8_t h = vmovl_s8(vld1_s8(p));
     w[0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(h)));
     w[1] = vcvtq_f32_s32(vmovl_high_s16(h));
 }
-RK_INLINE void dec8_nib(const uint8_t *p, vf *lo, vf *b)
+RK_INLINE void decu_nib(const uint8_t *p, vf *lo, vf *b)
 {
     uint16x8_t h = vmovl_u8(vld1_u8(p));
     uint16x8_t l = vandq_u16(h, vdupq_n_u16(15)); /* one op masks 8 weights */
@@ -112,6 +169,16 @@ RK_INLINE void dec8_nib(const uint8_t *p, vf *lo, vf *b)
     lo[1] = vcvtq_f32_u32(vmovl_high_u16(l));
     b[0] = vcvtq_f32_u32(vmovl_u16(vget_low_u16(h)));
     b[1] = vcvtq_f32_u32(vmovl_high_u16(h));
+}
+RK_INLINE void decu_f16x2_strided(const uint8_t *p, int64_t stride, int n, vf *a, vf *b)
+{
+    uint16_t ha[8] = {0}, hb[8] = {0};
+    for (int j = 0; j < n; j++) {
+        memcpy(ha + j, p + j * stride, 2);
+        memcpy(hb + j, p + j * stride + 2, 2);
+    }
+    cvt_f16x8(vld1q_u16(ha), a);
+    cvt_f16x8(vld1q_u16(hb), b);
 }
 RK_INLINE float f16_to_f32(uint16_t h)
 {
@@ -124,6 +191,7 @@ RK_INLINE float f16_to_f32(uint16_t h)
 /* ---------------------------------------------------------------- portable C */
 #define RK_BACKEND "scalar"
 #define VL 8
+#define NU 1
 typedef struct {
     float v[VL];
 } vf;
@@ -150,6 +218,11 @@ RK_INLINE void vf_store(float *p, vf a) { memcpy(p, a.v, sizeof a.v); }
 RK_INLINE vf vf_add(vf a, vf b)
 {
     for (int l = 0; l < VL; l++) a.v[l] += b.v[l];
+    return a;
+}
+RK_INLINE vf vf_mul(vf a, vf b)
+{
+    for (int l = 0; l < VL; l++) a.v[l] *= b.v[l];
     return a;
 }
 /* a separate multiply and add: the same on every compiler (fp-contract off, see rkkernels.c) */
@@ -184,24 +257,33 @@ RK_INLINE float f16_to_f32(uint16_t h)
     return f;
 }
 
-RK_INLINE void dec8_f32(const float *p, vf *w) { memcpy(w[0].v, p, 8 * sizeof(float)); }
-RK_INLINE void dec8_f16(const uint16_t *p, vf *w)
+RK_INLINE void decu_f32(const float *p, vf *w) { memcpy(w[0].v, p, 8 * sizeof(float)); }
+RK_INLINE void decu_f16(const uint16_t *p, vf *w)
 {
     for (int l = 0; l < 8; l++) w[0].v[l] = f16_to_f32(p[l]);
 }
-RK_INLINE void dec8_i8(const int8_t *p, vf *w)
+RK_INLINE void decu_i8(const int8_t *p, vf *w)
 {
     for (int l = 0; l < 8; l++) w[0].v[l] = (float)p[l];
 }
-RK_INLINE void dec8_nib(const uint8_t *p, vf *lo, vf *b)
+RK_INLINE void decu_nib(const uint8_t *p, vf *lo, vf *b)
 {
     for (int l = 0; l < 8; l++) {
         lo[0].v[l] = (float)(p[l] & 15);
         b[0].v[l] = (float)p[l];
     }
 }
+RK_INLINE void decu_f16x2_strided(const uint8_t *p, int64_t stride, int n, vf *a, vf *b)
+{
+    for (int l = 0; l < 8; l++) {
+        uint16_t h[2] = {0, 0};
+        if (l < n) memcpy(h, p + l * stride, 4);
+        a[0].v[l] = f16_to_f32(h[0]);
+        b[0].v[l] = f16_to_f32(h[1]);
+    }
+}
 #endif
 
-#define NV8 (8 / VL)
+#define DU (NU * VL)
 
 #endif /* RKKERNELS_SIMD_H */

@@ -11,7 +11,7 @@ setup(
         Extension(
             "inference.kernels._rkkernels",
             sources=["inference/kernels/rkkernels.c"],
-            depends=["inference/kernels/rkkernels_simd.h"],
+            depends=["inference/kernels/rkkernels_simd.h", "inference/kernels/rkpool.h", "inference/kernels/rkpython.h"],
             extra_compile_args=["-O3", "-fopenmp", "-std=c11", *arch_flags],
             extra_link_args=["-fopenmp"],
         )

@@ -35,7 +35,7 @@ def main() -> None:
         llama_cpp.llama_model_default_params = params
         llama_cpp.llama.llama_cpp.llama_model_default_params = params
     llm = llama_cpp.Llama(model_path=a.gguf, n_threads=a.threads, n_threads_batch=a.threads, n_ctx=2048,
-                          n_batch=128, verbose=False, use_mmap=True)
+                          n_batch=128, verbose=False, use_mmap=True, logits_all=True)
     prompt = [int(t) for t in a.prompt.split(",")]
     t = time.perf_counter()
     llm.eval(prompt)

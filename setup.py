@@ -1,19 +1,37 @@
-"""Builds the compiled kernels (a plain C library loaded through ctypes, see inference/kernels/)."""
+"""Builds the compiled kernels (a plain C library loaded through ctypes, see inference/kernels/).
+
+The kernels are tuned for the machine that builds them (`-march=native`, `-mcpu=native` on arm).
+RKMOJO_ARCH_FLAGS replaces that choice for a build meant for another machine, e.g. the image's
+aarch64 wheel: `RKMOJO_ARCH_FLAGS="-march=armv8-a -mtune=cortex-a76"` (see docs/image.md).
+"""
+import os
 import platform
+import shlex
 
 from setuptools import Extension, setup
 
-machine = platform.machine().lower()
-arch_flags = ["-march=native"] if machine in ("x86_64", "amd64") else ["-mcpu=native"]
+
+def arch_flags() -> list[str]:
+    given = os.environ.get("RKMOJO_ARCH_FLAGS", "").strip()
+    if given:
+        flags = shlex.split(given)
+        if not all(f.startswith("-m") for f in flags):
+            raise SystemExit(f"RKMOJO_ARCH_FLAGS={given!r}: give only -m options (-march=, -mcpu=, -mtune=)")
+        return flags
+    machine = platform.machine().lower()
+    return ["-march=native"] if machine in ("x86_64", "amd64") else ["-mcpu=native"]
+
 
 setup(
     ext_modules=[
         Extension(
             "inference.kernels._rkkernels",
             sources=["inference/kernels/rkkernels.c"],
-            depends=["inference/kernels/rkkernels_simd.h", "inference/kernels/rkpool.h", "inference/kernels/rkpython.h"],
-            extra_compile_args=["-O3", "-fopenmp", "-std=c11", *arch_flags],
+            depends=["inference/kernels/rkkernels_simd.h", "inference/kernels/rkpool.h", "inference/kernels/rkpython.h",
+                     "inference/kernels/rkattention.h"],
+            extra_compile_args=["-O3", "-fopenmp", "-std=c11", *arch_flags()],
             extra_link_args=["-fopenmp"],
+            libraries=["m"],
         )
     ]
 )

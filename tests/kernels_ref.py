@@ -53,7 +53,7 @@ def build_variant(out_dir: Path, name: str, flags: list[str]) -> Path | None:
         return None
     lib = out_dir / f"rkkernels_{name}.so"
     cmd = [cc, "-O2", "-std=c11", "-pthread", "-fPIC", "-shared", "-DRK_NO_PYTHON", *flags, str(KERNEL_SOURCE),
-           "-o", str(lib)]
+           "-o", str(lib), "-lm"]
     subprocess.run(cmd, check=True, capture_output=True)
     return lib
 
@@ -118,7 +118,7 @@ class NeonRunner:
         driver.write_text(_DRIVER_C)
         exe = out_dir / "rkkernels_neon"
         cmd = [cc, "-O2", "-std=c11", "-pthread", "-mcpu=cortex-a76", "-static", "-DRK_NO_PYTHON",
-               str(driver), str(KERNEL_SOURCE), "-o", str(exe)]
+               str(driver), str(KERNEL_SOURCE), "-o", str(exe), "-lm"]
         subprocess.run(cmd, check=True, capture_output=True)
         return cls(exe, qemu)
 

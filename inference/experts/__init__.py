@@ -27,11 +27,16 @@ class ResidentExperts:
 
     def __init__(self, store):
         self.store = store
+        self._views: dict[tuple[int, int], dict] = {}  # (layer, expert) → its tensors, made on first use
 
     def run(self, layer: int, experts, compute: Callable, during_io: Callable | None = None):
         extra = during_io() if during_io else None
         for e in experts:
-            compute(int(e), self.store.expert(layer, int(e)))
+            e = int(e)
+            w = self._views.get((layer, e))
+            if w is None:
+                w = self._views[(layer, e)] = self.store.expert(layer, e)
+            compute(e, w)
         return extra
 
     def stats(self) -> dict:

@@ -59,6 +59,28 @@ def linear_many(x: np.ndarray, ws) -> list[np.ndarray]:
     return _LIB.linear_many(x, ws)
 
 
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, kpos: np.ndarray, qpos: np.ndarray,
+              window: int | None, scale: float) -> np.ndarray:
+    """Causal, optionally windowed, grouped-query attention in float32.
+
+    Args:
+        q: queries [T, H, D] at absolute positions `qpos` [T].
+        k, v: the held keys [KV, S, D] and values [KV, S, Dv] (H a multiple of KV; query head h reads
+           KV head h // (H / KV)); rows contiguous, heads may be strided views of a larger cache.
+        kpos: [S] the position each held row stands for, −1 for an empty row.
+        window: a sliding window (a row is seen while qpos − kpos < window), or None.
+        scale: multiplies q·k before the softmax.
+
+    Returns:
+        [T, H, Dv]. Each query row sees the rows with 0 ≤ kpos ≤ its position (within the window),
+        and must see at least one.
+
+    Raises:
+        ValueError: shapes or layouts do not fit.
+    """
+    return _LIB.attention(q, k, v, kpos, qpos, window, scale)
+
+
 def embed_rows(w: QTensor, ids) -> np.ndarray:
     """Rows `ids` of the embedding matrix `w` as float32 [T, H] (only those rows are dequantized)."""
     return dequantize(w.rows(np.asarray(ids).reshape(-1)))

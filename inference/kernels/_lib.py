@@ -142,6 +142,9 @@ class KernelLib:
         lib.rk_get_threads.restype = ctypes.c_int
         lib.rk_backend.argtypes = []
         lib.rk_backend.restype = ctypes.c_char_p
+        lib.rk_attention.argtypes = [i64, i64, i64, i64, i64, i64, vp, vp, i64, vp, i64, vp, vp, i64,
+                                     ctypes.c_float, vp]
+        lib.rk_attention.restype = ctypes.c_int
         lib.rk_pool_stats.argtypes = [vp]
         lib.rk_pool_stats.restype = None
         self._lib = lib
@@ -217,6 +220,33 @@ class KernelLib:
             shapes = ", ".join(f"{w.kind} {w.shape}" for w in ws)
             raise ValueError(f"linear_many: the kernel rejected {shapes} with x {x.shape}: {_ERRORS.get(rc, rc)}")
         return ys
+
+    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, kpos: np.ndarray, qpos: np.ndarray,
+                  window: int | None, scale: float) -> np.ndarray:
+        """Causal grouped-query attention over held K/V rows (see `inference.kernels.attention`)."""
+        if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
+            raise ValueError(f"attention: q [T, H, D], k [KV, S, D], v [KV, S, Dv]; got {q.shape}, {k.shape}, {v.shape}")
+        T, H, D = q.shape
+        KV, S, Dk = k.shape
+        Dv = v.shape[2]
+        if Dk != D or v.shape[:2] != (KV, S) or H % KV or len(kpos) != S or len(qpos) != T or S == 0:
+            raise ValueError(f"attention: shapes do not fit: q {q.shape}, k {k.shape}, v {v.shape}, "
+                             f"{len(kpos)} key positions, {len(qpos)} query positions")
+        for name, a in (("k", k), ("v", v)):  # heads may be strided (a view of a longer cache); rows not
+            if a.dtype != _F32 or a.strides[2] != 4 or a.strides[1] != 4 * a.shape[2] or a.strides[0] % 4:
+                raise ValueError(f"attention: {name} must be float32 with contiguous rows, got {a.dtype} "
+                                 f"strides {a.strides}")
+        q = np.ascontiguousarray(q, dtype=_F32)
+        kpos = np.ascontiguousarray(kpos, dtype=np.int64)
+        qpos = np.ascontiguousarray(qpos, dtype=np.int64)
+        out = np.empty((T, H, Dv), _F32)
+        rc = self._lib.rk_attention(T, H, KV, D, Dv, S, _data(q), k.ctypes.data, k.strides[0] // 4, v.ctypes.data,
+                                    v.strides[0] // 4, _data(kpos), _data(qpos), int(window or 0), float(scale),
+                                    _data(out))
+        if rc:
+            raise ValueError(f"attention: the kernel rejected q {q.shape}, k {k.shape}, v {v.shape}: "
+                             f"{_ERRORS.get(rc, rc)}")
+        return out
 
     @staticmethod
     def _explain(e: Exception, x: np.ndarray, ws: tuple):

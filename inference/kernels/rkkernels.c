@@ -594,6 +594,8 @@ RK_API int rk_linear(int kind, int64_t T, int64_t out, int64_t in, const float *
     return rk_linear_many(1, T, in, x, desc);
 }
 
+#include "rkattention.h"
+
 #ifndef RK_NO_PYTHON
 #include "rkpython.h"
 #endif

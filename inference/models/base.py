@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..kernels import attention as kernel_attention
 from ..kernels import embed_rows, linear
 from ..quant import QTensor
 
@@ -176,25 +177,10 @@ def attention(q: np.ndarray, kv: LayerKV, positions: np.ndarray, scale: float) -
     """Causal (and, for sliding layers, windowed) grouped-query attention.
 
     q [T, H, D] for absolute `positions`, after this chunk's k/v were appended to `kv`.
-    Returns [T, H, Dv].
+    Returns [T, H, Dv]. Computed by the kernels (`inference.kernels.attention`).
     """
-    T, H, D = q.shape
     k, v, kpos = kv.view(int(positions[-1]))
-    n_kv = k.shape[0]
-    g = H // n_kv
-    qg = q.reshape(T, n_kv, g, D).transpose(1, 2, 0, 3).reshape(n_kv, g * T, D)  # [KV, g*T, D]
-    scores = np.matmul(qg, k.transpose(0, 2, 1)) * np.float32(scale)  # [KV, g*T, S]
-    if T > 1 or kv.window:  # a full layer's single new row sees every held row: no mask needed
-        qpos = np.tile(positions, g)  # [g*T]
-        ok = (kpos[None, :] <= qpos[:, None]) & (kpos[None, :] >= 0)
-        if kv.window:
-            ok &= kpos[None, :] > qpos[:, None] - kv.window
-        scores = np.where(ok[None], scores, np.float32(-np.inf))
-    scores -= scores.max(axis=-1, keepdims=True)
-    p = np.exp(scores)
-    p /= p.sum(axis=-1, keepdims=True)
-    out = np.matmul(p, v)  # [KV, g*T, Dv]
-    return out.reshape(n_kv, g, T, -1).transpose(2, 0, 1, 3).reshape(T, H, -1)
+    return kernel_attention(q, k, v, kpos, positions, kv.window, scale)
 
 
 # --- the model skeleton ----------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Reads a `.rkmojo` store: the manifest, dense tensors (memory-mapped), expert blobs, digests."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -26,17 +27,24 @@ class ExpertLayout:
     tensors: dict  # name → {"kind", "shape", "parts": {part: {"dtype", "shape", "offset"}}}
     digests: list[str]
 
-    def view(self, blob: np.ndarray) -> dict[str, QTensor]:
-        """Sub-tensors of one expert as views into `blob` (uint8, at least blob_size bytes)."""
-        out = {}
+    @functools.cached_property
+    def _plan(self) -> tuple:
+        """(name, kind, shape, ((part, dtype, start, end, shape), ...)) per sub-tensor, parsed once."""
+        plan = []
         for name, spec in self.tensors.items():
-            parts = {}
+            parts = []
             for pname, p in spec["parts"].items():
                 dt = np.dtype(p["dtype"])
-                n = int(np.prod(p["shape"]))
-                parts[pname] = blob[p["offset"] : p["offset"] + n * dt.itemsize].view(dt).reshape(p["shape"])
-            out[name] = QTensor(spec["kind"], tuple(spec["shape"]), parts)
-        return out
+                start = int(p["offset"])
+                parts.append((pname, dt, start, start + int(np.prod(p["shape"])) * dt.itemsize, tuple(p["shape"])))
+            plan.append((name, spec["kind"], tuple(spec["shape"]), tuple(parts)))
+        return tuple(plan)
+
+    def view(self, blob: np.ndarray) -> dict[str, QTensor]:
+        """Sub-tensors of one expert as views into `blob` (uint8, at least blob_size bytes)."""
+        blob = np.asarray(blob)  # plain ndarray views: a memmap subclass costs µs per slice
+        return {name: QTensor(kind, shape, {pname: blob[a:b].view(dt).reshape(shp) for pname, dt, a, b, shp in parts})
+                for name, kind, shape, parts in self._plan}
 
 
 class Store:

@@ -37,7 +37,7 @@ def cmd_bench(a) -> int:
     w = Workload(prompt_tokens=a.prompt_tokens, prefill_tokens=tuple(_int_list(a.prefill_tokens, "--prefill-tokens")),
                  decode_tokens=a.decode_tokens, runs=a.runs, feed=a.feed, seed=a.seed)
     o = BenchOptions(memory_budget=a.memory_budget, expert_slots=a.expert_slots, policy=a.cache_policy, io=a.io,
-                     verify_experts=a.verify_experts, threads=a.threads, workload=w,
+                     verify_experts=a.verify_experts, prefetch=a.prefetch, threads=a.threads, workload=w,
                      sweep=tuple(_int_list(a.sweep, "--sweep")), bandwidth_seconds=a.bandwidth_seconds,
                      compute_tokens=a.compute_tokens, compute_bound=not a.no_compute_bound,
                      drop_caches=not a.no_drop_caches, cgroup_memory=a.cgroup_memory)
@@ -263,6 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--cache-policy", choices=["lfu", "lru"], default="lfu")
     b.add_argument("--io", choices=["auto", "uring", "threads"], default="auto")
     b.add_argument("--verify-experts", choices=["off", "first", "always"], default="first")
+    b.add_argument("--prefetch", type=int, default=0, metavar="SLOTS",
+                   help="gate-lookahead prefetch slots per layer (default 0: off)")
     b.add_argument("--threads", type=int, default=None)
     b.add_argument("--prompt-tokens", type=int, default=128, help="prompt before each decode run (default 128)")
     b.add_argument("--prefill-tokens", default="128,1024", help="prompt lengths timed for prefill and TTFT")

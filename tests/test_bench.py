@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from inference.bench import REQUIRED_FIELDS, BenchOptions, Workload, run_bench
-from inference.bench.bounds import read_bandwidth
+from inference.bench.bounds import read_bandwidth, sustained_bandwidth
 from inference.bench.cachesim import Call, TraceRecorder, belady, replay
 from inference.bench.cgroup import ROOT, MemoryCgroup, check_limit
 from inference.bench.measure import run_workload
@@ -112,6 +112,14 @@ def test_read_bandwidth_reads_random_blobs_in_the_given_batches(tiny):
     lay = st.expert_layers[0]
     assert r["reads"] >= 5 and r["bytes"] == r["reads"] * -(-lay.blob_size // 4096) * 4096
     assert r["io"] == "threads" and r["bytes_per_s"] > 0
+
+
+def test_sustained_bandwidth_keeps_the_queue_full_and_counts_whole_blobs(tiny):
+    st = Store(tiny)
+    r = sustained_bandwidth(st, 4, seconds=0.05)
+    lay = st.expert_layers[0]
+    assert r["reads"] >= 4 and r["bytes"] == r["reads"] * -(-lay.blob_size // 4096) * 4096
+    assert r["depth"] == 4 and r["bytes_per_s"] > 0
 
 
 @pytest.mark.parametrize("size,message", [("4M", "too small"), ("four gigs", "write it like"),

@@ -18,7 +18,8 @@ import numpy as np
 from .cachesim import TraceRecorder
 
 FEEDS = ("random", "greedy")
-COUNTERS = ("requests", "hits", "misses", "bytes_read", "read_seconds")
+COUNTERS = ("requests", "hits", "misses", "bytes_read", "read_seconds", "prefetched", "prefetch_hits",
+            "prefetch_cancelled")
 
 
 @dataclass
@@ -137,6 +138,13 @@ def summarize_decode(runs: list[dict]) -> dict:
         "expert_mb_per_token": sums["bytes_read"] / tokens / 1e6,
         "io_wait_ms_per_token": sums["read_seconds"] / tokens * 1e3,
         "miss_bytes_per_token": sums["bytes_read"] / tokens,
+        "prefetched": sums["prefetched"],
+        "prefetch_recall": sums["prefetch_hits"] / sums["misses"] if sums["misses"] else None,
+        "prefetch_precision": sums["prefetch_hits"] / sums["prefetched"] if sums["prefetched"] else None,
+        # bytes_read counts the prefetches that were used; the others were read for nothing
+        "prefetch_wasted_mb_per_token": ((sums["prefetched"] - sums["prefetch_hits"] - sums["prefetch_cancelled"])
+                                         * sums["bytes_read"]
+                                         / max(1, sums["misses"]) / tokens / 1e6),
         "others_cpu_max": max(r["others_cpu"] for r in runs),
     }
 

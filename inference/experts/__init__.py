@@ -20,6 +20,7 @@ from .cache import PAGE, LayerCache, LayerStats, SlotPool
 from .io import LayerFiles, ReadRequest, ThreadReader, open_reader
 
 VERIFY_MODES = ("off", "first", "always")
+PREFETCH_WORKERS = 4  # reader threads of the prefetch (the demand reads have their own reader)
 
 
 class ResidentExperts:
@@ -77,8 +78,9 @@ class StreamingExperts:
         self.prefetch_slots = prefetch
         self.pf_pools: dict[int, SlotPool] = {}
         self.pf_pending: dict[int, dict[int, tuple]] = {}
+        self.pf_running: dict[int, list] = {}  # unused prefetch reads still landing in their slots
         if prefetch:
-            self.pf_reader = ThreadReader(LayerFiles(store, direct), workers=2)
+            self.pf_reader = ThreadReader(LayerFiles(store, direct), workers=PREFETCH_WORKERS)
             for layer, lay in self.layouts.items():
                 self.pf_pools[layer] = SlotPool(prefetch, lay.blob_size)
                 self.pf_pending[layer] = {}
@@ -88,10 +90,11 @@ class StreamingExperts:
         return bool(self.prefetch_slots)
 
     def prefetch(self, layer: int, experts) -> None:
-        """Start reading the experts layer `layer` is predicted to miss, into its prefetch slots."""
+        """Start reading the experts layer `layer` is predicted to miss (most likely first) into its
+        prefetch slots; experts already cached or being prefetched are skipped."""
         if layer not in self.pf_pools:
             return
-        self._settle_prefetch(layer)
+        self._settle_prefetch(layer, wait=True)
         cache, pool, lay = self.caches[layer], self.pf_pools[layer], self.layouts[layer]
         length = -(-lay.blob_size // PAGE) * PAGE
         todo = [int(e) for e in dict.fromkeys(experts) if int(e) not in cache.where][: pool.n]
@@ -100,10 +103,19 @@ class StreamingExperts:
             self.pf_pending[layer][e] = (r, self.pf_reader.submit([r]))
             cache.stats.prefetched += 1
 
-    def _settle_prefetch(self, layer: int) -> None:
+    def _settle_prefetch(self, layer: int, wait: bool = False) -> None:
+        """Forget the layer's unused prefetches: the queued ones are cancelled; one still running is
+        waited for only when its slot is about to be reused (`wait`), i.e. at the next prefetch."""
+        running = self.pf_running.setdefault(layer, [])
         for r, batch in self.pf_pending[layer].values():
-            batch.abandon()
+            self.caches[layer].stats.prefetch_cancelled += batch.cancel()
+            if batch.pending:
+                running.append(batch)
         self.pf_pending[layer].clear()
+        if wait:
+            for batch in running:
+                batch.abandon()
+            running.clear()
 
     def _take_prefetched(self, layer: int, misses: list[int], compute: Callable) -> list[int]:
         """Compute the misses that a prefetch already read; returns the misses still to read."""
@@ -213,7 +225,7 @@ class StreamingExperts:
 
     def close(self) -> None:
         for layer in self.pf_pending:
-            self._settle_prefetch(layer)
+            self._settle_prefetch(layer, wait=True)
         for r in [self.reader] + ([self.pf_reader] if self.prefetch_slots else []):
             r.close()
             r.files.close()

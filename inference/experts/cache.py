@@ -26,6 +26,7 @@ class LayerStats:
     evictions: int = 0
     prefetched: int = 0
     prefetch_hits: int = 0
+    prefetch_cancelled: int = 0  # prefetches dropped before their read started
 
     @property
     def hit_rate(self) -> float:

@@ -115,6 +115,13 @@ class ThreadBatch:
         wait(self.pending)
         self.pending = set()
 
+    def cancel(self) -> int:
+        """Drop the reads not started yet; how many were dropped. `pending` keeps those still running."""
+        before = len(self.pending)
+        dropped = {f for f in self.pending if f.cancel()}
+        self.pending = {f for f in self.pending - dropped if not f.done()}
+        return len(dropped) if before else 0
+
 
 class UringReader:
     """Reads through one io_uring (liburing); the ring is driven from the engine's thread only."""

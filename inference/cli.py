@@ -37,7 +37,8 @@ def cmd_bench(a) -> int:
     w = Workload(prompt_tokens=a.prompt_tokens, prefill_tokens=tuple(_int_list(a.prefill_tokens, "--prefill-tokens")),
                  decode_tokens=a.decode_tokens, runs=a.runs, feed=a.feed, seed=a.seed)
     o = BenchOptions(memory_budget=a.memory_budget, expert_slots=a.expert_slots, policy=a.cache_policy, io=a.io,
-                     verify_experts=a.verify_experts, prefetch=a.prefetch, threads=a.threads, workload=w,
+                     verify_experts=a.verify_experts, prefetch=a.prefetch, kv_dtype=a.kv_dtype,
+                     threads=a.threads, workload=w,
                      sweep=tuple(_int_list(a.sweep, "--sweep")), bandwidth_seconds=a.bandwidth_seconds,
                      compute_tokens=a.compute_tokens, compute_bound=not a.no_compute_bound,
                      drop_caches=not a.no_drop_caches, cgroup_memory=a.cgroup_memory)
@@ -77,7 +78,7 @@ def cmd_run(a) -> int:
     options = {k: v for k, v in (("threads", a.threads), ("memory_budget", a.memory_budget),
                                  ("expert_slots", a.expert_slots), ("context", a.context),
                                  ("policy", a.cache_policy), ("io", a.io), ("verify_experts", a.verify_experts),
-                                 ("prefetch", a.prefetch)) if v is not None}
+                                 ("prefetch", a.prefetch), ("kv_dtype", a.kv_dtype)) if v is not None}
     return run_chat(resolve_model(a.model), prompt=a.prompt, params=params, system=a.system,
                     show_stats=a.stats, engine_options=options)
 
@@ -218,6 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="digest check of expert blobs (default: first load of each)")
     e.add_argument("--prefetch", type=int, default=None, metavar="SLOTS",
                    help="gate-lookahead prefetch slots per layer (default 0: off)")
+    e.add_argument("--kv-dtype", choices=["f16", "f32"], default=None,
+                   help="KV cache precision (default f16: half the memory and bandwidth of f32)")
     r.set_defaults(fn=cmd_run)
 
     u = sub.add_parser("pull", help="install a model from a Hugging Face-style repository or a GGUF URL (resumable)")
@@ -265,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--verify-experts", choices=["off", "first", "always"], default="first")
     b.add_argument("--prefetch", type=int, default=0, metavar="SLOTS",
                    help="gate-lookahead prefetch slots per layer (default 0: off)")
+    b.add_argument("--kv-dtype", choices=["f16", "f32"], default="f16", help="KV cache precision (default f16)")
     b.add_argument("--threads", type=int, default=None)
     b.add_argument("--prompt-tokens", type=int, default=128, help="prompt before each decode run (default 128)")
     b.add_argument("--prefill-tokens", default="128,1024", help="prompt lengths timed for prefill and TTFT")

@@ -37,6 +37,7 @@ class EngineConfig:
     chunk: int = 128
     backend: str = "auto"
     context: int = 4096
+    kv_dtype: str = "f16"  # KV cache precision: "f16" (half the memory and bandwidth) or "f32"
 
 
 class Engine(GenerationMixin):
@@ -53,7 +54,9 @@ class Engine(GenerationMixin):
         streaming = bool(store.expert_layers) and (cfg.memory_budget is not None or cfg.expert_slots is not None)
         if streaming:
             store.load_dense()
-        self.model = load_model(store, chunk=cfg.chunk)
+        if cfg.kv_dtype not in ("f16", "f32"):
+            raise RkmojoError(f"--kv-dtype {cfg.kv_dtype}: choose f16 or f32")
+        self.model = load_model(store, chunk=cfg.chunk, kv_dtype=cfg.kv_dtype)
         self.cache = self.model.new_cache()
         self.tokens: list[int] = []  # the ids whose K/V the cache holds, in order
         self.slots = None

@@ -19,12 +19,16 @@ from .errors import RkmojoError
 from .store.format import digest_bytes
 
 MAGIC = b"RKMJPC\x00\x01"
-VERSION = 1
+VERSION = 2  # 2: the KV precision is part of the layer header
 DIGEST_BYTES = 16
 
 
 class PromptCacheError(RkmojoError):
     """A prompt-cache file that cannot be used (wrong store, truncated, corrupted, other settings)."""
+
+
+def _layer_header(l) -> dict:
+    return {"window": l.window, "cap": l.cap, "k": list(l.k.shape), "v": list(l.v.shape), "dtype": l.k.dtype.name}
 
 
 def save(path: str | os.PathLike, store_digest: str, tokens: list[int], cache) -> Path:
@@ -33,7 +37,7 @@ def save(path: str | os.PathLike, store_digest: str, tokens: list[int], cache) -
     arrays: list[np.ndarray] = [np.asarray(tokens, np.int64)]
     layers = []
     for l in cache.layers:
-        layers.append({"window": l.window, "cap": l.cap, "k": list(l.k.shape), "v": list(l.v.shape)})
+        layers.append(_layer_header(l))
         arrays += [l.pos, l.k, l.v]
     header = json.dumps({"version": VERSION, "store": store_digest, "tokens": len(tokens),
                          "offset": cache.offset, "layers": layers}).encode()
@@ -77,9 +81,10 @@ def load(path: str | os.PathLike, store_digest: str, cache) -> list[int]:
         raise PromptCacheError(f"{path}: prompt-cache version {hdr['version']} is not {VERSION}")
     if hdr["store"] != store_digest:
         raise PromptCacheError(f"{path}: prompt cache belongs to another model store; it cannot be used with this one")
-    want = [{"window": l.window, "cap": l.cap, "k": list(l.k.shape), "v": list(l.v.shape)} for l in cache.layers]
+    want = [_layer_header(l) for l in cache.layers]
     if hdr["layers"] != want:
-        raise PromptCacheError(f"{path}: prompt cache was written with other KV settings (prefill chunk size); prefill again")
+        raise PromptCacheError(f"{path}: prompt cache was written with other KV settings (prefill chunk size or "
+                               "KV precision); prefill again")
 
     def take(dtype, shape):
         nonlocal pos
@@ -88,7 +93,7 @@ def load(path: str | os.PathLike, store_digest: str, cache) -> list[int]:
         return a
 
     tokens = take(np.int64, (hdr["tokens"],)).tolist()
-    restored = [(take(np.int64, (l.cap,)), take(np.float32, l.k.shape), take(np.float32, l.v.shape)) for l in cache.layers]
+    restored = [(take(np.int64, (l.cap,)), take(l.k.dtype, l.k.shape), take(l.v.dtype, l.v.shape)) for l in cache.layers]
     for l, (p, k, v) in zip(cache.layers, restored):
         l.pos[:], l.k[...], l.v[...] = p, k, v
     cache.offset = hdr["offset"]

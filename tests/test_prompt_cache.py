@@ -69,3 +69,5 @@ def test_files_from_another_store_or_damaged_are_refused_and_the_state_kept(stor
         e.load_prompt_cache(tmp_path / "c.pc")
     with pytest.raises(PromptCacheError, match="other KV settings"):
         Engine.open(a, chunk=8).load_prompt_cache(tmp_path / "a.pc")
+    with pytest.raises(PromptCacheError, match="KV precision"):
+        Engine.open(a, kv_dtype="f32").load_prompt_cache(tmp_path / "a.pc")

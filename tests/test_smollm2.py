@@ -100,3 +100,13 @@ def test_greedy_decoding_is_token_identical_to_transformers(smollm2_store, refer
             step = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)
             pytest.fail(f"prompt of {len(ids)} tokens: step {step} engine {got[step]} vs transformers {want[step]} "
                         f"(transformers' top-2 margin there: {margins[step]:.2e})")
+
+
+def test_a_half_precision_kv_cache_keeps_greedy_decoding(smollm2_store, prompts):
+    """The engine's default f16 KV cache against f32 on the real model: the same greedy tokens."""
+    half, full = load_model(smollm2_store, kv_dtype="f16"), load_model(smollm2_store)
+    for ids in prompts:
+        got, p_half = engine_greedy(half, ids, NEW_TOKENS)
+        want, p_full = engine_greedy(full, ids, NEW_TOKENS)
+        assert got == want
+        assert np.max(np.abs(p_half - p_full)) < 0.005 * (p_full.max() - p_full.min())

@@ -56,6 +56,7 @@ class BenchOptions:
     io: str = "auto"
     verify_experts: str = "first"
     prefetch: int = 0
+    kv_dtype: str = "f16"
     threads: int | None = None
     chunk: int = 128
     workload: Workload = field(default_factory=Workload)
@@ -69,7 +70,7 @@ class BenchOptions:
     def engine_kw(self) -> dict:
         return {"memory_budget": self.memory_budget, "expert_slots": self.expert_slots, "policy": self.policy,
                 "io": self.io, "verify_experts": self.verify_experts, "prefetch": self.prefetch, "threads": self.threads,
-                "chunk": self.chunk}
+                "chunk": self.chunk, "kv_dtype": self.kv_dtype}
 
     @classmethod
     def from_dict(cls, d: dict) -> "BenchOptions":
@@ -95,7 +96,7 @@ def child_streaming(store: Path, o: BenchOptions) -> dict:
     out["engine"] = {"slots": engine.slots, "policy": o.policy if rec else None, "io": st.get("io"),
                      "verify_experts": o.verify_experts if rec else None, "threads": get_threads(),
                      "memory_budget": engine.cfg.memory_budget, "chunk": o.chunk,
-                     "prefetch": o.prefetch if rec else None}
+                     "prefetch": o.prefetch if rec else None, "kv_dtype": o.kv_dtype}
     out["peak_rss_bytes"] = peak_rss_bytes()
     if rec is not None:
         out["trace"] = [[c.phase, c.layer, list(c.experts), c.misses] for c in rec.calls]
@@ -125,7 +126,7 @@ def child_compute(store: Path, o: BenchOptions) -> dict:
     if avail < need:
         return {"mode": "skipped", "reason": f"needs {need / GiB:.1f} GiB of free RAM for the whole store, "
                                              f"{avail / GiB:.1f} GiB available"}
-    engine = Engine.open(store, threads=o.threads, chunk=o.chunk)
+    engine = Engine.open(store, threads=o.threads, chunk=o.chunk, kv_dtype=o.kv_dtype)
     t = time.perf_counter()
     warm(engine.store)
     warm_s = time.perf_counter() - t

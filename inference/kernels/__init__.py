@@ -65,8 +65,9 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, kpos: np.ndarray, qpo
 
     Args:
         q: queries [T, H, D] at absolute positions `qpos` [T].
-        k, v: the held keys [KV, S, D] and values [KV, S, Dv] (H a multiple of KV; query head h reads
-           KV head h // (H / KV)); rows contiguous, heads may be strided views of a larger cache.
+        k, v: the held keys [KV, S, D] and values [KV, S, Dv], both float32 or both float16 (H a multiple
+           of KV; query head h reads KV head h // (H / KV)); rows contiguous, heads may be strided views
+           of a larger cache.
         kpos: [S] the position each held row stands for, −1 for an empty row.
         window: a sliding window (a row is seen while qpos − kpos < window), or None.
         scale: multiplies q·k before the softmax.

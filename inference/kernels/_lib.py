@@ -27,6 +27,7 @@ BUILD_HINT = "build it with `pip install -e .` (or `python setup.py build_ext --
 _KIND_CODES = {kind: code for code, kind in enumerate(KINDS)}
 _ERRORS = {1: "invalid kind or shape", 2: "out of memory for the activation scratch"}
 _F32 = np.dtype(np.float32)
+_F16 = np.dtype(np.float16)
 MAX_MATRICES = 16  # per linear_many call (MAX_MATRICES in rkkernels.c)
 
 # An ndarray's data pointer sits right after the object header (PyArrayObject: PyObject_HEAD, then
@@ -142,7 +143,7 @@ class KernelLib:
         lib.rk_get_threads.restype = ctypes.c_int
         lib.rk_backend.argtypes = []
         lib.rk_backend.restype = ctypes.c_char_p
-        lib.rk_attention.argtypes = [i64, i64, i64, i64, i64, i64, vp, vp, i64, vp, i64, vp, vp, i64,
+        lib.rk_attention.argtypes = [i64, i64, i64, i64, i64, i64, vp, ctypes.c_int, vp, i64, vp, i64, vp, vp, i64,
                                      ctypes.c_float, vp]
         lib.rk_attention.restype = ctypes.c_int
         lib.rk_pool_stats.argtypes = [vp]
@@ -232,17 +233,19 @@ class KernelLib:
         if Dk != D or v.shape[:2] != (KV, S) or H % KV or len(kpos) != S or len(qpos) != T or S == 0:
             raise ValueError(f"attention: shapes do not fit: q {q.shape}, k {k.shape}, v {v.shape}, "
                              f"{len(kpos)} key positions, {len(qpos)} query positions")
+        if k.dtype != v.dtype or k.dtype not in (_F32, _F16):
+            raise ValueError(f"attention: k and v must both be float32 or both float16, got {k.dtype} and {v.dtype}")
         for name, a in (("k", k), ("v", v)):  # heads may be strided (a view of a longer cache); rows not
-            if a.dtype != _F32 or a.strides[2] != 4 or a.strides[1] != 4 * a.shape[2] or a.strides[0] % 4:
-                raise ValueError(f"attention: {name} must be float32 with contiguous rows, got {a.dtype} "
-                                 f"strides {a.strides}")
+            n = a.itemsize
+            if a.strides[2] != n or a.strides[1] != n * a.shape[2] or a.strides[0] % n:
+                raise ValueError(f"attention: {name} must have contiguous rows, got strides {a.strides}")
         q = np.ascontiguousarray(q, dtype=_F32)
         kpos = np.ascontiguousarray(kpos, dtype=np.int64)
         qpos = np.ascontiguousarray(qpos, dtype=np.int64)
         out = np.empty((T, H, Dv), _F32)
-        rc = self._lib.rk_attention(T, H, KV, D, Dv, S, _data(q), k.ctypes.data, k.strides[0] // 4, v.ctypes.data,
-                                    v.strides[0] // 4, _data(kpos), _data(qpos), int(window or 0), float(scale),
-                                    _data(out))
+        rc = self._lib.rk_attention(T, H, KV, D, Dv, S, _data(q), int(k.dtype == _F16), k.ctypes.data,
+                                    k.strides[0] // k.itemsize, v.ctypes.data, v.strides[0] // v.itemsize, _data(kpos),
+                                    _data(qpos), int(window or 0), float(scale), _data(out))
         if rc:
             raise ValueError(f"attention: the kernel rejected q {q.shape}, k {k.shape}, v {v.shape}: "
                              f"{_ERRORS.get(rc, rc)}")

@@ -101,18 +101,23 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
 
 
 # --- KV cache --------------------------------------------------------------------------------
+KV_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16)}
+
+
 class LayerKV:
     """Keys and values of one attention layer.
 
     Full layers keep every position (grown in steps); sliding layers are a ring of
     `window + chunk` rows, enough for any chunk of ≤ `chunk` new rows to see its whole window.
+    Stored as float32 or float16 (`dtype`; keys and values are rounded to it as they are appended).
     """
 
-    def __init__(self, n_kv: int, head_dim: int, window: int | None, chunk: int, v_dim: int | None = None):
+    def __init__(self, n_kv: int, head_dim: int, window: int | None, chunk: int, v_dim: int | None = None,
+                 dtype=np.float32):
         self.window = window
         self.cap = window + chunk if window else max(chunk, 256)
-        self.k = np.zeros((n_kv, self.cap, head_dim), np.float32)
-        self.v = np.zeros((n_kv, self.cap, v_dim or head_dim), np.float32)
+        self.k = np.zeros((n_kv, self.cap, head_dim), dtype)
+        self.v = np.zeros((n_kv, self.cap, v_dim or head_dim), dtype)
         self.pos = np.full(self.cap, -1, np.int64)  # position held by each row (−1: empty)
 
     def append(self, k: np.ndarray, v: np.ndarray, positions: np.ndarray) -> None:
@@ -131,7 +136,7 @@ class LayerKV:
     def _grow(self, cap: int) -> None:
         for name in ("k", "v"):
             old = getattr(self, name)
-            new = np.zeros((old.shape[0], cap, old.shape[2]), np.float32)
+            new = np.zeros((old.shape[0], cap, old.shape[2]), old.dtype)
             new[:, : self.cap] = old
             setattr(self, name, new)
         self.pos = np.concatenate([self.pos, np.full(cap - self.cap, -1, np.int64)])
@@ -195,10 +200,13 @@ class Transformer:
     final_softcap: float | None = None
     norm_plus_one: bool = False
 
-    def __init__(self, args, store, *, chunk: int = 128):
+    def __init__(self, args, store, *, chunk: int = 128, kv_dtype: str = "f32"):
+        if kv_dtype not in KV_DTYPES:
+            raise ValueError(f"KV precision {kv_dtype!r}: choose one of {', '.join(KV_DTYPES)}")
         self.args = args
         self.store = store
         self.chunk = chunk
+        self.kv_dtype = KV_DTYPES[kv_dtype]
         self.embed = store.dense("embed")
         self.lm_head = store.dense("lm_head") if store.has("lm_head") else self.embed
         self.norm = self.vec("norm")

@@ -168,7 +168,7 @@ class Model(Transformer):
     def new_cache(self) -> KVCache:
         a = self.args
         return KVCache([LayerKV(a.attn_dims(i)[1], a.attn_dims(i)[0],
-                                a.sliding_window if a.is_sliding(i) else None, self.chunk)
+                                a.sliding_window if a.is_sliding(i) else None, self.chunk, dtype=self.kv_dtype)
                         for i in range(a.num_hidden_layers)])
 
     def route(self, i: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

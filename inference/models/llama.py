@@ -78,7 +78,7 @@ class Model(Transformer):
 
     def new_cache(self) -> KVCache:
         a = self.args
-        return KVCache([LayerKV(a.num_key_value_heads, a.head_dim, None, self.chunk)
+        return KVCache([LayerKV(a.num_key_value_heads, a.head_dim, None, self.chunk, dtype=self.kv_dtype)
                         for _ in range(a.num_hidden_layers)])
 
     def layer(self, i: int, h: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:

@@ -61,7 +61,8 @@ class Engine(GenerationMixin):
         self.tokens: list[int] = []  # the ids whose K/V the cache holds, in order
         self.slots = None
         if streaming:
-            self.slots = plan_slots(store, kv_bytes(self.cache, cfg.context), cfg.memory_budget, cfg.expert_slots)
+            self.slots = plan_slots(store, kv_bytes(self.cache, cfg.context), cfg.memory_budget, cfg.expert_slots,
+                                    int(cfg.prefetch))
             self.model.experts = StreamingExperts(store, self.slots, policy=cfg.policy, io=cfg.io,
                                                   verify=cfg.verify_experts, prefetch=int(cfg.prefetch))
 
@@ -141,8 +142,9 @@ def expert_slot_bytes(store) -> int:
     return sum(-(-lay.blob_size // PAGE) * PAGE for lay in store.expert_layers.values())
 
 
-def plan_slots(store, kv: int, budget: int | None, slots: int | None) -> int:
-    """Expert slots per layer: given, or derived from the budget after dense + KV + runtime overhead.
+def plan_slots(store, kv: int, budget: int | None, slots: int | None, prefetch: int = 0) -> int:
+    """Expert slots per layer: given, or derived from the budget after dense + KV + runtime overhead
+    (and the `prefetch` slots per layer, when gate-lookahead prefetch is on).
 
     Raises:
         RkmojoError: the budget cannot hold dense + KV + 8 slots per layer (states the minimum).
@@ -151,13 +153,14 @@ def plan_slots(store, kv: int, budget: int | None, slots: int | None) -> int:
     per_slot = expert_slot_bytes(store)  # one slot in every MoE layer
     n_experts = max(l.n_experts for l in store.expert_layers.values())
     need = min(MIN_SLOTS, n_experts)
-    fixed = dense + kv + RUNTIME_OVERHEAD
+    fixed = dense + kv + RUNTIME_OVERHEAD + prefetch * per_slot
     if budget is not None:
         fit = (budget - fixed) // per_slot
         if slots is None and fit < need:
             raise RkmojoError(
                 f"memory budget {budget / 2**30:.2f} GiB cannot hold this store's dense weights, KV cache and "
-                f"{need} expert slots per layer; the minimum for {store.path.name} is "
+                f"{need} expert slots per layer{f' (+ {prefetch} prefetch slots)' if prefetch else ''}; "
+                f"the minimum for {store.path.name} is "
                 f"{(fixed + need * per_slot) / 2**30:.2f} GiB"
             )
         if slots is not None and slots > fit:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..kernels import linear
+from ..kernels import linear, linear_many
 from .base import (ACTIVATIONS, BaseArgs, KVCache, LayerKV, Transformer, apply_rope, attention, rms_norm,
                    rope_inv_freq)
 from ..experts import ResidentExperts
@@ -186,9 +186,10 @@ class Model(Transformer):
         D = a.attn_dims(i)[0]
         x = rms_norm(h, Lw["attn_norm"], eps)
         cos, sin = self.rope(positions, self.inv_freq[a.layer_types[i]])
-        q = rms_norm(linear(x, Lw["q"]).reshape(T, -1, D), Lw["attn.q_norm"], eps)  # [T, Hq, D]
-        k_raw = linear(x, Lw["k"]).reshape(T, -1, D)  # [T, Hkv, D]
-        v = k_raw if Lw["v"] is None else linear(x, Lw["v"]).reshape(T, -1, D)
+        qkv = linear_many(x, [w for w in (Lw["q"], Lw["k"], Lw["v"]) if w is not None])  # one call: shared x
+        q = rms_norm(qkv[0].reshape(T, -1, D), Lw["attn.q_norm"], eps)  # [T, Hq, D]
+        k_raw = qkv[1].reshape(T, -1, D)  # [T, Hkv, D]
+        v = k_raw if Lw["v"] is None else qkv[2].reshape(T, -1, D)
         k = apply_rope(rms_norm(k_raw, Lw["attn.k_norm"], eps), cos, sin)
         v = rms_norm(v, None, eps)
         cache.layers[i].append(k, v, positions)

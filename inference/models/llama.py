@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..kernels import linear
+from ..kernels import linear, linear_many
 from .base import (BaseArgs, KVCache, LayerKV, Transformer, apply_rope, attention, rms_norm,
                    rope_inv_freq, silu)
 from .moe import expert_mlp
@@ -86,9 +86,10 @@ class Model(Transformer):
         T, D = h.shape[0], a.head_dim
         x = rms_norm(h, L["attn_norm"], a.rms_norm_eps)
         cos, sin = self.rope(positions, self.inv_freq)
-        q = apply_rope(linear(x, L["q"]).reshape(T, -1, D), cos, sin)  # [T, Hq, D]
-        k = apply_rope(linear(x, L["k"]).reshape(T, -1, D), cos, sin)  # [T, Hkv, D]
-        v = linear(x, L["v"]).reshape(T, -1, D)
+        q, k, v = linear_many(x, (L["q"], L["k"], L["v"]))  # one kernel call: they share x
+        q = apply_rope(q.reshape(T, -1, D), cos, sin)  # [T, Hq, D]
+        k = apply_rope(k.reshape(T, -1, D), cos, sin)  # [T, Hkv, D]
+        v = v.reshape(T, -1, D)
         cache.layers[i].append(k, v, positions)
         o = attention(q, cache.layers[i], positions, D**-0.5).reshape(T, -1)
         h = h + linear(o, L["o"])

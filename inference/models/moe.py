@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..kernels import linear
+from ..kernels import linear, linear_many
 from ..quant import QTensor
 
 
@@ -29,7 +29,8 @@ def top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 def expert_mlp(x: np.ndarray, w: dict[str, QTensor], act: Callable) -> np.ndarray:
     """One gated MLP: down(act(gate(x)) × up(x)). x [n, H] → [n, H]."""
-    return linear(act(linear(x, w["gate"])) * linear(x, w["up"]), w["down"])
+    g, u = linear_many(x, (w["gate"], w["up"]))  # one kernel call: both read the same x
+    return linear(act(g) * u, w["down"])
 
 
 def mixture(x: np.ndarray, idx: np.ndarray, weights: np.ndarray, layer: int, source, act: Callable,

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..kernels import linear
+from ..kernels import linear, linear_many
 from . import qwen3_moe
 from .base import KVCache, apply_rope, attention, rms_norm
 
@@ -37,9 +37,9 @@ class Model(qwen3_moe.Model):
         """Self-attention with q/k RMSNorm over the whole projection and optional clipping."""
         a, Lw = self.args, self.layers[i]
         T, D = x.shape[0], a.head_dim
-        q = rms_norm(linear(x, Lw["q"]), Lw["q_norm"], a.rms_norm_eps)  # [T, Hq·D]
-        k = rms_norm(linear(x, Lw["k"]), Lw["k_norm"], a.rms_norm_eps)  # [T, Hkv·D]
-        v = linear(x, Lw["v"])
+        q, k, v = linear_many(x, (Lw["q"], Lw["k"], Lw["v"]))  # one kernel call: they share x
+        q = rms_norm(q, Lw["q_norm"], a.rms_norm_eps)  # [T, Hq·D]
+        k = rms_norm(k, Lw["k_norm"], a.rms_norm_eps)  # [T, Hkv·D]
         if a.clip_qkv is not None:
             q, k, v = (np.clip(t, -a.clip_qkv, a.clip_qkv) for t in (q, k, v))
         cos, sin = self.rope(positions, self.inv_freq)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..kernels import linear
+from ..kernels import linear, linear_many
 from . import llama
 from .base import KVCache, LayerKV, Transformer, apply_rope, attention, rms_norm, rope_inv_freq, silu
 from ..experts import ResidentExperts
@@ -112,9 +112,10 @@ class Model(Transformer):
         a, Lw = self.args, self.layers[i]
         T, D = x.shape[0], a.head_dim
         cos, sin = self.rope(positions, self.inv_freq)
-        q = rms_norm(linear(x, Lw["q"]).reshape(T, -1, D), Lw["q_norm"], a.rms_norm_eps)
-        k = rms_norm(linear(x, Lw["k"]).reshape(T, -1, D), Lw["k_norm"], a.rms_norm_eps)
-        v = linear(x, Lw["v"]).reshape(T, -1, D)
+        q, k, v = linear_many(x, (Lw["q"], Lw["k"], Lw["v"]))  # one kernel call: they share x
+        q = rms_norm(q.reshape(T, -1, D), Lw["q_norm"], a.rms_norm_eps)
+        k = rms_norm(k.reshape(T, -1, D), Lw["k_norm"], a.rms_norm_eps)
+        v = v.reshape(T, -1, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         cache.layers[i].append(k, v, positions)
         return linear(attention(q, cache.layers[i], positions, D**-0.5).reshape(T, -1), Lw["o"])

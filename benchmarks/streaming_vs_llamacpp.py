@@ -72,10 +72,12 @@ def main(argv=None) -> int:
     p.add_argument("--llama-tokens", type=int, default=5, help="llama.cpp decode tokens (it runs at ~0.1 tok/s)")
     p.add_argument("--llama-python", default=LLAMA_PYTHON)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--prefetch", type=int, default=0, metavar="SLOTS",
+                   help="rkmojo's gate-lookahead prefetch slots per layer (paid for out of the same budget)")
     p.add_argument("--json")
     a = p.parse_args(argv)
 
-    out = {"memory": a.memory, "llama_cpp_via": a.llama_python}
+    out = {"memory": a.memory, "llama_cpp_via": a.llama_python, "prefetch": a.prefetch}
 
     def save() -> None:  # after every stage, so a failure late in a long run keeps what was measured
         if a.json:
@@ -85,7 +87,8 @@ def main(argv=None) -> int:
     print(f"rkmojo, {a.memory} cgroup, budget {a.memory}:")
     w = Workload(decode_tokens=a.decode_tokens, runs=a.runs,
                  prefill_tokens=tuple(int(x) for x in a.prefill_tokens.split(",")))
-    out["rkmojo"] = rkmojo(a.store, a.memory, w, threads=a.threads, compute_tokens=a.compute_tokens)
+    out["rkmojo"] = rkmojo(a.store, a.memory, w, threads=a.threads, compute_tokens=a.compute_tokens,
+                           prefetch=a.prefetch)
     save()
     print(f"llama.cpp ({a.llama_python} {LLAMA_DRIVER}), {a.memory} cgroup, {a.llama_tokens} tokens:")
     out["llama_cpp"] = llama_decode(a.gguf, a.llama_tokens, a.memory, a.llama_python, a.threads or os.cpu_count())
@@ -99,7 +102,7 @@ def main(argv=None) -> int:
     for size in [s for s in a.curve.split(",") if s.strip()]:
         print(f"rkmojo curve point: {size} cgroup, budget {size}:")
         r = rkmojo(a.store, size, Workload(prefill_tokens=(128,), decode_tokens=a.curve_decode_tokens, runs=1),
-                   threads=a.threads, compute_bound=False)
+                   threads=a.threads, compute_bound=False, prefetch=a.prefetch)
         out["curve"].append({"memory": size, "slots": r["engine"]["slots"], "tok_s": r["decode"]["tok_s"],
                              "hit_rate": r["decode"]["hit_rate"], "peak_rss_bytes": r["peak_rss_bytes"],
                              "cgroup": r["cgroup"], "io_bound_tok_s": r["bounds"]["io_bound_tok_s"],

@@ -7,7 +7,7 @@ load drifts hit both sides alike; the median of the rounds is reported with the 
         --llama-python /path/to/venv-with-llama-cpp-python/bin/python
 
 rkmojo runs the store converted from the same GGUF (`python -m inference.demo install`); llama.cpp
-runs in a child process (`benchmarks/llamacpp_decode.py`, the optional `bench` extra).
+runs in a child process (`benchmarks/llamacpp_decode.py`, in a venv with llama-cpp-python==0.3.36).
 """
 from __future__ import annotations
 

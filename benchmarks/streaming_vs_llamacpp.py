@@ -4,7 +4,7 @@
   store, its streaming part inside a cgroup-v1 memory limit, `--memory-budget` set to the same size
   (the engine derives its expert slots from it).
 - llama.cpp: this script shells out to a separate Python that has llama-cpp-python (default
-  /work/llamavenv/bin/python; the project's optional `bench` extra) and runs our driver
+  /work/llamavenv/bin/python, a venv with llama-cpp-python==0.3.36) and runs our driver
   `benchmarks/llamacpp_decode.py --no-repack` (decode by token ids, mmap, weights not repacked)
   inside a cgroup of the same size, on a Q4_0 GGUF of the same shapes
   (/work/shared/tools/synth_qwen3moe_gguf.py). The driver decodes greedily, which can only help

@@ -8,6 +8,7 @@ import transformers
 from inference.convert import convert
 from inference.engine import Engine
 from inference.errors import ModelFormatError, RkmojoError
+from inference.experts.io import uring_problem
 from parity import build_checkpoint
 from test_parity import gemma4, olmoe, qwen3_moe
 
@@ -38,6 +39,8 @@ def ids_for(store, n=72, seed=1):
                                                       (3, "lfu", "threads", 4), (2, "lfu", "uring", 2),
                                                       (16, "lfu", "uring", 0)])
 def test_streamed_logits_are_bit_identical_to_resident(moe_store, slots, policy, io, prefetch):
+    if io == "uring" and uring_problem():
+        pytest.skip(f"io_uring cannot be used here: {uring_problem()}")
     ids = ids_for(moe_store)
     resident = run_tokens(Engine.open(moe_store, chunk=16), ids, 40)
     e = Engine.open(moe_store, chunk=16, expert_slots=slots, policy=policy, io=io, prefetch=prefetch)
@@ -130,3 +133,29 @@ def test_a_prompt_sharing_a_prefix_only_prefills_the_rest(moe_store):
     want, _ = fresh.prefill(ids[:40] + ids[50:60])
     # chunk boundaries differ (40 + 10 rows vs 50), so float sums may differ in the last bits
     np.testing.assert_allclose(logits, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture
+def crashing_liburing(tmp_path, monkeypatch):
+    """A `liburing` that dies with SIGILL when it sets up a ring, as the 2026 wheels do on CPUs
+    without AVX-512; it shadows the installed one for the probe's child process."""
+    (tmp_path / "liburing.py").write_text(
+        "import os, signal\n"
+        "class Ring:\n"
+        "    def __init__(self):\n"
+        "        os.kill(os.getpid(), signal.SIGILL)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    uring_problem.cache_clear()
+    yield
+    uring_problem.cache_clear()
+
+
+def test_a_liburing_that_crashes_the_cpu_is_not_used_and_uring_is_refused_by_name(moe_store, crashing_liburing):
+    problem = uring_problem()
+    assert problem and "SIGILL" in problem
+    with pytest.raises(RkmojoError, match=r"io_uring is not available here \(the liburing package dies with "
+                                          r"SIGILL.*use --io threads"):
+        Engine.open(moe_store, chunk=16, expert_slots=2, io="uring")
+    e = Engine.open(moe_store, chunk=16, expert_slots=2, io="auto")  # falls back to the thread pool
+    assert e.expert_stats["io"] == "threads"
+    assert np.isfinite(e.forward([1, 2, 3])).all()

@@ -2,7 +2,8 @@
 
 Two paths with one interface (`submit` → `Batch.completed()`):
 - io_uring through the `liburing` package (python-liburing), where the package imports and the
-  kernel lets us set up a ring;
+  kernel lets us set up a ring (tried once per process in a child process: some wheels of it crash
+  CPUs without AVX-512);
 - a thread pool of `os.preadv` (the GIL is released during the syscall).
 Files are opened with `O_DIRECT` (slots are page-aligned, offsets 16 KiB-aligned, lengths rounded
 to pages). Where the filesystem refuses `O_DIRECT` (tmpfs), reads are buffered and followed by
@@ -11,7 +12,11 @@ to pages). Where the filesystem refuses `O_DIRECT` (tmpfs), reads are buffered a
 from __future__ import annotations
 
 import errno
+import functools
 import os
+import signal
+import subprocess
+import sys
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
@@ -202,6 +207,35 @@ class UringBatch:
             self.mine.discard(rid)
 
 
+_URING_PROBE = ("import liburing\n"
+                "r = liburing.Ring()\n"
+                "liburing.io_uring_queue_init(4, r, 0)\n"
+                "liburing.io_uring_queue_exit(r)\n")
+
+
+@functools.cache
+def uring_problem() -> str | None:
+    """Why io_uring cannot be used in this process, or None when it can.
+
+    Asked once per process, in a child process: a `liburing` wheel built for newer CPUs than this one
+    (the 2026 releases use AVX-512 instructions) kills the interpreter with SIGILL when it sets up a
+    ring, which no `except` can catch.
+    """
+    try:
+        r = subprocess.run([sys.executable, "-c", _URING_PROBE], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"the io_uring probe did not run: {e}"
+    if r.returncode == 0:
+        return None
+    if r.returncode < 0:
+        sig = signal.Signals(-r.returncode).name
+        hint = " (its build needs CPU instructions this CPU lacks)" if sig == "SIGILL" else ""
+        return f"the liburing package dies with {sig} on this machine{hint}"
+    last = (r.stderr.strip().splitlines() or ["no message"])[-1]
+    return f"liburing: {last}"
+
+
 def open_reader(store, mode: str = "auto", *, direct: bool = True):
     """The reader for `mode` (`auto` prefers io_uring and falls back to threads).
 
@@ -210,8 +244,11 @@ def open_reader(store, mode: str = "auto", *, direct: bool = True):
     """
     if mode not in IO_MODES:
         raise RkmojoError(f"--io {mode}: choose one of {', '.join(IO_MODES)}")
+    problem = uring_problem() if mode in ("auto", "uring") else None
+    if mode == "uring" and problem:
+        raise RkmojoError(f"io_uring is not available here ({problem}); use --io threads")
     files = LayerFiles(store, direct)
-    if mode in ("auto", "uring"):
+    if mode in ("auto", "uring") and not problem:
         try:
             return UringReader(files)
         except (ImportError, OSError) as e:

@@ -133,6 +133,9 @@ RKMOJO = {
     # how often a worker refreshes its registration, and when a silent one counts as gone
     "HEARTBEAT": env_duration("RKMOJO_HEARTBEAT", 1.0),
     "HEARTBEAT_TTL": env_duration("RKMOJO_HEARTBEAT_TTL", 4.0),
+    # the one-time token /setup/ takes to create the first administrator (a flashed board's firstboot
+    # writes it); empty: no setup page
+    "SETUP_TOKEN_FILE": env_str("RKMOJO_SETUP_TOKEN_FILE", ""),
 }
 
 LOGGING = {

@@ -1,8 +1,10 @@
 from django.urls import path
 
+from . import setup_page
 from .api import ollama, openai
 
 urlpatterns = [
+    path("setup/", setup_page.setup),
     path("v1/chat/completions", openai.chat_completions),
     path("v1/completions", openai.completions),
     path("v1/embeddings", openai.embeddings),

@@ -37,7 +37,7 @@ class Stack:
         self.env = processes.base_env(
             RKMOJO_DATA=str(self.data), REDIS_URL=self.redis_url, RKMOJO_API_KEYS="always", RKMOJO_THREADS="1",
             OMP_NUM_THREADS="1", RKMOJO_CONTEXT="512", RKMOJO_PRELOAD=MODEL, RKMOJO_WORKER_NAME="board-a",
-            RKMOJO_NO_WORKER_TIMEOUT="30")
+            RKMOJO_NO_WORKER_TIMEOUT="30", RKMOJO_SETUP_TOKEN_FILE=str(base / "setup-token"))
         subprocess.run(processes.migrate_argv(), env=self.env, cwd=ROOT, check=True)
         self.key = subprocess.run([sys.executable, "-m", "django", "apikey", "create", "tests"], env=self.env,
                                   cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()

@@ -1,0 +1,83 @@
+"""The first administrator, created once through `/setup/` with the board's one-time setup token.
+
+A flashed board has no account and no password. At first boot `rkmojo-firstboot` (provisioning's
+firstboot role) writes a random token to the file `RKMOJO_SETUP_TOKEN_FILE` names and shows it on the
+console. Whoever holds it opens `/setup/`, gives it with a user name and a password, and gets a
+superuser for the admin pages. The page then closes for good: it answers 410 once any superuser exists
+(however it was made) or `DATA_DIR/setup-done` is there, which it writes so that the next boot
+removes the token file and stops showing it. Without a token file the page is a 404 (`rkmojo up` on a
+PC: use `python -m django createsuperuser`).
+"""
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+from django import forms
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.forms import UserCreationForm
+from django.db import transaction
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_http_methods
+
+DONE_MARKER = "setup-done"
+
+
+class SetupForm(UserCreationForm):
+    token = forms.CharField(label="Setup token", strip=True, help_text="as the board's console showed it",
+                            widget=forms.TextInput(attrs={"autocomplete": "off", "autofocus": True}))
+    field_order = ["token", "username", "password1", "password2"]
+
+
+def _token() -> str | None:
+    """The setup token from its file; None when setup by token is off or the file is gone."""
+    name = settings.RKMOJO["SETUP_TOKEN_FILE"]
+    if not name:
+        return None
+    try:
+        token = Path(name).read_text().strip()
+    except FileNotFoundError:
+        return None
+    return token or None
+
+
+def _closed() -> bool:
+    """Setup is over once a superuser exists; the marker tells rkmojo-firstboot to drop the token."""
+    marker = settings.DATA_DIR / DONE_MARKER
+    if get_user_model().objects.filter(is_superuser=True).exists():
+        marker.touch(exist_ok=True)
+        return True
+    return marker.exists()
+
+
+def _page(request: HttpRequest, form: SetupForm, status: int = 200) -> HttpResponse:
+    return render(request, "webui/setup.html", {"form": form}, status=status)
+
+
+@require_http_methods(["GET", "POST"])
+def setup(request: HttpRequest) -> HttpResponse:
+    """GET: the form. POST: with the right token, create the superuser and go to the admin pages."""
+    token = _token()
+    if token is None:
+        raise Http404("this appliance has no setup token; create an administrator with "
+                      "`rkmojo manage createsuperuser`")
+    if _closed():
+        return render(request, "webui/setup.html", {"closed": True}, status=410)
+    if request.method == "GET":
+        return _page(request, SetupForm())
+    form = SetupForm(request.POST)
+    if not form.is_valid():
+        return _page(request, form, 400)
+    if not secrets.compare_digest(form.cleaned_data["token"].encode(), token.encode()):
+        form.add_error("token", "This is not the setup token shown on the board's console.")
+        return _page(request, form, 403)
+    with transaction.atomic():  # an IMMEDIATE transaction on SQLite: one of two racing requests wins
+        if _closed():
+            return render(request, "webui/setup.html", {"closed": True}, status=410)
+        user = form.save(commit=False)
+        user.is_staff = user.is_superuser = True
+        user.save()
+    (settings.DATA_DIR / DONE_MARKER).touch(exist_ok=True)
+    return redirect("/admin/")

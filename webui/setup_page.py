@@ -5,8 +5,9 @@ firstboot role) writes a random token to the file `RKMOJO_SETUP_TOKEN_FILE` name
 console. Whoever holds it opens `/setup/`, gives it with a user name and a password, and gets a
 superuser for the admin pages. The page then closes for good: it answers 410 once any superuser exists
 (however it was made) or `DATA_DIR/setup-done` is there, which it writes so that the next boot
-removes the token file and stops showing it. Without a token file the page is a 404 (`rkmojo up` on a
-PC: use `python -m django createsuperuser`).
+removes the token file and stops showing it; the page stays a 410 after that. Without a token file
+and before any administrator exists the page is a 404 (`rkmojo up` on a PC: use
+`python -m django createsuperuser`).
 """
 from __future__ import annotations
 
@@ -59,12 +60,15 @@ def _page(request: HttpRequest, form: SetupForm, status: int = 200) -> HttpRespo
 @require_http_methods(["GET", "POST"])
 def setup(request: HttpRequest) -> HttpResponse:
     """GET: the form. POST: with the right token, create the superuser and go to the admin pages."""
+    if not settings.RKMOJO["SETUP_TOKEN_FILE"]:
+        raise Http404("this appliance has no setup page; create an administrator with "
+                      "`rkmojo manage createsuperuser`")
+    if _closed():  # also once the next boot has removed the spent token
+        return render(request, "webui/setup.html", {"closed": True}, status=410)
     token = _token()
     if token is None:
         raise Http404("this appliance has no setup token; create an administrator with "
                       "`rkmojo manage createsuperuser`")
-    if _closed():
-        return render(request, "webui/setup.html", {"closed": True}, status=410)
     if request.method == "GET":
         return _page(request, SetupForm())
     form = SetupForm(request.POST)

@@ -87,3 +87,12 @@ def test_the_page_is_closed_once_an_administrator_exists_however_made(token_file
 def test_without_a_token_file_there_is_no_setup_page(token_file, browser):
     token_file.unlink()
     assert browser.get("/setup/").status_code == 404
+
+
+def test_the_page_stays_closed_after_the_next_boot_removed_the_spent_token(token_file, browser):
+    r = post_form(browser, token=TOKEN, username="admin", password1="a long passphrase 7",
+                  password2="a long passphrase 7")
+    assert r.status_code == 302
+    token_file.unlink()  # what rkmojo-firstboot does at the next boot
+    again = browser.get("/setup/")
+    assert again.status_code == 410 and "admin pages" in again.text

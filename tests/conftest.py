@@ -6,6 +6,34 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from phases import Phases  # noqa: E402
+
+_phases = Phases()
+# the slow image tests last, the boot first among them: scripts/test builds the images in the
+# background meanwhile (qemu-arm64 first), so these find them in the cache
+_IMAGE_LAST = ("tests/image/test_qemu_boot.py", "tests/image/test_provisioning.py", "tests/image/test_rk3588_images.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item):
+        path = item.nodeid.split("::")[0]
+        return _IMAGE_LAST.index(path) + 1 if path in _IMAGE_LAST else 0
+
+    items.sort(key=rank)  # stable: the rest keep their order
+    _phases.collected(items)
+
+
+def pytest_runtest_logreport(report):
+    _phases.report(report)
+
+
+def pytest_terminal_summary(terminalreporter):
+    lines = _phases.lines()
+    if lines:
+        terminalreporter.section("seconds per phase")
+        for line in lines:
+            terminalreporter.write_line(line)
+
 
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:

@@ -52,6 +52,14 @@ tree_key() {
   tree_files "$@" | (cd "$dir" && xargs -0 sha256sum) | sha256sum | cut -c1-16
 }
 
+# kill_tree PID: TERM to a process and all its descendants, children first found, so that each stage's
+# EXIT trap (unmount, remove its work directory) runs.
+kill_tree() {
+  local child
+  for child in $(ps -o pid= --ppid "$1" 2>/dev/null); do kill_tree "$child"; done
+  kill -TERM "$1" 2>/dev/null || true
+}
+
 # uses ENTRY...: records cache entries this build needs besides the stages' outputs (image/build keeps the
 # latest build's entries of every board and prunes the rest).
 uses() {
@@ -90,6 +98,10 @@ chroot_umount() {
     umount -l "$m" 2>/dev/null || true
   done
   CHROOT_MOUNTS=()
+  for m in "${NATIVE_MADE[@]}"; do
+    if [ -d "$m" ]; then rmdir "$m" 2>/dev/null || true; else rm -f "$m"; fi
+  done
+  NATIVE_MADE=()
   if [ -n "${CHROOT_ROOT:-}" ]; then
     rm -f "$CHROOT_ROOT/usr/sbin/policy-rc.d" "$CHROOT_ROOT/etc/resolv.conf"
     if [ -e "$CHROOT_ROOT/etc/resolv.conf.image-build" ] || [ -L "$CHROOT_ROOT/etc/resolv.conf.image-build" ]; then
@@ -97,6 +109,50 @@ chroot_umount() {
     fi
     CHROOT_ROOT=
   fi
+}
+
+# native_in_chroot ROOT PATH[=AT]...: lets the build machine's own (x86_64) programs run inside the
+# arm64 chroot without emulation, by giving it the x86_64 loader and libraries read-only where the
+# loader looks for them (/lib64, /usr/lib/x86_64-linux-gnu: paths an arm64 Debian leaves empty, by
+# multiarch), and each PATH (a file or directory of the build machine) bound read-only at AT in ROOT
+# (default: the same path).
+# chroot_umount undoes the mounts and removes the mount points it made. Returns 1, binding nothing,
+# where the build machine is not x86_64 or ROOT has something of its own at one of those paths.
+NATIVE_MADE=()
+native_in_chroot() {
+  local root=$1 spec src at
+  shift
+  [ "$(uname -m)" = x86_64 ] || return 1
+  for spec in /lib64 /usr/lib/x86_64-linux-gnu "$@"; do
+    src=${spec%%=*} at=$root${spec#*=}
+    [ -e "$src" ] || return 1
+    if [ -L "$at" ] || { [ -e "$at" ] && ! mountpoint -q "$at"; }; then return 1; fi
+  done
+  for spec in /lib64 /usr/lib/x86_64-linux-gnu "$@"; do
+    src=${spec%%=*} at=$root${spec#*=}
+    mountpoint -q "$at" && continue
+    if [ -d "$src" ]; then mkdir -p "$at"; else mkdir -p "$(dirname "$at")"; : > "$at"; fi
+    NATIVE_MADE=("$at" "${NATIVE_MADE[@]}")
+    mount --bind "$(realpath "$src")" "$at"
+    mount -o remount,bind,ro "$at"
+    CHROOT_MOUNTS=("$at" "${CHROOT_MOUNTS[@]}")
+  done
+}
+
+in_chroot() {
+  local root=$1 p
+  shift
+  [ "$(uname -m)" = x86_64 ] || return 1
+  for p in /lib64 /usr/lib/x86_64-linux-gnu "$@"; do
+    [ ! -e "$root$p" ] || mountpoint -q "$root$p" || [ -d "$root$p" ] && [ -z "$(ls -A "$root$p")" ] || return 1
+  done
+  for p in /lib64 /usr/lib/x86_64-linux-gnu "$@"; do
+    mountpoint -q "$root$p" && continue
+    if [ -d "$p" ]; then mkdir -p "$root$p"; else mkdir -p "$(dirname "$root$p")"; touch "$root$p"; fi
+    mount --bind -o ro "$(realpath "$p")" "$root$p"
+    mount -o remount,bind,ro "$root$p"
+    CHROOT_MOUNTS=("$root$p" "${CHROOT_MOUNTS[@]}")
+  done
 }
 
 in_chroot() { "${NICE[@]}" chroot "$CHROOT_ROOT" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin \

@@ -22,14 +22,6 @@ OUT = CACHE / "test-out"
 BUILD_TOOLS = ("mmdebstrap", "sgdisk", "bmaptool", "mkfs.ext4", "debugfs", "e2fsck", "xz", "chroot")
 
 
-def need_build_tools() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("image builds need root (chroot, mounts)")
-    missing = [t for t in BUILD_TOOLS if shutil.which(t) is None]
-    if missing:
-        pytest.skip(f"missing {', '.join(missing)}: run scripts/setup --test")
-
-
 def test_ssh_key() -> Path:
     """An ed25519 key kept in the cache (a new key would rebuild the provisioned root filesystem)."""
     key = CACHE / "test-ssh" / "id_ed25519"
@@ -59,17 +51,42 @@ def stand_in_uboot() -> Path:
     return d
 
 
+BOARDS = ("qemu-arm64", "rock5b", "orangepi5-plus")  # the order scripts/test builds them in ahead
+BUILD_SECONDS: dict[str, float] = {}  # seconds this process spent in image/build, by board (tests/phases.py)
+
+
+def missing_build_tools() -> str | None:
+    if os.geteuid() != 0:
+        return "image builds need root (chroot, mounts)"
+    missing = [t for t in BUILD_TOOLS if shutil.which(t) is None]
+    return f"missing {', '.join(missing)}: run scripts/setup --test" if missing else None
+
+
+def need_build_tools() -> None:
+    reason = missing_build_tools()
+    if reason:
+        pytest.skip(reason)
+
+
 def build(board: str, *extra: str) -> Path:
     """Run image/build for `board` into OUT/board (cached stages make a repeat cheap); the out dir.
 
-    The qemu-arm64 image is booted raw, never published: it skips the compression stage.
+    No image the tests use is compressed: the qemu-arm64 one is booted raw, the RK3588 ones are checked
+    raw, and stage 50 is tested on a small image (test_flash.py), which is all it would prove here.
     """
     need_build_tools()
+    t0 = time.monotonic()
+    try:
+        return _build(board, *extra)
+    finally:
+        BUILD_SECONDS[board] = BUILD_SECONDS.get(board, 0.0) + time.monotonic() - t0
+
+
+def _build(board: str, *extra: str) -> Path:
     out = OUT / board
     argv = [str(IMAGE / "build"), "--board", board, "--ssh-key", str(test_ssh_key()) + ".pub", *extra, str(out)]
-    if board == "qemu-arm64":
-        argv[1:1] = ["--no-compress"]
-    else:
+    argv[1:1] = ["--no-compress"]
+    if board != "qemu-arm64":
         argv[1:1] = ["--vendor-uboot", str(stand_in_uboot())]
     out.mkdir(parents=True, exist_ok=True)
     # a file, not a pipe: a killed test leaves the build to clean up. Appended to: another build of the
@@ -101,3 +118,40 @@ def read_env(path: Path) -> dict:
             k, v = line.split("=", 1)
             out[k] = v.strip('"')
     return out
+
+
+def stage_seconds(board: str) -> dict[str, int]:
+    """Each stage's seconds in the latest build of `board` (a stage found in the cache takes ~0 s)."""
+    env = OUT / board / f"rkmojo-{board}.build.env"
+    if not env.exists():
+        return {}
+    return {k.removesuffix("_SECONDS"): int(v) for k, v in read_env(env).items() if k.endswith("_SECONDS")}
+
+
+def build_ahead() -> int:
+    """`python tests/image/imagetest.py ahead`: scripts/test builds the images in the background while
+    the other tests run, with the very arguments the tests use, so that the image tests (run last)
+    find every stage in the cache. A failure here is reported by the test that builds it again."""
+    reason = missing_build_tools()
+    if reason:
+        print(f"image builds ahead: skipped ({reason})")
+        return 0
+    for board in BOARDS:
+        t0 = time.monotonic()
+        try:
+            _build(board)
+            print(f"image builds ahead: {board} in {time.monotonic() - t0:.0f} s, stages {stage_seconds(board)}",
+                  flush=True)
+        except AssertionError as e:
+            print(f"image builds ahead: {board} failed after {time.monotonic() - t0:.0f} s "
+                  f"(the image tests build it again and report it):\n{str(e)[-2000:]}", flush=True)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["ahead"]:
+        sys.exit("usage: imagetest.py ahead")
+    sys.exit(build_ahead())

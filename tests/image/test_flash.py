@@ -31,17 +31,27 @@ def loop_disk(tmp_path):
 
 @pytest.fixture
 def image(tmp_path):
-    """A sparse 16 MiB image with data in three places, compressed, with its bmap."""
-    img = tmp_path / "rkmojo-test.img"
+    """A sparse 16 MiB image with data in three places, published by the build's stage 50 (bmap, xz,
+    checksums) as a board's image is; the raw image stays beside the published files."""
+    disk = tmp_path / "disk-test"
+    disk.mkdir()
+    raw = disk / "rkmojo-test.img"
     rng = random.Random(6)
-    with img.open("wb") as f:
+    with raw.open("wb") as f:
         f.truncate(16 * MIB)
         for at in (64 * 512, 5 * MIB, 16 * MIB - 8192):
             f.seek(at)
             f.write(rng.randbytes(8192))
-    subprocess.run(["bmaptool", "-q", "create", "-o", str(tmp_path / "rkmojo-test.img.bmap"), str(img)], check=True)
-    subprocess.run(["xz", "-0", "-k", str(img)], check=True)
-    return img
+    env = {**os.environ, "CACHE": str(tmp_path / "cache")}
+    r = subprocess.run([str(IMAGE / "stages" / "50-compress" / "run.sh"), str(disk), "rkmojo-test"], env=env,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    published = Path(r.stdout.strip())
+    for f in ("rkmojo-test.img.xz", "rkmojo-test.img.bmap", "rkmojo-test.img.xz.sha256", "rkmojo-test.img.sha256"):
+        shutil.copy(published / f, tmp_path / f)
+    subprocess.run(["sha256sum", "--quiet", "-c", "rkmojo-test.img.xz.sha256"], cwd=tmp_path, check=True)
+    shutil.copy(raw, tmp_path / "rkmojo-test.img")
+    return tmp_path / "rkmojo-test.img"
 
 
 def test_flash_writes_the_image_and_its_holes_to_the_device(loop_disk, image):

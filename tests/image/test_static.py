@@ -120,10 +120,12 @@ def test_scripts_parse():
 
 def test_the_kernel_stage_builds_on_the_base_root_filesystem_alone():
     build = (IMAGE / "build").read_text()
-    order = re.findall(r'^\s*(\w+)=\$\(timed (STAGE_\w+) "\$here/stages/([\w-]+)/run.sh"(.*)\)$', build, re.M)
-    assert [o[2] for o in order] == sorted(p.parent.name for p in IMAGE.glob("stages/*/run.sh"))
-    args = {o[2]: o[3].split() for o in order}
+    order = re.findall(r'^\s*(?:\w+=\$\()?timed (STAGE_\w+) "\$here/stages/([\w-]+)/run.sh"(.*?)\)?(?: > .*&)?$',
+                       build, re.M)
+    assert sorted(o[1] for o in order) == sorted(p.parent.name for p in IMAGE.glob("stages/*/run.sh"))
+    args = {o[1]: o[2].split() for o in order}
     assert args["10-kernel"] == ['"$rootfs"']  # not the provisioned one: the appliance never rebuilds it
+    assert args["20-wheelhouse"] == ['"$rootfs"']  # built beside the kernel
     assert args["30-provision"] == ['"$kernel"', '"$wheels"']
 
 

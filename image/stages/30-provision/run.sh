@@ -19,8 +19,9 @@ roles_key=$(tree_key "$project" provisioning)
 key=$(key_of "$(basename "$kernel_tar")" "$(basename "$wheelhouse")" "$here" "provisioning:$roles_key" \
   "${HOSTNAME_BASE:-rkmojo}" ${ssh_keys:+"$ssh_keys"} ${npu_vendor:+"$npu_vendor"})
 out=$CACHE/provisioned-$key.tar
-vars_json=${out%.tar}.vars.json  # the variables it was provisioned with (tests re-apply them)
-uses "$vars_json"
+vars_json=${out%.tar}.vars.json  # the variables it was provisioned with
+second_run=${out%.tar}.second-run.log  # the play run again in check mode on the result: what it would change
+uses "$vars_json" "$second_run"
 if [ -e "$out" ]; then echo "$out"; exit 0; fi
 
 work=$CACHE/work-provision-$key
@@ -39,6 +40,12 @@ json.dump(v, open(out, "w"))
 PY
 say "stage 30: applying provisioning/image.yml in the root filesystem (chroot connection)"
 "$here/provision.sh" "$work/root" "$wheelhouse" "$work/vars.json" >&2
+# Idempotence, recorded for tests/image/test_provisioning.py: the same play in check mode on the tree
+# it just provisioned reports what a second run would change (it should be nothing), without a second
+# copy of the tree and without changing this one.
+say "stage 30: the play again in check mode (a second run must change nothing)"
+"$here/provision.sh" --check "$work/root" "$wheelhouse" "$work/vars.json" > "$work/second-run.log" 2>&1 \
+  || die "image.yml in check mode failed on the provisioned tree: $(tail -40 "$work/second-run.log")"
 # The venv's byte code (image.yml has pip skip it): the build machine's Python is ~20x faster than the
 # emulated one and writes the same .pyc when its magic number is the board's (Python 3.11 on both).
 venv_lib=$work/root/opt/rkmojo/lib  # the appliance role's appliance_venv
@@ -53,5 +60,6 @@ fi
 # no package lists or caches in the image
 rm -rf "$work/root/var/lib/apt/lists/"* "$work/root/var/cache/apt/"*.bin "$work/root/root/.ansible"
 cp "$work/vars.json" "$vars_json"
+cp "$work/second-run.log" "$second_run"
 retar "$work/root" "$out"
 echo "$out"

@@ -1,4 +1,5 @@
-"""The `rkmojo` command line: convert, pull, verify, run, list, show, rm, bench, synth, up.
+"""The `rkmojo` command line: convert, pull, verify, run, list, show, rm, bench, synth (and `up`, registered by
+the appliance through the `rkmojo.commands` entry point group).
 
 Errors a user can act on (`RkmojoError`) print as one line and exit 1; nothing else is caught.
 """
@@ -6,9 +7,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from importlib.metadata import entry_points
 
 from .errors import RkmojoError
-from .models_dir import models_dir, resolve_model  # noqa: F401 - the CLI's model lookup, also used by demo.py
+from .models_dir import models_dir, resolve_model
 
 
 def cmd_convert(a) -> int:
@@ -165,14 +167,6 @@ def cmd_rm(a) -> int:
     return 0
 
 
-def cmd_up(a) -> int:
-    from appliance.up import create_api_key, run  # lazy: importing `inference` never imports Django
-
-    if a.create_api_key:
-        return create_api_key(a.create_api_key)
-    return run(a.host, a.port, demo=not a.no_demo, worker_name=a.worker_name)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rkmojo", description="Run MoE LLMs larger than RAM on small boards.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -288,13 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--trace", help="also write the routing trace (phase, layer, experts, misses) to this JSON file")
     b.set_defaults(fn=cmd_bench)
 
-    up = sub.add_parser("up", help="run the appliance: web API (OpenAI and Ollama), a worker, Redis; Ctrl-C stops")
-    up.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0: the LAN)")
-    up.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
-    up.add_argument("--worker-name", default=None, help="this board's name (default $RKMOJO_WORKER_NAME, the host name)")
-    up.add_argument("--no-demo", action="store_true", help="do not install the demo model on first start")
-    up.add_argument("--create-api-key", metavar="NAME", help="create an API key, print it once, and exit")
-    up.set_defaults(fn=cmd_up)
+    # commands other packages register (`rkmojo up` from the appliance): found by name, never imported here
+    for ep in entry_points(group="rkmojo.commands"):
+        ep.load()(sub)
     return p
 
 

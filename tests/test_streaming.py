@@ -3,7 +3,6 @@ import shutil
 
 import numpy as np
 import pytest
-import transformers
 
 from inference.convert import convert
 from inference.engine import Engine

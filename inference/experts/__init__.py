@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-import numpy as np
 
 from ..errors import ModelFormatError, RkmojoError
 from ..store.format import digest_bytes
@@ -107,7 +106,7 @@ class StreamingExperts:
         """Forget the layer's unused prefetches: the queued ones are cancelled; one still running is
         waited for only when its slot is about to be reused (`wait`), i.e. at the next prefetch."""
         running = self.pf_running.setdefault(layer, [])
-        for r, batch in self.pf_pending[layer].values():
+        for _, batch in self.pf_pending[layer].values():
             self.caches[layer].stats.prefetch_cancelled += batch.cancel()
             if batch.pending:
                 running.append(batch)

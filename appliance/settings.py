@@ -12,7 +12,9 @@ from pathlib import Path
 
 import dj_database_url
 
-from .env import (env_bool, env_choice, env_duration, env_int, env_list, env_path, env_size, env_str)
+from inference.sampler import SamplingParams
+
+from .env import env_bool, env_choice, env_duration, env_int, env_list, env_options, env_path, env_size, env_str
 
 DATA_DIR = env_path("RKMOJO_DATA", env_path("RKMOJO_HOME", Path.home() / ".local" / "share" / "rkmojo"))
 MODELS_DIR = DATA_DIR / "models"
@@ -128,6 +130,9 @@ RKMOJO = {
     "EXPERT_SLOTS": env_int("RKMOJO_EXPERT_SLOTS", None, minimum=1),
     "THREADS": env_int("RKMOJO_THREADS", None, minimum=1),
     "CONTEXT": env_int("RKMOJO_CONTEXT", 4096, minimum=256),
+    # sampling defaults for requests that leave a field unset (RKMOJO_TEMPERATURE, RKMOJO_TOP_K, …; see
+    # `inference.sampler.SamplingParams`); unset here too: the model's generation config
+    "SAMPLING": env_options(SamplingParams),
     # a request still queued with no live worker for its model after this long gets an error
     "NO_WORKER_TIMEOUT": env_duration("RKMOJO_NO_WORKER_TIMEOUT", 60),
     # how often a worker refreshes its registration, and when a silent one counts as gone

@@ -68,13 +68,11 @@ def cmd_synth(a) -> int:
 
 def cmd_run(a) -> int:
     from .chat import run_chat
+    from .options import from_flags
     from .sampler import SamplingParams
 
-    params = {"max_tokens": a.max_tokens, "temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p,
-              "min_p": a.min_p, "repetition_penalty": a.repeat_penalty, "presence_penalty": a.presence_penalty,
-              "frequency_penalty": a.frequency_penalty, "seed": a.seed, "stop": a.stop or []}
     try:
-        SamplingParams.from_any(params)
+        params = {**from_flags(SamplingParams, a), "stop": a.stop or []}
     except ValueError as e:
         raise RkmojoError(str(e)) from None
     options = {k: v for k, v in (("threads", a.threads), ("memory_budget", a.memory_budget),
@@ -191,15 +189,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--stats", action="store_true", help="with -p: the stats line on stderr")
     g = r.add_argument_group("sampling (unset: the model's generation config, else temperature 0.2, top-k 64, "
                              "top-p 0.95)")
-    g.add_argument("--max-tokens", type=int, default=None, help="answer length limit (default: the context)")
-    g.add_argument("--temperature", type=float, default=None, help="0 is greedy")
-    g.add_argument("--top-k", type=int, default=None)
-    g.add_argument("--top-p", type=float, default=None)
-    g.add_argument("--min-p", type=float, default=None)
-    g.add_argument("--repeat-penalty", type=float, default=None)
-    g.add_argument("--presence-penalty", type=float, default=0.0)
-    g.add_argument("--frequency-penalty", type=float, default=0.0)
-    g.add_argument("--seed", type=int, default=None)
+    from .options import add_flags
+    from .sampler import SamplingParams
+
+    add_flags(g, SamplingParams, exclude=("logprobs",))
     g.add_argument("--stop", action="append", help="a stop string (repeatable)")
     e = r.add_argument_group("engine")
     e.add_argument("--threads", type=int, default=None)

@@ -19,6 +19,8 @@ from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
+from appliance.events import Error
+
 log = logging.getLogger("rkmojo.api")
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -38,9 +40,8 @@ class ApiError(Exception):
         self.status, self.param, self.code, self.headers = status, param, code, headers or {}
 
     @classmethod
-    def from_event(cls, ev: dict) -> "ApiError":
-        return cls(int(ev.get("status") or 500), ev.get("message") or "the request failed",
-                   param=ev.get("param"), code=ev.get("code"))
+    def from_event(cls, ev: Error) -> "ApiError":
+        return cls(ev.status, ev.message, param=ev.param, code=ev.code)
 
 
 def openai_error_body(e: ApiError) -> dict:
@@ -57,10 +58,11 @@ def error_response(flavor: str, e: ApiError) -> JsonResponse:
     return resp
 
 
-def validation_error(e: pydantic.ValidationError) -> ApiError:
-    """The first pydantic error as an ApiError naming the field as OpenAI does (`messages[0].content`)."""
+def validation_error(e: pydantic.ValidationError, within: str | None = None) -> ApiError:
+    """The first pydantic error as an ApiError naming the field as OpenAI does (`messages[0].content`);
+    `within`: the object the validated one sits in (`options`)."""
     err = e.errors()[0]
-    loc = err.get("loc", ())
+    loc = (within, *err.get("loc", ())) if within else err.get("loc", ())
     # a union reports each member's failure under the member's type name: keep the field path only
     parts = [p for p in loc if isinstance(p, int) or (p not in _UNION_TAGS and not any(c in p for c in "[]-"))]
     param = ""

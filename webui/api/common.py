@@ -58,11 +58,10 @@ def error_response(flavor: str, e: ApiError) -> JsonResponse:
     return resp
 
 
-def validation_error(e: pydantic.ValidationError, within: str | None = None) -> ApiError:
-    """The first pydantic error as an ApiError naming the field as OpenAI does (`messages[0].content`);
-    `within`: the object the validated one sits in (`options`)."""
+def validation_error(e: pydantic.ValidationError) -> ApiError:
+    """The first pydantic error as an ApiError naming the field as OpenAI does (`messages[0].content`)."""
     err = e.errors()[0]
-    loc = (within, *err.get("loc", ())) if within else err.get("loc", ())
+    loc = err.get("loc", ())
     # a union reports each member's failure under the member's type name: keep the field path only
     parts = [p for p in loc if isinstance(p, int) or (p not in _UNION_TAGS and not any(c in p for c in "[]-"))]
     param = ""

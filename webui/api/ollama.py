@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from appliance.events import Delta, Error, Final, Progress, Usage, logprob_dicts
 
 from . import jobs
-from .common import ApiError, api_view, log, ollama_model_name, validation_error
+from .common import ApiError, api_view, log, ollama_model_name
 from .openai import embedding_result
 from inference.options import OLLAMA
 
@@ -46,6 +46,12 @@ class Options(_Req):
     ("unset", "no limit") are declared here with that meaning."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _drop_runtime_options(cls, data):
+        return {k: v for k, v in data.items() if k not in _RUNTIME_OPTIONS} if isinstance(data, dict) else data
+
     num_predict: int | None = None  # -1: no limit
     temperature: sampling_field("temperature") = None
     top_k: sampling_field("top_k") = None
@@ -66,7 +72,7 @@ class Options(_Req):
 class _Generation(_Req):
     model: str
     stream: bool | None = True
-    options: dict | None = None
+    options: Options | None = None
     keep_alive: float | int | str | None = None
     format: str | dict | None = None
     think: bool | str | None = None
@@ -109,6 +115,11 @@ class ModelRequest(_Req):
         return ollama_model_name(name)
 
 
+class LegacyEmbeddingsRequest(ModelRequest):
+    prompt: str
+    keep_alive: float | int | str | None = None
+
+
 class PullRequest(ModelRequest):
     stream: bool | None = True
     insecure: bool | None = None
@@ -134,14 +145,7 @@ def keep_alive_seconds(value) -> float | None:
 
 
 def sampling(req: _Generation) -> dict:
-    opts = dict(req.options or {})
-    unknown = sorted(set(opts) - set(Options.model_fields) - _RUNTIME_OPTIONS)
-    if unknown:
-        raise ApiError(400, f"unknown option {unknown[0]!r}", param=f"options.{unknown[0]}")
-    try:
-        o = Options.model_validate({k: v for k, v in opts.items() if k not in _RUNTIME_OPTIONS})
-    except pydantic.ValidationError as e:
-        raise validation_error(e, within="options") from None
+    o = req.options or Options()
     for name, neutral in (("mirostat", 0), ("tfs_z", 1.0), ("typical_p", 1.0)):
         if getattr(o, name) not in (None, neutral):
             raise ApiError(400, f"option {name} is not supported by this server", param=f"options.{name}")
@@ -331,11 +335,8 @@ async def embed(request, body):
 
 @api_view("ollama")
 async def embeddings(request, body):
-    model = ModelRequest.model_validate(body).target()
-    prompt = body.get("prompt")
-    if not isinstance(prompt, str):
-        raise ApiError(400, "prompt must be a string", param="prompt")
-    vecs, _, _ = await _embed(request, model, [prompt], body.get("keep_alive"))
+    req = LegacyEmbeddingsRequest.model_validate(body)
+    vecs, _, _ = await _embed(request, req.target(), [req.prompt], req.keep_alive)
     return JsonResponse({"embedding": vecs[0].tolist()})
 
 

@@ -18,6 +18,8 @@ import numpy as np
 from celery import shared_task
 from django.conf import settings
 
+from inference.options import ENV, OptionError
+
 from . import bus
 from .events import Claim, Delta, Embeddings, Error, Final, Loading, Logprob, Progress, Start, Timings, Usage
 from .promptcache import common_prefix
@@ -57,6 +59,9 @@ def generate(req: dict) -> None:
                 b.heartbeat()
     except RequestError as e:
         bus.emit(b.r, rid, e.event())
+    except OptionError as e:  # the engine names the option; this worker's operator set it as RKMOJO_*
+        bus.emit(b.r, rid, Error(status=500, code="engine_options",
+                                 message=f"worker {b.name} cannot open {req['model']}: {ENV.error(e)}"))
     except Exception as e:  # a bug or a broken store: the client gets an error event, the worker lives on
         log.exception("request %s failed", rid)
         bus.emit(b.r, rid, Error(status=500, code="internal_error", message=f"the worker failed: {type(e).__name__}: {e}"))

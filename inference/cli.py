@@ -11,6 +11,7 @@ from importlib.metadata import entry_points
 
 from .errors import RkmojoError
 from .models_dir import models_dir, resolve_model
+from .options import CLI, OptionError
 
 
 def cmd_convert(a) -> int:
@@ -71,14 +72,13 @@ def cmd_run(a) -> int:
     from .options import from_flags
     from .sampler import SamplingParams
 
+    from .engine import EngineConfig
+
     try:
         params = {**from_flags(SamplingParams, a), "stop": a.stop or []}
+        options = from_flags(EngineConfig, a)
     except ValueError as e:
         raise RkmojoError(str(e)) from None
-    options = {k: v for k, v in (("threads", a.threads), ("memory_budget", a.memory_budget),
-                                 ("expert_slots", a.expert_slots), ("context", a.context),
-                                 ("policy", a.cache_policy), ("io", a.io), ("verify_experts", a.verify_experts),
-                                 ("prefetch", a.prefetch), ("kv_dtype", a.kv_dtype)) if v is not None}
     return run_chat(resolve_model(a.model), prompt=a.prompt, params=params, system=a.system,
                     show_stats=a.stats, engine_options=options)
 
@@ -189,25 +189,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--stats", action="store_true", help="with -p: the stats line on stderr")
     g = r.add_argument_group("sampling (unset: the model's generation config, else temperature 0.2, top-k 64, "
                              "top-p 0.95)")
+    from .engine import EngineConfig
     from .options import add_flags
     from .sampler import SamplingParams
 
     add_flags(g, SamplingParams, exclude=("logprobs",))
     g.add_argument("--stop", action="append", help="a stop string (repeatable)")
-    e = r.add_argument_group("engine")
-    e.add_argument("--threads", type=int, default=None)
-    e.add_argument("--context", type=int, default=None, help="KV cache length in tokens")
-    e.add_argument("--memory-budget", default=None, help="stream experts within this much memory, e.g. 6G")
-    e.add_argument("--expert-slots", type=int, default=None, help="expert cache slots per layer")
-    e.add_argument("--cache-policy", choices=["lfu", "lru"], default=None, help="expert cache eviction (default lfu)")
-    e.add_argument("--io", choices=["auto", "uring", "threads"], default=None,
-                   help="expert reads: io_uring or a preadv thread pool (default auto)")
-    e.add_argument("--verify-experts", choices=["off", "first", "always"], default=None,
-                   help="digest check of expert blobs (default: first load of each)")
-    e.add_argument("--prefetch", type=int, default=None, metavar="SLOTS",
-                   help="gate-lookahead prefetch slots per layer (default 0: off)")
-    e.add_argument("--kv-dtype", choices=["f16", "f32"], default=None,
-                   help="KV cache precision (default f16: half the memory and bandwidth of f32)")
+    add_flags(r.add_argument_group("engine"), EngineConfig, exclude=("chunk", "backend"))
     r.set_defaults(fn=cmd_run)
 
     u = sub.add_parser("pull", help="install a model from a Hugging Face-style repository or a GGUF URL (resumable)")
@@ -285,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
+    except OptionError as e:  # the engine names the option; a user of the CLI gave it as a flag
+        print(f"rkmojo: error: {CLI.error(e)}", file=sys.stderr)
+        return 1
     except RkmojoError as e:
         print(f"rkmojo: error: {e}", file=sys.stderr)
         return 1

@@ -11,10 +11,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import prompt_cache
+from . import kernels, options, prompt_cache
 from .errors import RkmojoError
-from .experts import StreamingExperts
+from .experts import VERIFY_MODES, StreamingExperts
 from .experts.cache import PAGE
+from .experts.io import IO_MODES
+from .options import OptionError, option
 from .generate import GenerationMixin
 from .model import load_model
 from .store import Store
@@ -23,39 +25,39 @@ from .store import Store
 RUNTIME_OVERHEAD = 384 * 2**20
 MIN_SLOTS = 8
 
-@dataclass
+@dataclass(frozen=True)
 class EngineConfig:
-    """Everything `Engine.open` was asked for (passed down; the engine has no global state)."""
+    """Everything `Engine.open` was asked for, checked by its schema (`inference.options`); passed down and
+    never changed (the engine has no global state). A memory budget may be given as text ("6G")."""
 
-    memory_budget: int | None = None
-    expert_slots: int | None = None
-    policy: str = "lfu"
-    io: str = "auto"
-    verify_experts: str = "first"
-    prefetch: int = 0  # gate-lookahead prefetch slots per layer (0: off)
-    threads: int | None = None
-    chunk: int = 128
-    backend: str = "auto"
-    context: int = 4096
-    kv_dtype: str = "f16"  # KV cache precision: "f16" (half the memory and bandwidth) or "f32"
+    memory_budget: int | None = option(help="stream experts within this much memory, e.g. 6G", ge=1,
+                                       parse=lambda t: parse_size(t))
+    expert_slots: int | None = option(help="expert cache slots per layer", ge=1)
+    policy: str = option("lfu", help="expert cache eviction", choices=("lfu", "lru"))
+    io: str = option("auto", help="expert reads: io_uring or a preadv thread pool", choices=IO_MODES)
+    verify_experts: str = option("first", help="digest check of expert blobs (first: at the first load of each)",
+                                 choices=VERIFY_MODES)
+    prefetch: int = option(0, help="gate-lookahead prefetch slots per layer (0: off)", ge=0)
+    threads: int | None = option(help="kernel threads (default: every core)", ge=1)
+    chunk: int = option(128, help="prefill chunk in rows", ge=1)
+    backend: str = option("auto", help="compute backend", choices=("auto", "cpu"))
+    context: int = option(4096, help="KV cache length in tokens", ge=1)
+    kv_dtype: str = option("f16", help="KV cache precision (f16: half the memory and bandwidth of f32)",
+                           choices=("f16", "f32"))
+
+    def __post_init__(self):
+        if isinstance(self.memory_budget, str):
+            object.__setattr__(self, "memory_budget", parse_size(self.memory_budget))
+        options.check(self)
 
 
 class Engine(GenerationMixin):
     def __init__(self, store: Store, cfg: EngineConfig):
         self.store = store
         self.cfg = cfg
-        if isinstance(cfg.memory_budget, str):
-            cfg.memory_budget = parse_size(cfg.memory_budget)
-        if cfg.threads:
-            from .kernels import set_threads
-            set_threads(cfg.threads)
-        if cfg.backend not in ("auto", "cpu"):
-            raise RkmojoError(f"backend {cfg.backend!r} is not available on this machine; use 'cpu' or 'auto'")
         streaming = bool(store.expert_layers) and (cfg.memory_budget is not None or cfg.expert_slots is not None)
         if streaming:
             store.load_dense()
-        if cfg.kv_dtype not in ("f16", "f32"):
-            raise RkmojoError(f"--kv-dtype {cfg.kv_dtype}: choose f16 or f32")
         self.model = load_model(store, chunk=cfg.chunk, kv_dtype=cfg.kv_dtype)
         self.cache = self.model.new_cache()
         self.tokens: list[int] = []  # the ids whose K/V the cache holds, in order
@@ -92,7 +94,11 @@ class Engine(GenerationMixin):
 
     @classmethod
     def open(cls, store: str | os.PathLike | Store, **kw) -> "Engine":
-        """Open a store. Keyword options are the fields of `EngineConfig`."""
+        """Open a store. Keyword options are the fields of `EngineConfig`.
+
+        Raises:
+            OptionError: an option of the wrong type or out of range, named as in `EngineConfig`.
+        """
         st = store if isinstance(store, Store) else Store(store)
         return cls(st, EngineConfig(**kw))
 
@@ -108,7 +114,8 @@ class Engine(GenerationMixin):
     def forward(self, ids, *, last_only: bool = True) -> np.ndarray:
         """Append `ids` to the current sequence; logits [T or 1, vocab]."""
         ids = [int(i) for i in np.asarray(ids).reshape(-1)]
-        logits = self.model.forward(np.array(ids), self.cache, last_only=last_only)
+        with kernels.threads(self.cfg.threads):
+            logits = self.model.forward(np.array(ids), self.cache, last_only=last_only)
         self.tokens.extend(ids)
         return logits
 
@@ -164,10 +171,9 @@ def plan_slots(store, kv: int, budget: int | None, slots: int | None, prefetch: 
                 f"{(fixed + need * per_slot) / 2**30:.2f} GiB"
             )
         if slots is not None and slots > fit:
-            raise RkmojoError(
-                f"--expert-slots {slots} does not fit the memory budget {budget / 2**30:.2f} GiB "
-                f"(at most {max(fit, 0)} slots per layer fit); lower the slots or raise the budget"
-            )
+            raise OptionError("expert_slots", slots, f"at most {max(fit, 0)} slots per layer within the memory "
+                                                     f"budget of {budget / 2**30:.2f} GiB; lower the slots or raise "
+                                                     "the budget")
         slots = slots if slots is not None else int(fit)
     return max(1, min(int(slots), n_experts))
 

@@ -26,6 +26,7 @@ from typing import Iterator, Union
 
 import numpy as np
 
+from . import kernels
 from .errors import RkmojoError
 from .sampler import Sampler, SamplingParams, top_logprobs
 from .tokenizer import StoreTokenizer, TextStream
@@ -166,7 +167,8 @@ class GenerationMixin:
         with self._exclusive():
             out = []
             for ids in encoded:
-                h = self.model.hidden(np.array(ids), self.model.new_cache())  # [T, H]
+                with kernels.threads(self.cfg.threads):
+                    h = self.model.hidden(np.array(ids), self.model.new_cache())  # [T, H]
                 v = h.astype(np.float32).mean(axis=0)
                 out.append(v / max(float(np.linalg.norm(v)), 1e-12))
         return np.stack(out).astype(np.float32)

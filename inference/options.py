@@ -25,6 +25,8 @@ from typing import Annotated, Any, Callable, Mapping
 
 from pydantic import Field, TypeAdapter, ValidationError
 
+from .errors import RkmojoError
+
 ENV_PREFIX = "RKMOJO_"
 
 
@@ -38,15 +40,16 @@ class Spec:
     le: float | None = None
     lt: float | None = None
     choices: tuple[str, ...] | None = None
+    parse: Callable[[str], Any] | None = None  # text (a flag, a variable) → value, e.g. "6G" → bytes
 
 
-def option(default: Any = None, *, help: str, ge=None, gt=None, le=None, lt=None, choices=None) -> Any:
+def option(default: Any = None, *, help: str, ge=None, gt=None, le=None, lt=None, choices=None, parse=None) -> Any:
     """A dataclass field that is an option (see the module docstring)."""
-    spec = Spec(help, ge, gt, le, lt, tuple(choices) if choices else None)
+    spec = Spec(help, ge, gt, le, lt, tuple(choices) if choices else None, parse)
     return dataclasses.field(default=default, metadata={"option": spec})
 
 
-class OptionError(ValueError):
+class OptionError(RkmojoError, ValueError):
     """An option's value is of the wrong type or out of range. `field` is the option's own name."""
 
     def __init__(self, field: str, value: Any, allowed: str):
@@ -97,6 +100,7 @@ def _adapter(cls: type, name: str) -> TypeAdapter:
     tp, spec = specs(cls)[name]
     if spec.choices:
         tp = typing.Literal[spec.choices] if None not in typing.get_args(tp) else typing.Optional[typing.Literal[spec.choices]]
+        return TypeAdapter(tp)  # a Literal is strict already
     nan = {"allow_inf_nan": False} if _base(tp) is float else {}
     return TypeAdapter(Annotated[tp, Field(strict=True, **_constraints(spec), **nan)])
 
@@ -161,7 +165,7 @@ def add_flags(group, cls: type, *, exclude: tuple[str, ...] = ()) -> None:
         if name in exclude:
             continue
         kw = {"choices": list(spec.choices)} if spec.choices else {
-            "type": _base(tp) if _base(tp) in (int, float) else str,
+            "type": str if spec.parse else _base(tp) if _base(tp) in (int, float) else str,
             "metavar": CLI.spell(name).lstrip("-").replace("-", "_").upper()}
         group.add_argument(CLI.spell(name), dest=name, default=None, help=f"{spec.help} ({allowed(tp, spec)})", **kw)
 
@@ -172,13 +176,27 @@ def from_flags(cls: type, namespace) -> dict:
     Raises:
         ValueError: naming the flag (`--temperature=5.0 is out of range; allowed: [0, 2]`).
     """
-    out = {n: getattr(namespace, n) for n in specs(cls) if getattr(namespace, n, None) is not None}
-    for name, value in out.items():
-        try:
-            check_value(cls, name, value)
-        except OptionError as e:
-            raise ValueError(CLI.error(e)) from None
-    return out
+    given = {n: getattr(namespace, n) for n in specs(cls) if getattr(namespace, n, None) is not None}
+    return {name: _read(cls, name, value, CLI) for name, value in given.items()}
+
+
+def _read(cls: type, name: str, value: Any, surface: Surface) -> Any:
+    """`value` (text from a flag or a variable, or already typed) as option `name`, checked.
+
+    Raises:
+        ValueError: naming the option as `surface` spells it.
+    """
+    tp, spec = specs(cls)[name]
+    try:
+        if isinstance(value, str) and spec.parse is not None:
+            return check_value(cls, name, spec.parse(value))
+        if isinstance(value, str) and _base(tp) in (int, float):
+            return check_value(cls, name, TypeAdapter(_base(tp)).validate_strings(value))
+        return check_value(cls, name, value)
+    except (OptionError, ValidationError):  # out of range, or text that is not a number: named as given
+        raise ValueError(OptionError(name, value, allowed(tp, spec)).spelled(surface.spell(name))) from None
+    except (RkmojoError, ValueError) as e:  # text the option's own parser refuses
+        raise ValueError(f"{surface.spell(name)}={value!r}: {e}") from None
 
 
 def from_env(cls: type, environ: Mapping[str, str] | None = None, names: tuple[str, ...] | None = None) -> dict:
@@ -188,14 +206,5 @@ def from_env(cls: type, environ: Mapping[str, str] | None = None, names: tuple[s
         ValueError: naming the variable (`RKMOJO_TEMPERATURE='5' is out of range; allowed: [0, 2]`).
     """
     environ = os.environ if environ is None else environ
-    out = {}
-    for name, (tp, spec) in specs(cls).items():
-        raw = environ.get(ENV.spell(name), "").strip()
-        if not raw or (names is not None and name not in names):
-            continue
-        try:
-            value = TypeAdapter(_base(tp)).validate_strings(raw) if _base(tp) in (int, float) else raw
-            out[name] = check_value(cls, name, value)
-        except (ValidationError, OptionError):
-            raise ValueError(f"{ENV.spell(name)}={raw!r} is out of range; allowed: {allowed(tp, spec)}") from None
-    return out
+    given = {n: environ.get(ENV.spell(n), "").strip() for n in specs(cls) if names is None or n in names}
+    return {name: _read(cls, name, raw, ENV) for name, raw in given.items() if raw}

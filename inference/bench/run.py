@@ -104,7 +104,7 @@ def child_streaming(store: Path, o: BenchOptions) -> dict:
     out = run_workload(engine, o.workload, rec)
     st = engine.expert_stats
     out["engine"] = {"slots": engine.slots, "policy": o.policy if rec else None, "io": st.get("io"),
-                     "verify_experts": o.verify_experts if rec else None, "threads": get_threads(),
+                     "verify_experts": o.verify_experts if rec else None, "threads": o.threads or get_threads(),
                      "memory_budget": engine.cfg.memory_budget, "chunk": o.chunk,
                      "prefetch": o.prefetch if rec else None, "kv_dtype": o.kv_dtype}
     out["peak_rss_bytes"] = peak_rss_bytes()

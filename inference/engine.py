@@ -6,8 +6,13 @@ computes only the rest.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+import weakref
 from dataclasses import dataclass
+from functools import cached_property
+from typing import Iterator
 
 import numpy as np
 
@@ -17,9 +22,11 @@ from .experts import VERIFY_MODES, StreamingExperts
 from .experts.cache import PAGE
 from .experts.io import IO_MODES
 from .options import OptionError, option
-from .generate import GenerationMixin
+from .generate import ContextLengthError, EngineBusyError, Event, _is_set, decode, max_new_tokens
 from .model import load_model
+from .sampler import SamplingParams
 from .store import Store
+from .tokenizer import StoreTokenizer
 
 # Python, numpy, kernels and activations: what the process needs besides weights, KV and slots
 RUNTIME_OVERHEAD = 384 * 2**20
@@ -51,10 +58,16 @@ class EngineConfig:
         options.check(self)
 
 
-class Engine(GenerationMixin):
+class Engine:
+    """One opened store, its model, expert cache and the KV state of one conversation; it runs one
+    generation at a time (`chat`, `complete`, `generate` yield events; `cancel` from any thread)."""
+
     def __init__(self, store: Store, cfg: EngineConfig):
         self.store = store
         self.cfg = cfg
+        self._lock = threading.Lock()  # held while a generation or an embedding runs
+        # cancel events of prepared or running generations (weak: a generator dropped unstarted leaves nothing)
+        self._live: weakref.WeakSet = weakref.WeakSet()
         streaming = bool(store.expert_layers) and (cfg.memory_budget is not None or cfg.expert_slots is not None)
         if streaming:
             store.load_dense()
@@ -67,6 +80,107 @@ class Engine(GenerationMixin):
                                     int(cfg.prefetch))
             self.model.experts = StreamingExperts(store, self.slots, policy=cfg.policy, io=cfg.io,
                                                   verify=cfg.verify_experts, prefetch=int(cfg.prefetch))
+
+    # --- generation: check the request here, then the token loop (`generate.decode`) ------------------
+    @cached_property
+    def tokenizer(self) -> StoreTokenizer:
+        return StoreTokenizer(self.store)
+
+    @property
+    def context_length(self) -> int:
+        """Tokens a sequence may hold: the model's maximum, capped by the configured context."""
+        limit = int(getattr(self.model.args, "max_position_embeddings", 0) or 0)
+        return min(limit, self.cfg.context) if limit else self.cfg.context
+
+    def chat(self, messages: list[dict], params: SamplingParams | dict | None = None, **overrides) -> Iterator[Event]:
+        """Answer a conversation with the model's chat template.
+
+        Args:
+            messages: [{"role": "system"|"user"|"assistant"|"tool", "content": ...}, ...].
+            params: a `SamplingParams` or a dict of its fields; keyword overrides win.
+        Returns:
+            An iterator of `TokenEvent`, `TextDelta`, and one final `Final`.
+        Raises:
+            OptionError: a parameter out of range (naming it and the range).
+            ChatTemplateError: the template refused the messages.
+            ContextLengthError: prompt + max_tokens exceed the context (stating both numbers).
+        """
+        p = self._params(params, overrides)
+        return self._start(self.tokenizer.encode_chat(messages, tools=p.tools, **p.template), p)
+
+    def complete(self, prompt: str, params: SamplingParams | dict | None = None, **overrides) -> Iterator[Event]:
+        """Continue raw text (no chat template; BOS added when the tokenizer adds it). As `chat` otherwise."""
+        p = self._params(params, overrides)
+        return self._start(self.tokenizer.encode(prompt), p)
+
+    def generate(self, ids: list[int], params: SamplingParams | dict | None = None, **overrides) -> Iterator[Event]:
+        """Continue the token ids `ids` (no template, nothing added). As `chat` otherwise."""
+        return self._start([int(i) for i in ids], self._params(params, overrides))
+
+    def cancel(self) -> None:
+        """Stop the running generation (and any prepared one) before its next token; safe from any thread."""
+        for ev in list(self._live):
+            ev.set()
+
+    def embed(self, texts: str | list[str]) -> np.ndarray:
+        """Embeddings: the mean over tokens of the final-normed hidden states, L2-normalised.
+
+        Each text is tokenized as by `complete` and run through a fresh KV cache, so the chat state is
+        untouched. Returns float32 [len(texts), hidden_size].
+
+        Raises:
+            ValueError: an empty text.
+            ContextLengthError: a text longer than the context.
+            EngineBusyError: a generation is running.
+        """
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        encoded = [self.tokenizer.encode(t) for t in texts]
+        for i, ids in enumerate(encoded):
+            if not ids:
+                raise ValueError(f"texts[{i}] is empty (no tokens)")
+            if len(ids) > self.context_length:
+                raise ContextLengthError(
+                    f"texts[{i}] has {len(ids)} tokens and the context holds {self.context_length}; shorten it"
+                )
+        with self._exclusive():
+            out = []
+            for ids in encoded:
+                with kernels.threads(self.cfg.threads):
+                    h = self.model.hidden(np.array(ids), self.model.new_cache())  # [T, H]
+                v = h.astype(np.float32).mean(axis=0)
+                out.append(v / max(float(np.linalg.norm(v)), 1e-12))
+        return np.stack(out).astype(np.float32)
+
+    def _params(self, params, overrides) -> SamplingParams:
+        return SamplingParams.from_any(params, **overrides).resolve(self.store.manifest.get("generation"))
+
+    def _start(self, ids: list[int], p: SamplingParams) -> Iterator[Event]:
+        """Check the request against the context and the engine's state; the generator that runs it."""
+        if not ids:
+            raise ValueError("the prompt is empty (no tokens); give some text")
+        max_tokens = max_new_tokens(len(ids), p, self.context_length)
+        if self._lock.locked():
+            raise EngineBusyError("the engine is busy with another generation; wait for it or cancel() it")
+        cancel = threading.Event()
+        self._live.add(cancel)
+        return self._run(ids, p, max_tokens, cancel)
+
+    def _run(self, ids: list[int], p: SamplingParams, max_tokens: int, cancel: threading.Event) -> Iterator[Event]:
+        try:
+            with self._exclusive():
+                yield from decode(self, ids, p, max_tokens, lambda: cancel.is_set() or _is_set(p.cancel))
+        finally:
+            self._live.discard(cancel)
+
+    @contextlib.contextmanager
+    def _exclusive(self):
+        if not self._lock.acquire(blocking=False):
+            raise EngineBusyError("the engine is busy with another generation; wait for it or cancel() it")
+        try:
+            yield
+        finally:
+            self._lock.release()
+
 
     @property
     def expert_stats(self) -> dict:

@@ -23,7 +23,7 @@ from .experts.cache import PAGE
 from .experts.io import IO_MODES
 from .options import OptionError, option
 from .generate import ContextLengthError, EngineBusyError, Event, _is_set, decode, max_new_tokens
-from .model import load_model
+from .model import empty_cache, load_model
 from .sampler import SamplingParams
 from .store import Store
 from .tokenizer import StoreTokenizer
@@ -69,17 +69,17 @@ class Engine:
         # cancel events of prepared or running generations (weak: a generator dropped unstarted leaves nothing)
         self._live: weakref.WeakSet = weakref.WeakSet()
         streaming = bool(store.expert_layers) and (cfg.memory_budget is not None or cfg.expert_slots is not None)
-        if streaming:
-            store.load_dense()
-        self.model = load_model(store, chunk=cfg.chunk, kv_dtype=cfg.kv_dtype)
-        self.cache = self.model.new_cache()
+        self.cache = empty_cache(store, chunk=cfg.chunk, kv_dtype=cfg.kv_dtype)
         self.tokens: list[int] = []  # the ids whose K/V the cache holds, in order
         self.slots = None
+        experts = {}
         if streaming:
+            store.load_dense()
             self.slots = plan_slots(store, kv_bytes(self.cache, cfg.context), cfg.memory_budget, cfg.expert_slots,
-                                    int(cfg.prefetch))
-            self.model.experts = StreamingExperts(store, self.slots, policy=cfg.policy, io=cfg.io,
-                                                  verify=cfg.verify_experts, prefetch=int(cfg.prefetch))
+                                    cfg.prefetch)
+            experts["experts"] = StreamingExperts(store, self.slots, policy=cfg.policy, io=cfg.io,
+                                                  verify=cfg.verify_experts, prefetch=cfg.prefetch)
+        self.model = load_model(store, chunk=cfg.chunk, kv_dtype=cfg.kv_dtype, **experts)
 
     # --- generation: check the request here, then the token loop (`generate.decode`) ------------------
     @cached_property

@@ -36,12 +36,16 @@ def cmd_verify(a) -> int:
 
 def cmd_bench(a) -> int:
     from .bench import BenchOptions, Workload, run_bench
+    from .engine import EngineConfig
+    from .options import from_flags
 
+    try:
+        engine = from_flags(EngineConfig, a)
+    except ValueError as e:
+        raise RkmojoError(str(e)) from None
     w = Workload(prompt_tokens=a.prompt_tokens, prefill_tokens=tuple(_int_list(a.prefill_tokens, "--prefill-tokens")),
                  decode_tokens=a.decode_tokens, runs=a.runs, feed=a.feed, seed=a.seed)
-    o = BenchOptions(memory_budget=a.memory_budget, expert_slots=a.expert_slots, policy=a.cache_policy, io=a.io,
-                     verify_experts=a.verify_experts, prefetch=a.prefetch, kv_dtype=a.kv_dtype,
-                     threads=a.threads, workload=w,
+    o = BenchOptions(**engine, workload=w,
                      sweep=tuple(_int_list(a.sweep, "--sweep")), bandwidth_seconds=a.bandwidth_seconds,
                      compute_tokens=a.compute_tokens, compute_bound=not a.no_compute_bound,
                      drop_caches=not a.no_drop_caches, cgroup_memory=a.cgroup_memory)
@@ -236,15 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="measure decode and prefill speed of a store against its IO and compute bounds")
     b.add_argument("store")
-    b.add_argument("--memory-budget", default=None, help="stream experts within this budget, e.g. 4G")
-    b.add_argument("--expert-slots", type=int, default=None, help="stream experts with this many slots per layer")
-    b.add_argument("--cache-policy", choices=["lfu", "lru"], default="lfu")
-    b.add_argument("--io", choices=["auto", "uring", "threads"], default="auto")
-    b.add_argument("--verify-experts", choices=["off", "first", "always"], default="first")
-    b.add_argument("--prefetch", type=int, default=0, metavar="SLOTS",
-                   help="gate-lookahead prefetch slots per layer (default 0: off)")
-    b.add_argument("--kv-dtype", choices=["f16", "f32"], default="f16", help="KV cache precision (default f16)")
-    b.add_argument("--threads", type=int, default=None)
+    add_flags(b.add_argument_group("engine"), EngineConfig, exclude=("context", "backend"))
     b.add_argument("--prompt-tokens", type=int, default=128, help="prompt before each decode run (default 128)")
     b.add_argument("--prefill-tokens", default="128,1024", help="prompt lengths timed for prefill and TTFT")
     b.add_argument("--decode-tokens", type=int, default=256)

@@ -129,7 +129,7 @@ class Error(_Event):
     t: Literal["error"] = "error"
     status: int = Field(ge=400, le=599)
     code: str | None = None
-    param: str | None = None  # the engine's option name; each surface spells it its own way
+    param: str | None = None  # the engine's name (prompt, input, an option); each surface spells it its own way
     message: str
 
 

@@ -95,9 +95,11 @@ def _run(b, req: dict) -> None:
             try:
                 _generate(b, eng, req, load_s)
             except ContextLengthError as e:
-                raise RequestError(400, str(e), code="context_length_exceeded", param=req.get("field")) from None
+                raise RequestError(400, str(e), code="context_length_exceeded", param="prompt") from None
+            except OptionError as e:
+                raise RequestError(400, str(e), code="invalid_value", param=e.field) from None
             except (ChatTemplateError, ValueError) as e:
-                raise RequestError(400, str(e), param=req.get("field")) from None
+                raise RequestError(400, str(e), param="prompt") from None
     finally:
         b.touch(name, req.get("keep_alive"))
 

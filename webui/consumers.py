@@ -39,9 +39,8 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         try:
             model = content.get("model")
             payload = {"kind": "chat", "model": model, "messages": chat_messages(content.get("messages") or []),
-                       "params": check_sampling(dict(content.get("params") or {}), OPENAI), "session": content.get("session"),
-                       "field": "messages"}
-            job = await Job.submit("rkmojo.generate", model, payload)
+                       "params": check_sampling(dict(content.get("params") or {}), OPENAI), "session": content.get("session")}
+            job = await Job.submit("rkmojo.generate", model, payload, names={"prompt": "messages"})
             parts = []
             async for ev in job.events():
                 out = as_dict(ev)

@@ -66,8 +66,10 @@ async def find_model(name: str) -> tuple[list[dict], dict]:
 
 
 class Job:
-    def __init__(self, task: str, queue: str, payload: dict, *, model: str | None, worker: str | None):
+    def __init__(self, task: str, queue: str, payload: dict, *, model: str | None, worker: str | None,
+                 names: dict[str, str] | None = None):
         self.task, self.queue, self.payload = task, queue, payload
+        self.names = names or {}  # the engine's name of a field → this API's (prompt → messages)
         self.model, self.worker = model, worker
         self.id = payload["id"]
         self.done = False
@@ -77,8 +79,9 @@ class Job:
 
     @classmethod
     async def submit(cls, task: str, model: str, payload: dict, *, client: str | None = None,
-                     refused_status: int = 429) -> "Job":
-        """Admit a generation request for `model` and hand it to the model's queue.
+                     refused_status: int = 429, names: dict[str, str] | None = None) -> "Job":
+        """Admit a generation request for `model` and hand it to the model's queue. `names`: how this API
+        spells the fields the worker's errors name (`{"prompt": "messages"}` for a chat).
 
         Raises:
             ApiError: 404 unknown model; `refused_status` (429 or 503) with Retry-After when the queue is full.
@@ -92,7 +95,7 @@ class Job:
             raise ApiError(refused_status, f"{model} has {capacity} requests running or waiting, the most it "
                                            f"queues; retry after {wait} s", code="queue_full",
                            headers={"Retry-After": str(wait)})
-        job = cls(task, bus.model_queue(model), payload, model=model, worker=None)
+        job = cls(task, bus.model_queue(model), payload, model=model, worker=None, names=names)
         await job._send()
         return job
 
@@ -139,6 +142,8 @@ class Job:
                 if isinstance(ev, (Queued, Loading, PrefillProgress)):
                     self.status = ev
                     continue
+                if isinstance(ev, Error) and ev.param in self.names:
+                    ev = ev.model_copy(update={"param": self.names[ev.param]})
                 if isinstance(ev, (Final, Error)):
                     self.done = True
                 yield ev

@@ -262,10 +262,9 @@ async def chat(request, body):
     if not req.messages:
         return await _load_or_unload(request, model, keep_alive, piece)
     messages = chat_messages(req.messages)
-    payload = {"kind": "chat", "model": model, "messages": messages, "params": params, "keep_alive": keep_alive,
-               "field": "messages"}
+    payload = {"kind": "chat", "model": model, "messages": messages, "params": params, "keep_alive": keep_alive}
     job = await jobs.Job.submit("rkmojo.generate", model, payload, client=request.META.get("REMOTE_ADDR"),
-                                refused_status=503)
+                                refused_status=503, names={"prompt": "messages"})
     await job.started()
 
     async def record(text, final):
@@ -293,11 +292,11 @@ async def generate(request, body):
     if not req.prompt:
         return await _load_or_unload(request, model, keep_alive, piece)
     if req.raw:
-        payload = {"kind": "complete", "prompt": req.prompt, "field": "prompt"}
+        payload = {"kind": "complete", "prompt": req.prompt}
     else:
         messages = ([{"role": "system", "content": req.system}] if req.system else []) + \
                    [{"role": "user", "content": req.prompt}]
-        payload = {"kind": "chat", "messages": messages, "field": "prompt"}
+        payload = {"kind": "chat", "messages": messages}
     payload.update(model=model, params=params, keep_alive=keep_alive)
     job = await jobs.Job.submit("rkmojo.generate", model, payload, client=request.META.get("REMOTE_ADDR"),
                                 refused_status=503)

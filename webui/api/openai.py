@@ -140,8 +140,8 @@ async def chat_completions(request, body):
     params = _sampling(req, req.max_completion_tokens or req.max_tokens)
     if req.logprobs:
         params["logprobs"] = req.top_logprobs or 0
-    payload = {"kind": "chat", "model": req.model, "messages": messages, "params": params, "field": "messages"}
-    job, _, meta = await _start("chatcmpl", request, req.model, payload)
+    payload = {"kind": "chat", "model": req.model, "messages": messages, "params": params}
+    job, _, meta = await _start("chatcmpl", request, req.model, payload, names={"prompt": "messages"})
     if req.stream:
         usage = bool(req.stream_options and req.stream_options.include_usage)
         return _sse(job, _chat_chunks(job, meta, usage, messages, bool(req.logprobs)))
@@ -195,7 +195,7 @@ async def completions(request, body):
     if not prompt:
         raise ApiError(400, "prompt is empty", param="prompt")
     payload = {"kind": "complete", "model": req.model, "prompt": prompt,
-               "params": _sampling(req, req.max_tokens or 16), "field": "prompt"}  # OpenAI's default is 16
+               "params": _sampling(req, req.max_tokens or 16)}  # OpenAI's default is 16
     job, _, meta = await _start("cmpl", request, req.model, payload)
     if req.stream:
         usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -280,9 +280,9 @@ def _model_entry(name: str, desc: dict) -> dict:
 
 
 # --- shared ------------------------------------------------------------------------------------
-async def _start(prefix: str, request, model: str, payload: dict) -> tuple:
+async def _start(prefix: str, request, model: str, payload: dict, names: dict | None = None) -> tuple:
     """Submit a generation and wait for its start: (job, start event, the fields every response carries)."""
-    job = await jobs.Job.submit("rkmojo.generate", model, payload, client=_client(request))
+    job = await jobs.Job.submit("rkmojo.generate", model, payload, client=_client(request), names=names)
     start = await job.started()
     meta = {"id": f"{prefix}-{job.id}", "created": int(time.time()), "model": model,
             "system_fingerprint": f"rkmojo-{job.claim.worker if job.claim else 'unknown'}"}

@@ -12,7 +12,10 @@ from pathlib import Path
 
 import dj_database_url
 
-from .env import (env_bool, env_choice, env_duration, env_int, env_list, env_path, env_size, env_str)
+from inference.engine import EngineConfig
+from inference.sampler import SamplingParams
+
+from .env import env_bool, env_choice, env_duration, env_int, env_list, env_options, env_path, env_size, env_str
 
 DATA_DIR = env_path("RKMOJO_DATA", env_path("RKMOJO_HOME", Path.home() / ".local" / "share" / "rkmojo"))
 MODELS_DIR = DATA_DIR / "models"
@@ -124,10 +127,12 @@ RKMOJO = {
     # the worker: its name (one per board), the model it loads at start, the engine's options
     "WORKER_NAME": env_str("RKMOJO_WORKER_NAME", socket.gethostname()),
     "PRELOAD": env_str("RKMOJO_PRELOAD", ""),
-    "MEMORY_BUDGET": env_size("RKMOJO_MEMORY_BUDGET", None),
-    "EXPERT_SLOTS": env_int("RKMOJO_EXPERT_SLOTS", None, minimum=1),
-    "THREADS": env_int("RKMOJO_THREADS", None, minimum=1),
-    "CONTEXT": env_int("RKMOJO_CONTEXT", 4096, minimum=256),
+    # the engine's options as RKMOJO_MEMORY_BUDGET, RKMOJO_EXPERT_SLOTS, RKMOJO_THREADS, RKMOJO_CONTEXT, … (see
+    # `inference.engine.EngineConfig`)
+    "ENGINE": env_options(EngineConfig),
+    # sampling defaults for requests that leave a field unset (RKMOJO_TEMPERATURE, RKMOJO_TOP_K, …; see
+    # `inference.sampler.SamplingParams`); unset here too: the model's generation config
+    "SAMPLING": env_options(SamplingParams),
     # a request still queued with no live worker for its model after this long gets an error
     "NO_WORKER_TIMEOUT": env_duration("RKMOJO_NO_WORKER_TIMEOUT", 60),
     # how often a worker refreshes its registration, and when a silent one counts as gone

@@ -27,22 +27,36 @@ def _say(msg: str) -> None:
 
 def install_demo(models_dir: Path) -> str | None:
     """Convert the bundled demo model into `models_dir` when no model is installed; its name (or None)."""
-    from inference.demo import DEMO_NAME, demo_gguf
+    from inference import demo
     from inference.errors import RkmojoError
 
     if any((d / "manifest.json").is_file() for d in models_dir.glob("*")):
-        return DEMO_NAME if (models_dir / DEMO_NAME / "manifest.json").is_file() else None
+        return demo.DEMO_NAME if (models_dir / demo.DEMO_NAME / "manifest.json").is_file() else None
     try:
-        gguf = demo_gguf()
+        demo.demo_gguf()
     except RkmojoError as e:
         _say(f"no model installed and no demo model to install ({e}); install one with `rkmojo pull`")
         return None
-    from inference.convert import convert
+    _say(f"installing the demo model {demo.DEMO_NAME} (first start)")
+    demo.install(models_dir, progress=sys.stderr.isatty())
+    return demo.DEMO_NAME
 
-    _say(f"installing the demo model {DEMO_NAME} (first start)")
-    models_dir.mkdir(parents=True, exist_ok=True)
-    convert(gguf, models_dir / DEMO_NAME, progress=sys.stderr.isatty())
-    return DEMO_NAME
+
+def add_command(sub) -> None:
+    """Register `rkmojo up` on the engine's command line (the `rkmojo.commands` entry point)."""
+    up = sub.add_parser("up", help="run the appliance: web API (OpenAI and Ollama), a worker, Redis; Ctrl-C stops")
+    up.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0: the LAN)")
+    up.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    up.add_argument("--worker-name", default=None, help="this board's name (default $RKMOJO_WORKER_NAME, the host name)")
+    up.add_argument("--no-demo", action="store_true", help="do not install the demo model on first start")
+    up.add_argument("--create-api-key", metavar="NAME", help="create an API key, print it once, and exit")
+    up.set_defaults(fn=_cmd_up)
+
+
+def _cmd_up(a) -> int:
+    if a.create_api_key:
+        return create_api_key(a.create_api_key)
+    return run(a.host, a.port, demo=not a.no_demo, worker_name=a.worker_name)
 
 
 def create_api_key(name: str) -> int:

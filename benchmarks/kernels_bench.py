@@ -59,9 +59,9 @@ def main() -> None:
                 cells = ""
                 for n in args.threads:
                     kernels.set_threads(n)
-                    dt = best_time(lambda: kernels.linear(x, copies[next(turn) % len(copies)]), args.min_time)
+                    dt = best_time(lambda: kernels.linear(x, copies[next(turn) % len(copies)]), args.min_time)  # noqa: B023 - timed now
                     cells += f" | {dt * 1e3:9.3f} {w.nbytes / dt / 1e9:6.2f} {2 * T * out * inn / dt / 1e9:7.1f}"
-                ref = "" if args.no_numpy else f"{best_time(lambda: x @ dequantize(w).T, args.min_time) * 1e3:8.2f}"
+                ref = "" if args.no_numpy else f"{best_time(lambda: x @ dequantize(w).T, args.min_time) * 1e3:8.2f}"  # noqa: B023
                 print(f"{kind:5} {f'{out}x{inn}':>11} {T:4d}{cells} | {ref:>8}", flush=True)
 
 

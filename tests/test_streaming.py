@@ -3,12 +3,12 @@ import shutil
 
 import numpy as np
 import pytest
-import transformers
 
 from inference.convert import convert
 from inference.engine import Engine
 from inference.errors import ModelFormatError, RkmojoError
 from inference.experts.io import uring_problem
+from inference.options import OptionError
 from parity import build_checkpoint
 from test_parity import gemma4, olmoe, qwen3_moe
 
@@ -153,8 +153,8 @@ def crashing_liburing(tmp_path, monkeypatch):
 def test_a_liburing_that_crashes_the_cpu_is_not_used_and_uring_is_refused_by_name(moe_store, crashing_liburing):
     problem = uring_problem()
     assert problem and "SIGILL" in problem
-    with pytest.raises(RkmojoError, match=r"io_uring is not available here \(the liburing package dies with "
-                                          r"SIGILL.*use --io threads"):
+    with pytest.raises(OptionError, match=r"io='uring' is out of range; allowed: auto or threads: io_uring is not "
+                                          r"available here \(the liburing package dies with SIGILL"):
         Engine.open(moe_store, chunk=16, expert_slots=2, io="uring")
     e = Engine.open(moe_store, chunk=16, expert_slots=2, io="auto")  # falls back to the thread pool
     assert e.expert_stats["io"] == "threads"

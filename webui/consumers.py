@@ -12,6 +12,9 @@ import contextlib
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from appliance.events import Delta, Error, Final, as_dict
+from inference.options import OPENAI
+
 from . import sessions
 from .api.common import ApiError
 from .api.jobs import Job
@@ -36,19 +39,19 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         try:
             model = content.get("model")
             payload = {"kind": "chat", "model": model, "messages": chat_messages(content.get("messages") or []),
-                       "params": check_sampling(dict(content.get("params") or {})), "session": content.get("session"),
-                       "field": "messages"}
-            job = await Job.submit("rkmojo.generate", model, payload)
+                       "params": check_sampling(dict(content.get("params") or {}), OPENAI), "session": content.get("session")}
+            job = await Job.submit("rkmojo.generate", model, payload, names={"prompt": "messages"})
             parts = []
             async for ev in job.events():
-                if ev["t"] == "delta":
-                    parts.append(ev["text"])
-                elif ev["t"] == "final":
-                    ev["session"] = await sessions.record("web", model, payload["messages"], "".join(parts),
-                                                         ev.get("usage"), content.get("session"))
-                if ev["t"] in ("final", "error"):
+                out = as_dict(ev)
+                if isinstance(ev, Delta):
+                    parts.append(ev.text)
+                elif isinstance(ev, Final):
+                    out["session"] = await sessions.record("web", model, payload["messages"], "".join(parts),
+                                                           ev.usage_dict(), content.get("session"))
+                if isinstance(ev, (Final, Error)):
                     self.busy = False
-                await self.send_json(ev)
+                await self.send_json(out)
         except ApiError as e:
             self.busy = False
             await self.send_json({"t": "error", "status": e.status, "param": e.param, "message": str(e)})

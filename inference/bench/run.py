@@ -50,7 +50,7 @@ CHILD_ENV = {"OPENBLAS_NUM_THREADS": "1", "GOMP_SPINCOUNT": "10000"}
 
 @dataclass
 class BenchOptions:
-    memory_budget: str | None = None
+    memory_budget: int | str | None = None  # bytes, or text like "4G"
     expert_slots: int | None = None
     policy: str = "lfu"
     io: str = "auto"
@@ -104,7 +104,7 @@ def child_streaming(store: Path, o: BenchOptions) -> dict:
     out = run_workload(engine, o.workload, rec)
     st = engine.expert_stats
     out["engine"] = {"slots": engine.slots, "policy": o.policy if rec else None, "io": st.get("io"),
-                     "verify_experts": o.verify_experts if rec else None, "threads": get_threads(),
+                     "verify_experts": o.verify_experts if rec else None, "threads": o.threads or get_threads(),
                      "memory_budget": engine.cfg.memory_budget, "chunk": o.chunk,
                      "prefetch": o.prefetch if rec else None, "kv_dtype": o.kv_dtype}
     out["peak_rss_bytes"] = peak_rss_bytes()
@@ -194,8 +194,9 @@ def run_bench(store: Path, o: BenchOptions, *, json_out: str | None = None, trac
     from .cgroup import MemoryCgroup
 
     st = Store(store)
-    if o.cgroup_memory and o.memory_budget and parse_size(o.memory_budget) > parse_size(o.cgroup_memory):
-        raise RkmojoError(f"--memory-budget {o.memory_budget} is more than --cgroup-memory {o.cgroup_memory}; "
+    budget = parse_size(o.memory_budget) if isinstance(o.memory_budget, str) else o.memory_budget
+    if o.cgroup_memory and budget and budget > parse_size(o.cgroup_memory):
+        raise RkmojoError(f"--memory-budget {budget / 2**30:.2f} GiB is more than --cgroup-memory {o.cgroup_memory}; "
                           "the engine would be OOM-killed: give it a budget within the limit")
     load_before, busy_before = os.getloadavg(), cpu_busy()
     with tempfile.TemporaryDirectory(prefix="rkmojo-bench-") as tmp:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-import numpy as np
 
-from ..errors import ModelFormatError, RkmojoError
+from ..errors import ModelFormatError
+from ..options import OptionError
 from ..store.format import digest_bytes
 from .cache import PAGE, LayerCache, LayerStats, SlotPool
 from .io import LayerFiles, ReadRequest, ThreadReader, open_reader
@@ -61,9 +61,9 @@ class StreamingExperts:
     def __init__(self, store, slots: int, *, policy: str = "lfu", io: str = "auto", verify: str = "first",
                  direct: bool = True, prefetch: int = 0):
         if verify not in VERIFY_MODES:
-            raise RkmojoError(f"--verify-experts {verify}: choose one of {', '.join(VERIFY_MODES)}")
+            raise OptionError("verify_experts", verify, f"one of {', '.join(VERIFY_MODES)}")
         if slots < 1:
-            raise RkmojoError(f"--expert-slots {slots}: at least 1 slot per layer is needed")
+            raise OptionError("expert_slots", slots, "at least 1 slot per layer")
         self.store = store
         self.verify = verify
         self.layouts = store.expert_layers
@@ -107,7 +107,7 @@ class StreamingExperts:
         """Forget the layer's unused prefetches: the queued ones are cancelled; one still running is
         waited for only when its slot is about to be reused (`wait`), i.e. at the next prefetch."""
         running = self.pf_running.setdefault(layer, [])
-        for r, batch in self.pf_pending[layer].values():
+        for _, batch in self.pf_pending[layer].values():
             self.caches[layer].stats.prefetch_cancelled += batch.cancel()
             if batch.pending:
                 running.append(batch)

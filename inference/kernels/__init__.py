@@ -10,6 +10,7 @@ Raises:
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 
@@ -94,6 +95,21 @@ def set_threads(n: int) -> None:
         ValueError: `n` is not a positive integer.
     """
     _LIB.set_threads(n)
+
+
+@contextlib.contextmanager
+def threads(n: int | None):
+    """Run the block with the kernels split over `n` threads (None: as they are), the previous count after:
+    an engine applies its own count to its own compute instead of setting one for the whole process."""
+    if not n:
+        yield
+        return
+    before = _LIB.get_threads()
+    _LIB.set_threads(n)
+    try:
+        yield
+    finally:
+        _LIB.set_threads(before)
 
 
 def get_threads() -> int:

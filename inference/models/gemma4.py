@@ -165,10 +165,10 @@ class Model(Transformer):
             d["router_in"] = d["router_scale"] * np.float32(self.args.hidden_size**-0.5)
         return d
 
-    def new_cache(self) -> KVCache:
-        a = self.args
+    @staticmethod
+    def cache_for(a: Args, chunk: int, dtype) -> KVCache:
         return KVCache([LayerKV(a.attn_dims(i)[1], a.attn_dims(i)[0],
-                                a.sliding_window if a.is_sliding(i) else None, self.chunk, dtype=self.kv_dtype)
+                                a.sliding_window if a.is_sliding(i) else None, chunk, dtype=dtype)
                         for i in range(a.num_hidden_layers)])
 
     def route(self, i: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

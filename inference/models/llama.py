@@ -76,9 +76,9 @@ class Model(Transformer):
             "mlp": {n: self.w(p + "mlp." + n) for n in ("gate", "up", "down")},
         }
 
-    def new_cache(self) -> KVCache:
-        a = self.args
-        return KVCache([LayerKV(a.num_key_value_heads, a.head_dim, None, self.chunk, dtype=self.kv_dtype)
+    @staticmethod
+    def cache_for(a: Args, chunk: int, dtype) -> KVCache:
+        return KVCache([LayerKV(a.num_key_value_heads, a.head_dim, None, chunk, dtype=dtype)
                         for _ in range(a.num_hidden_layers)])
 
     def layer(self, i: int, h: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:

@@ -85,9 +85,9 @@ class Model(Transformer):
             d["mlp"] = {n: self.w(p + "mlp." + n) for n in ("gate", "up", "down")}
         return d
 
-    def new_cache(self) -> KVCache:
-        a = self.args
-        return KVCache([LayerKV(a.num_key_value_heads, a.head_dim, None, self.chunk, dtype=self.kv_dtype)
+    @staticmethod
+    def cache_for(a: Args, chunk: int, dtype) -> KVCache:
+        return KVCache([LayerKV(a.num_key_value_heads, a.head_dim, None, chunk, dtype=dtype)
                         for _ in range(a.num_hidden_layers)])
 
     def route(self, i: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -5,7 +5,6 @@ import os
 import random
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 

@@ -19,6 +19,8 @@ from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
+from appliance.events import Error
+
 log = logging.getLogger("rkmojo.api")
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -38,9 +40,8 @@ class ApiError(Exception):
         self.status, self.param, self.code, self.headers = status, param, code, headers or {}
 
     @classmethod
-    def from_event(cls, ev: dict) -> "ApiError":
-        return cls(int(ev.get("status") or 500), ev.get("message") or "the request failed",
-                   param=ev.get("param"), code=ev.get("code"))
+    def from_event(cls, ev: Error) -> "ApiError":
+        return cls(ev.status, ev.message, param=ev.param, code=ev.code)
 
 
 def openai_error_body(e: ApiError) -> dict:

@@ -2,7 +2,7 @@
 
     job = await Job.submit("rkmojo.generate", model, payload, client=addr)   # 404 / 429 as ApiError
     try:
-        async for ev in job.events():   # start, delta…, final — or one error
+        async for ev in job.events():   # Start, Delta…, Final — or one Error (`appliance.events`)
             ...
     finally:
         await job.close()               # the client left before the end: the worker stops at its next token
@@ -22,6 +22,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from appliance import bus
+from appliance.events import Claim, Error, Event, Final, Loading, PrefillProgress, Queued, Start
 
 from .common import ApiError
 
@@ -65,18 +66,22 @@ async def find_model(name: str) -> tuple[list[dict], dict]:
 
 
 class Job:
-    def __init__(self, task: str, queue: str, payload: dict, *, model: str | None, worker: str | None):
+    def __init__(self, task: str, queue: str, payload: dict, *, model: str | None, worker: str | None,
+                 names: dict[str, str] | None = None):
         self.task, self.queue, self.payload = task, queue, payload
+        self.names = names or {}  # the engine's name of a field → this API's (prompt → messages)
         self.model, self.worker = model, worker
         self.id = payload["id"]
         self.done = False
-        self.claim: dict | None = None
+        self.claim: Claim | None = None
+        self.status: Queued | Loading | PrefillProgress | None = None  # the latest, for pages that show it
         self.after = "0"  # the last stream id read: `events()` may be called again and goes on from there
 
     @classmethod
     async def submit(cls, task: str, model: str, payload: dict, *, client: str | None = None,
-                     refused_status: int = 429) -> "Job":
-        """Admit a generation request for `model` and hand it to the model's queue.
+                     refused_status: int = 429, names: dict[str, str] | None = None) -> "Job":
+        """Admit a generation request for `model` and hand it to the model's queue. `names`: how this API
+        spells the fields the worker's errors name (`{"prompt": "messages"}` for a chat).
 
         Raises:
             ApiError: 404 unknown model; `refused_status` (429 or 503) with Retry-After when the queue is full.
@@ -90,7 +95,7 @@ class Job:
             raise ApiError(refused_status, f"{model} has {capacity} requests running or waiting, the most it "
                                            f"queues; retry after {wait} s", code="queue_full",
                            headers={"Retry-After": str(wait)})
-        job = cls(task, bus.model_queue(model), payload, model=model, worker=None)
+        job = cls(task, bus.model_queue(model), payload, model=model, worker=None, names=names)
         await job._send()
         return job
 
@@ -112,8 +117,11 @@ class Job:
             await self.close()
             raise
 
-    async def events(self) -> AsyncIterator[dict]:
-        """The request's events from the first (claim events are kept, not yielded); ends after final/error."""
+    async def events(self) -> AsyncIterator[Event]:
+        """The request's events from the first; ends after Final/Error.
+
+        Claim and the status events (Queued, Loading, PrefillProgress) are kept on the job, not yielded.
+        """
         r = redis()
         waiting_since = time.monotonic()
         while not self.done:
@@ -128,22 +136,27 @@ class Job:
                 continue
             for eid, ev in batch:
                 self.after = eid
-                if ev["t"] == "claim":
+                if isinstance(ev, Claim):
                     self.claim = ev
                     continue
-                if ev["t"] in ("final", "error"):
+                if isinstance(ev, (Queued, Loading, PrefillProgress)):
+                    self.status = ev
+                    continue
+                if isinstance(ev, Error) and ev.param in self.names:
+                    ev = ev.model_copy(update={"param": self.names[ev.param]})
+                if isinstance(ev, (Final, Error)):
                     self.done = True
                 yield ev
                 if self.done:
                     return
 
-    async def first(self) -> dict:
-        """The first event: `start` (the request is valid and running) or `error`."""
+    async def first(self) -> Event:
+        """The first event: `Start` (the request is valid and running) or `Error`."""
         async for ev in self.events():
             return ev
         raise ApiError(500, "the request's event stream ended without an event")
 
-    async def started(self) -> dict:
+    async def started(self) -> Start:
         """Wait (through the queue) for the start event; an error event instead raises it as an ApiError.
 
         The HTTP status is decided here: a request the worker refused (prompt too long, …) is still a 4xx.
@@ -153,27 +166,30 @@ class Job:
         except BaseException:
             await self.close()
             raise
-        if ev["t"] == "error":
+        if isinstance(ev, Error):
             await self.close()
             raise ApiError.from_event(ev)
+        if not isinstance(ev, Start):
+            await self.close()
+            raise ApiError(500, f"the worker sent {ev.t!r} before start")
         return ev
 
-    async def _check_worker(self, r, waiting_since: float) -> dict | None:
+    async def _check_worker(self, r, waiting_since: float) -> Error | None:
         if self.claim is not None:
-            w = await bus.worker(r, self.claim["worker"])
-            if w is None or w.get("boot") != self.claim["boot"]:
+            w = await bus.worker(r, self.claim.worker)
+            if w is None or w.get("boot") != self.claim.boot:
                 why = "restarted" if w is not None else "stopped answering"
-                return {"t": "error", "status": 503, "code": "worker_lost", "param": None,
-                        "message": f"the worker {self.claim['worker']} {why} while serving this request; retry it"}
+                return Error(status=503, code="worker_lost",
+                             message=f"the worker {self.claim.worker} {why} while serving this request; retry it")
             return None
         if self.worker is not None:
             alive = await bus.worker(r, self.worker) is not None
         else:
             alive = any(m["name"] == self.model for w in await bus.workers(r) for m in w.get("models", []))
         if not alive and time.monotonic() - waiting_since > settings.RKMOJO["NO_WORKER_TIMEOUT"]:
-            return {"t": "error", "status": 503, "code": "no_worker", "param": None,
-                    "message": f"no worker serving {self.model or self.worker} came up within "
-                               f"{settings.RKMOJO['NO_WORKER_TIMEOUT']:.0f} s; retry later"}
+            return Error(status=503, code="no_worker",
+                         message=f"no worker serving {self.model or self.worker} came up within "
+                                 f"{settings.RKMOJO['NO_WORKER_TIMEOUT']:.0f} s; retry later")
         return None
 
     async def close(self) -> None:

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from inference.options import OptionError, Surface, api_type
+from inference.sampler import SamplingParams
+
 from .common import ApiError
 
 ROLES = ("system", "developer", "user", "assistant")
@@ -53,14 +56,20 @@ def seed_value(seed: int | None) -> int | None:
     return None if seed is None else seed % 2**64
 
 
-def check_sampling(params: dict) -> dict:
-    """`params` (SamplingParams fields) checked by the engine's own rules; 400 naming the field when out of range."""
-    from inference.sampler import SamplingParams
+def check_sampling(params: dict, surface: Surface) -> dict:
+    """`params` (SamplingParams fields) checked by the schema's own rules (`inference.options`).
 
+    Raises:
+        ApiError: 400 naming the field as `surface`'s clients spell it (`options.num_predict`).
+    """
     params = {k: v for k, v in params.items() if v is not None}
     try:
         SamplingParams.from_any(params)
-    except ValueError as e:
-        field = str(e).split("=", 1)[0].split(":", 1)[0].strip()
-        raise ApiError(400, str(e), param=field if field.isidentifier() else None) from None
+    except OptionError as e:
+        raise ApiError(400, surface.error(e), param=surface.spell(e.field), code="invalid_value") from None
     return params
+
+
+def sampling_field(name: str):
+    """The type of a request field that is sampling option `name` (its range in the OpenAPI document)."""
+    return api_type(SamplingParams, name)

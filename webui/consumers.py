@@ -4,6 +4,9 @@ Client → server: {"model", "messages", "session"?, "params"?}; server → clie
 ({"t": "start" | "delta" | "final" | "error", …}); the final event carries the session id to continue
 with. Closing the socket cancels the running generation.
 Same-origin browser pages only: the socket is wrapped in Channels' origin check in `appliance.asgi`.
+A socket needs a logged-in session, or `RKMOJO_CHAT_OPEN` and a client the API key rule lets in
+without a key (`key_required`): every way into generation follows that rule. Others are refused at
+the handshake (HTTP 403). Messages are checked as HTTP bodies are (`webui.door.load_json`).
 """
 from __future__ import annotations
 
@@ -13,16 +16,42 @@ import contextlib
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from . import sessions
-from .api.common import ApiError
+from django.conf import settings
+
+from .api.common import ApiError, key_required
 from .api.jobs import Job
 from .api.params import chat_messages, check_sampling
+from .door import load_json
+
+
+def may_chat(scope: dict) -> bool:
+    """A logged-in user, or (RKMOJO_CHAT_OPEN) a client that needs no API key."""
+    user = scope.get("user")
+    if user is not None and user.is_authenticated:
+        return True
+    client = (scope.get("client") or [None])[0]
+    return settings.RKMOJO["CHAT_OPEN"] and not key_required(settings.RKMOJO["API_KEYS"], client)
 
 
 class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self):
         self.task: asyncio.Task | None = None
         self.busy = False  # a generation runs (its last event not yet sent)
+        if not may_chat(self.scope):
+            await self.close()  # before accept: the handshake is answered 403
+            return
         await self.accept()
+
+    async def receive(self, text_data=None, bytes_data=None, **kwargs):
+        try:
+            content = load_json(text_data if text_data is not None else bytes_data)
+        except ApiError as e:
+            await self.send_json({"t": "error", "status": e.status, "param": e.param, "message": str(e)})
+            return
+        if not isinstance(content, dict):
+            await self.send_json({"t": "error", "status": 400, "param": None, "message": "send a JSON object"})
+            return
+        await self.receive_json(content, **kwargs)
 
     async def receive_json(self, content, **kwargs):
         if self.busy:

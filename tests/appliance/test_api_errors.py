@@ -9,7 +9,8 @@ ASK = [{"role": "user", "content": "hi"}]
 
 @pytest.fixture
 def http(stack):
-    with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {stack.key}"}, timeout=60) as c:
+    with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {stack.key}",
+                                                   "Content-Type": "application/json"}, timeout=60) as c:
         yield c
 
 

@@ -27,6 +27,7 @@ from django.conf import settings
 
 from . import bus
 from .promptcache import common_prefix
+from .sources import SourceError, local_path
 from .worker import board
 
 log = logging.getLogger("rkmojo.tasks")
@@ -216,11 +217,15 @@ def _install(b, req: dict, node: str) -> None:
         if out.exists():
             raise RequestError(409, f"model {name!r} is already installed on {b.name}; delete it first")
         threading.Thread(target=_watch_pull, args=(b, rid, out, stop), daemon=True).start()
+        try:
+            local = local_path(source, settings.RKMOJO["IMPORT_DIR"])
+        except SourceError as e:
+            raise RequestError(400, str(e), param="model") from None
         bus.emit(b.r, rid, {"t": "progress", "status": f"pulling {source}"})
-        if Path(source).exists():
+        if local is not None:
             from inference.convert import convert
 
-            convert(source, out, progress=False)
+            convert(local, out, progress=False)
         else:
             from inference.pull import pull
 

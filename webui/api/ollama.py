@@ -12,16 +12,18 @@ import json
 import re
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from pydantic import BaseModel, ConfigDict, Field
+
+from appliance.sources import SourceError, local_path
 
 from . import jobs
 from .common import ApiError, api_view, log, ollama_model_name
 from .openai import embedding_result
-from .params import chat_messages, check_sampling, seed_value
+from .params import chat_messages, check_embed_batch, check_sampling, seed_value
 
 VERSION = "0.9.0"  # the Ollama API level these endpoints follow; clients gate features on it
 
@@ -129,6 +131,7 @@ def sampling(req: _Generation) -> dict:
     unknown = sorted(set(opts) - set(Options.model_fields) - _RUNTIME_OPTIONS)
     if unknown:
         raise ApiError(400, f"unknown option {unknown[0]!r}", param=f"options.{unknown[0]}")
+    check_num_ctx(opts.get("num_ctx"))
     o = Options.model_validate({k: v for k, v in opts.items() if k not in _RUNTIME_OPTIONS})
     for name, neutral in (("mirostat", 0), ("tfs_z", 1.0), ("typical_p", 1.0)):
         if getattr(o, name) not in (None, neutral):
@@ -147,6 +150,19 @@ def sampling(req: _Generation) -> dict:
     if req.logprobs:
         params["logprobs"] = req.top_logprobs or 0
     return check_sampling(params)
+
+
+def check_num_ctx(value) -> None:
+    """`num_ctx` sizes Ollama's own KV cache; here the worker's context is fixed (RKMOJO_CONTEXT), so a
+    value is accepted up to it and refused past it instead of being ignored."""
+    if value is None:
+        return
+    limit = settings.RKMOJO["CONTEXT"]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ApiError(400, f"options.num_ctx {value!r}: give a positive whole number of tokens", param="options.num_ctx")
+    if value > limit:
+        raise ApiError(400, f"options.num_ctx {value}: this server runs a context of {limit} tokens "
+                            "(RKMOJO_CONTEXT); give at most that", param="options.num_ctx")
 
 
 def _now() -> str:
@@ -299,6 +315,7 @@ async def generate(request, body):
 async def _embed(request, model: str, texts: list[str], keep_alive) -> tuple:
     if not texts or any(not isinstance(t, str) or not t for t in texts):
         raise ApiError(400, "input must be a non-empty string or a list of non-empty strings", param="input")
+    check_embed_batch(texts)
     job = await jobs.Job.submit("rkmojo.generate", model, {"kind": "embed", "model": model, "input": texts,
                                                            "keep_alive": keep_alive_seconds(keep_alive)},
                                 client=request.META.get("REMOTE_ADDR"), refused_status=503)
@@ -365,7 +382,7 @@ async def ps(request, body):
             d = descs.get(ld["name"], {})
             models.append({"name": ld["name"], "model": ld["name"], "size": ld.get("size", 0), "digest": d.get("digest", ""),
                            "details": _details(d), "expires_at": _iso(ld.get("expires_at")), "size_vram": 0,
-                           "context_length": d.get("context") or None, "worker": w["name"]})
+                           "context_length": ld.get("context") or d.get("context") or None, "worker": w["name"]})
     for name in sorted({m["name"] for w in workers for m in w.get("models", [])}):
         for q in await bus.queued(r, name):
             requests.append({**q, "state": "running" if q["id"] in running else "waiting",
@@ -422,8 +439,12 @@ async def pull(request, body):
     if not source:
         raise ApiError(400, "model is required: a repository id (owner/name), a .gguf URL or a path on the worker",
                        param="model")
-    if source.startswith(("/", "./", "../", "~")):  # a path on the worker's machine
-        name = Path(source).name.removesuffix(".gguf").lower()
+    try:
+        local = local_path(source, settings.RKMOJO["IMPORT_DIR"])
+    except SourceError as e:
+        raise ApiError(400, str(e), param="model") from None
+    if local is not None:  # a file in the import directory
+        name = local.name.removesuffix(".gguf").lower()
     else:
         name = ollama_model_name(default_name(source))
     if name in await jobs.catalog():
@@ -433,7 +454,8 @@ async def pull(request, body):
         workers = [w for w in workers if w["name"] == req.worker]
     if not workers:
         raise ApiError(503, f"no worker {'named ' + req.worker + ' ' if req.worker else ''}is running to install it")
-    job = await jobs.Job.submit_board("rkmojo.install", workers[0]["name"], {"source": source, "name": name})
+    job = await jobs.Job.submit_board("rkmojo.install", workers[0]["name"],
+                                      {"source": str(local or source), "name": name})
     await job.started()
 
     async def lines():

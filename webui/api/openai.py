@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from . import jobs
 from .common import ApiError, api_view, log, openai_error_body
-from .params import check_sampling, chat_messages, seed_value
+from .params import chat_messages, check_embed_batch, check_sampling, seed_value
 
 FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
 
@@ -231,6 +231,7 @@ async def embeddings(request, body):
     texts = [req.input] if isinstance(req.input, str) else req.input
     if not texts or any(not t for t in texts):
         raise ApiError(400, "input must be a non-empty string or a list of non-empty strings", param="input")
+    check_embed_batch(texts)
     job = await jobs.Job.submit("rkmojo.generate", req.model, {"kind": "embed", "model": req.model, "input": texts},
                                 client=_client(request))
     try:

@@ -2,23 +2,12 @@
 import asyncio
 
 
-def session_cookie(username: str) -> bytes:
-    """A logged-in session of a (new) user, as the browser's Cookie header carries it."""
-    from django.contrib.auth import get_user_model
-    from django.test import Client
-
-    user, _ = get_user_model().objects.get_or_create(username=username)
-    c = Client()
-    c.force_login(user)
-    return f"sessionid={c.cookies['sessionid'].value}".encode()
-
-
-def test_the_chat_consumer_streams_events_and_cancels_on_disconnect(django_for_stack, stack):
+def test_the_chat_consumer_streams_events_and_cancels_on_disconnect(session_cookie, stack):
     from channels.testing import WebsocketCommunicator
 
     from appliance.asgi import application
 
-    cookie = session_cookie("chatter")
+    cookie = session_cookie("chatter").encode()
 
     async def scenario():
         ws = WebsocketCommunicator(application, "/ws/chat/", headers=[(b"host", b"127.0.0.1"), (b"cookie", cookie),

@@ -126,6 +126,16 @@ def oai(stack):
 
 
 @pytest.fixture
+def http(stack):
+    """An HTTP client with the stack's key that sends JSON bodies (`content=` included)."""
+    import httpx
+
+    with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {stack.key}",
+                                                   "Content-Type": "application/json"}, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture
 def oll(stack):
     return stack.ollama()
 

@@ -16,13 +16,6 @@ import pytest
 ASK = [{"role": "user", "content": "hi"}]
 
 
-@pytest.fixture
-def http(stack):
-    with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {stack.key}",
-                                                   "Content-Type": "application/json"}, timeout=60) as c:
-        yield c
-
-
 def chat(http, body: bytes, **headers) -> httpx.Response:
     return http.post("/v1/chat/completions", content=body, headers=headers)
 

@@ -28,7 +28,7 @@ def start_up(data: Path, port: int) -> tuple[subprocess.Popen, list[str]]:
             lines.append(line)
     threading.Thread(target=read, daemon=True).start()
     deadline = time.monotonic() + 180
-    while not any("serving on http://" in l for l in lines):
+    while not any("Ctrl-C stops" in l for l in lines):
         assert proc.poll() is None, "".join(lines)
         assert time.monotonic() < deadline, "".join(lines)
         time.sleep(0.2)

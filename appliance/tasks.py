@@ -208,7 +208,7 @@ def install(req: dict) -> None:
 
 
 def _install(b, req: dict, node: str) -> None:
-    from inference.errors import RkmojoError
+    from inference.errors import RkmojoError, disk_full
 
     rid, name, source = req["id"], req["name"], req["source"]
     stop = threading.Event()
@@ -249,7 +249,8 @@ def _install(b, req: dict, node: str) -> None:
     except RequestError as e:
         bus.emit(b.r, rid, e.event())
     except (RkmojoError, OSError, ValueError) as e:
-        bus.emit(b.r, rid, RequestError(400, f"pull {source}: {e}").event())
+        status = 507 if disk_full(e) else 400  # the store writer removed its half-written work
+        bus.emit(b.r, rid, RequestError(status, f"pull {source}: {e}", code="disk_full" if status == 507 else None).event())
     except Exception as e:
         log.exception("install of %s failed", source)
         bus.emit(b.r, rid, RequestError(500, f"pull {source}: {type(e).__name__}: {e}").event())

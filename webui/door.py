@@ -13,7 +13,8 @@ Two layers, outermost first:
   - a JSON body is parsed once here: invalid JSON, nesting deeper than `MAX_DEPTH` and strings that are
     not text (lone UTF-16 surrogates such as "\\ud800") → 400 naming the field. The view reads
     `request.json_body`.
-Errors use the OpenAI error format under /v1/ and Ollama's elsewhere (`webui.api.common`).
+Errors use the OpenAI error format under /v1/ and Ollama's elsewhere (`webui.api.common`). A view
+that fails on a full disk (SQLite's "database or disk is full", ENOSPC) is answered 507 saying so.
 """
 from __future__ import annotations
 
@@ -22,10 +23,12 @@ import urllib.parse
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
-from django.http import HttpRequest, HttpResponseForbidden
+from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
 from django.http.request import validate_host
 
-from .api.common import ApiError, error_response
+from inference.errors import disk_full
+
+from .api.common import DISK_FULL, ApiError, error_response
 
 MAX_DEPTH = 64  # objects and arrays inside each other; no API body needs more than ~6
 JSON_PATHS = ("/v1/", "/api/")
@@ -159,6 +162,14 @@ class LanDoorMiddleware:
         except ApiError as e:
             return error_response(flavor(request.path), e)
         return await self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception):
+        """A page (setup, admin) that hit a full disk: a 507 saying so instead of a bare 500."""
+        if not disk_full(exception):
+            return None
+        if request.path.startswith(JSON_PATHS):
+            return error_response(flavor(request.path), DISK_FULL)
+        return HttpResponse(str(DISK_FULL) + "\n", status=507, content_type="text/plain")
 
 
 # --- body size (ASGI) --------------------------------------------------------------------------------

@@ -21,6 +21,8 @@ from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
+from inference.errors import disk_full
+
 log = logging.getLogger("rkmojo.api")
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -44,6 +46,10 @@ class ApiError(Exception):
     def from_event(cls, ev: dict) -> "ApiError":
         return cls(int(ev.get("status") or 500), ev.get("message") or "the request failed",
                    param=ev.get("param"), code=ev.get("code"))
+
+
+DISK_FULL = ApiError(507, "the appliance's data disk is full; nothing was saved. Free space in its data directory "
+                          "(remove a model with `rkmojo rm`, or old prompt caches) and retry", code="disk_full")
 
 
 def openai_error_body(e: ApiError) -> dict:
@@ -155,7 +161,10 @@ def api_view(flavor: str, methods: tuple[str, ...] = ("POST",), *, auth: bool = 
                 return error_response(flavor, ApiError(503, "the appliance's Redis does not answer (restarting?); "
                                                             "retry in a few seconds", code="redis_unavailable",
                                                        headers={"Retry-After": "2"}))
-            except Exception:
+            except Exception as e:
+                if disk_full(e):
+                    log.error("%s %s: the data disk is full (%s)", request.method, request.path, e)
+                    return error_response(flavor, DISK_FULL)
                 log.exception("%s %s failed", request.method, request.path)
                 return error_response(flavor, ApiError(500, "internal error; the server log has the details"))
 

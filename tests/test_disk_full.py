@@ -1,4 +1,4 @@
-"""A full disk in each writer: convert, prompt-cache files, the database (command line and web page).
+"""A full disk in each writer: convert, pull, prompt-cache files, the database (command line and web page).
 
 Each test mounts a small tmpfs, fills it, and checks the error says the disk is full and that nothing
 half-written is left. tmpfs mounts need root: skipped otherwise.
@@ -112,3 +112,21 @@ def test_the_database_on_a_full_disk_refuses_clearly_and_stays_whole(small_disk)
         assert check.stdout.split() == ["ok", "0", "0"], check.stderr  # whole, and nothing half-written
     finally:
         web.stop()
+
+
+def test_a_pull_that_fills_the_disk_says_so_and_installs_nothing(small_disk, smollm2_gguf, tmp_path):
+    from inference.pull import pull
+    from test_pull import HubServer
+
+    root = tmp_path / "hub" / "files" / "demo"
+    root.mkdir(parents=True)
+    (root / smollm2_gguf.name).symlink_to(smollm2_gguf)
+    server = HubServer(tmp_path / "hub")
+    disk = small_disk(8)
+    try:
+        with pytest.raises(DiskFullError, match="the disk is full; nothing is installed") as e:
+            pull(f"{server.url}/files/demo/resolve/main/{smollm2_gguf.name}", disk, progress=False)
+    finally:
+        server.close()
+    assert "kept" in str(e.value) and "resume" in str(e.value)
+    assert not (disk / "smollm2-135m-instruct.q4_1").exists()

@@ -8,11 +8,15 @@ setting on every request, which is what makes a live list work. Interface addres
 """
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
+from typing import NamedTuple
 
 import psutil
+
+log = logging.getLogger("rkmojo.hosts")
 
 REFRESH = 5.0
 
@@ -21,13 +25,30 @@ def machine_names() -> list[str]:
     """The host name, its .local name, localhost and every interface address of this machine."""
     host = socket.gethostname().lower()
     names = {host, f"{host}.local", "localhost", "127.0.0.1", "[::1]"}
-    for addrs in psutil.net_if_addrs().values():
+    try:
+        interfaces = psutil.net_if_addrs()  # getifaddrs(3): needs AF_NETLINK (the board's sandbox allows it)
+    except OSError as e:
+        log.warning("cannot list the network interfaces (%s); allowing the host name's addresses only", e)
+        interfaces = {"resolved": [_Addr(socket.AF_INET, a) for a in _resolved(host)]}
+    for addrs in interfaces.values():
         for a in addrs:
             if a.family == socket.AF_INET:
                 names.add(a.address)
             elif a.family == socket.AF_INET6:
                 names.add(f"[{a.address.split('%')[0]}]")  # a link-local zone is not part of a Host header
     return sorted(names)
+
+
+class _Addr(NamedTuple):
+    family: int
+    address: str
+
+
+def _resolved(host: str) -> list[str]:
+    try:
+        return socket.gethostbyname_ex(host)[2]
+    except OSError:
+        return []
 
 
 class MachineHosts(list):

@@ -198,18 +198,31 @@ def test_a_lan_client_needs_a_key_for_the_api_and_a_session_for_the_chat_socket(
 def test_redis_killed_mid_stream_ends_the_stream_with_an_error_then_the_service_recovers(up):
     ask = {"model": DEMO, "messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": 400,
            "stream": True}
-    events, killed = [], None
+    events, killed, waiting = [], None, {}
+
+    def queued():  # admitted behind the running one (the worker runs one at a time)
+        r = httpx.post(f"{up.url}/api/chat", timeout=60, json={"model": DEMO, "messages": ask["messages"],
+                                                                "stream": False})
+        waiting.update(status=r.status_code, body=r.json(), at=time.monotonic())
+
     with httpx.stream("POST", f"{up.url}/v1/chat/completions", json=ask, timeout=60) as r:
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             events.append(json.loads(line[6:]))
-            if killed is None and len(events) >= 2:
+            if len(events) == 2:
+                second = threading.Thread(target=queued)
+                second.start()
+                time.sleep(0.5)
                 up.child("redis-server").kill()
                 killed = time.monotonic()
-    print(f"\n{len(events)} events, {time.monotonic() - killed:.2f} s after the kill")
+        ended = time.monotonic()
+    second.join(30)
+    print(f"\nstream: error event {ended - killed:.2f} s after the kill, after {len(events) - 1} chunks; "
+          f"queued request: {waiting.get('status')} {waiting.get('at', killed) - killed:.2f} s after the kill")
     assert killed is not None and "error" in events[-1], (len(events), events[-2:])
     assert "Redis" in events[-1]["error"]["message"]
+    assert waiting["status"] == 503 and "Redis" in waiting["body"]["error"]
     tries = 0
     while True:
         tries += 1

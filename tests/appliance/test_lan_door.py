@@ -167,17 +167,28 @@ def test_the_chat_socket_refuses_foreign_origins_and_clients_without_a_session(s
     assert asyncio.run(statuses()) == [403, 403, 403, 403, 101]
 
 
-def test_a_placeholder_key_from_loopback_is_not_checked_under_the_remote_policy(stack):
-    """The stack requires keys from everyone; this daphne runs the default `remote` policy."""
+def test_under_the_remote_policy_loopback_placeholder_keys_pass_and_chat_open_lets_loopback_sockets_in(stack):
+    """The stack requires keys from everyone; this daphne runs the default `remote` policy, chat open."""
+    import websockets
+
     from appliance import processes
 
     port = processes.free_port()
-    env = {**stack.env, "RKMOJO_API_KEYS": "remote"}
+    env = {**stack.env, "RKMOJO_API_KEYS": "remote", "RKMOJO_CHAT_OPEN": "1"}
     web = processes.Child("daphne-remote", processes.daphne_argv("127.0.0.1", port), env,
                           stack.data / "logs" / "daphne-remote.log", cwd=os.getcwd()).start()
     try:
         processes.wait_for(lambda: processes.tcp_open("127.0.0.1", port), 30, "daphne", child=web)
         r = httpx.get(f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": "Bearer anything"})
         assert r.status_code == 200 and any(m["id"] == "smollm2" for m in r.json()["data"])
+
+        async def socket():  # no session: let in by RKMOJO_CHAT_OPEN, as a client that needs no key
+            url = f"ws://127.0.0.1:{port}/ws/chat/"
+            async with websockets.connect(url, additional_headers={"Origin": f"http://127.0.0.1:{port}"}) as ws:
+                await ws.send('{"model": "smollm2", "messages": [{"role": "user", "content": "\\ud800"}]}')
+                return json.loads(await asyncio.wait_for(ws.recv(), 10))
+
+        ev = asyncio.run(socket())
+        assert ev["t"] == "error" and ev["status"] == 400 and ev["param"] == "messages[0].content"
     finally:
         web.stop()

@@ -48,6 +48,7 @@ def install_demo(models_dir: Path) -> str | None:
 
 
 def create_api_key(name: str) -> int:
+    os.umask(0o077)  # it may be the first start: the database it creates is private
     env = processes.base_env()
     subprocess.run(processes.migrate_argv(), env=env, check=True)
     return subprocess.run([sys.executable, "-m", "django", "apikey", "create", name], env=env).returncode

@@ -42,7 +42,7 @@ def descendants(pid: int) -> list[psutil.Process]:
 def stop_and_check(proc, sig) -> None:
     kids = descendants(proc.pid)
     names = " ".join(" ".join(k.cmdline()) for k in kids)
-    assert "redis-server" in names and "daphne" in names and "celery" in names
+    assert "redis-server" in names and "appliance.serve" in names and "celery" in names  # daphne, as appliance.serve runs it
     proc.send_signal(sig)
     assert proc.wait(60) == 0
     gone, alive = psutil.wait_procs(kids, timeout=5)

@@ -178,8 +178,9 @@ class Job:
         The connection retries hide the restart itself, and the worker's next event would recreate the
         stream after a gap: the request's description (or, for board jobs, its stream) tells instead.
         """
-        key = bus.k_req(self.id) if self.model else bus.k_events(self.id) if self.claim else None
-        return key is not None and not await r.exists(key)
+        if self.model:  # EXPIRE also keeps the description of a long request alive; 0: the key is gone
+            return not await r.expire(bus.k_req(self.id), bus.EVENT_TTL)
+        return self.claim is not None and not await r.exists(bus.k_events(self.id))
 
     async def _check_worker(self, r, waiting_since: float) -> dict | None:
         if self.claim is not None:

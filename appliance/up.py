@@ -113,9 +113,10 @@ def run(host: str, port: int, *, demo: bool = True, worker_name: str | None = No
 
 
 def private_files(data: Path) -> None:
-    """The data directory 0700; the database, secret key and prompt caches 0600 (older installs made them 0644)."""
+    """The data directory and its folders 0700; the database, secret key and prompt caches 0600 (older
+    installs made them 0644 and 0755)."""
     data.chmod(0o700)
-    for f in [data / "db.sqlite3", data / "secret_key", *data.glob("prompt-cache/**/*")]:
+    for f in [data / "db.sqlite3", data / "secret_key", *data.glob("*/"), *data.glob("prompt-cache/**/*")]:
         if f.is_file():
             f.chmod(0o600)
         elif f.is_dir():

@@ -236,3 +236,20 @@ def test_redis_killed_mid_stream_ends_the_stream_with_an_error_then_the_service_
     print(f"\nrecovered {recovered:.1f} s after the kill ({tries} requests)")
     assert recovered < 10
     assert "the redis-server exited with status" in "".join(up.lines) and up.proc.poll() is None
+
+
+def test_everything_the_service_wrote_is_private(up):
+    """After the requests above: logs, database, prompt caches, the socket — nothing for other users."""
+    seen = []
+    for dirpath, dirnames, filenames in os.walk(up.data):  # the models/ link to the shared store is not followed
+        for d in dirnames:
+            p = Path(dirpath) / d
+            if not p.is_symlink():
+                assert stat.S_IMODE(p.stat().st_mode) == 0o700, p
+        for f in filenames:
+            p = Path(dirpath) / f
+            if p.is_file() and not p.is_symlink():
+                assert stat.S_IMODE(p.stat().st_mode) & 0o077 == 0, p
+                seen.append(p.relative_to(up.data).as_posix())
+    assert {"db.sqlite3", "secret_key", "logs/daphne.log", "logs/worker.log"} <= set(seen), seen
+    print("\nprivate:", sorted(seen))

@@ -162,6 +162,13 @@ out["foreign_host"] = httpx.get(url + "/v1/models", headers={"Host": "attacker.e
 r = httpx.post(url + "/v1/chat/completions", headers={"Authorization": "Bearer " + a["key"]}, timeout=60,
                json={"model": a["model"], "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
 out["with_key"] = r.status_code
+auth = {"Authorization": "Bearer " + a["key"]}
+out["foreign_origin"] = httpx.post(url + "/api/pull", json={"model": "owner/name"},
+                                   headers={**auth, "Origin": "http://evil.example"}).status_code
+out["text_plain"] = httpx.post(url + "/api/pull", content=b'{"model": "owner/name"}',
+                               headers={**auth, "Content-Type": "text/plain"}).status_code
+out["pull_etc_passwd"] = httpx.post(url + "/api/pull", json={"model": "/etc/passwd", "stream": False},
+                                    headers=auth).status_code
 async def socket(headers):
     try:
         async with websockets.connect(url.replace("http", "ws") + "/ws/chat/", additional_headers=headers) as ws:
@@ -191,7 +198,8 @@ def test_a_lan_client_needs_a_key_for_the_api_and_a_session_for_the_chat_socket(
     key = subprocess.run([sys.executable, "-m", "inference.cli", "up", "--create-api-key", "lan"], env=up.env,
                          cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
     got = lan.python(LAN_CLIENT, url=f"http://{lan.host_ip}:{up.port}", key=key, model=DEMO)
-    assert got == {"no_key": 401, "bad_key": 401, "foreign_host": 400, "with_key": 200, "socket_no_session": 403,
+    assert got == {"no_key": 401, "bad_key": 401, "foreign_host": 400, "with_key": 200, "foreign_origin": 403,
+                   "text_plain": 415, "pull_etc_passwd": 400, "socket_no_session": 403,
                    "socket_session_foreign_origin": 403, "socket_session": "final"}
 
 

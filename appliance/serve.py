@@ -4,8 +4,9 @@ daphne (through twisted.web) buffers a request's whole body before it calls the 
 then queues it to the application in one go: a 200 MB body grew the process by 200 MB before any
 view could answer 401 or 413. Here twisted's `gotLength` hook, which runs when the headers are in,
 swaps the body's buffer for a sink when the length is over `DATA_UPLOAD_MAX_MEMORY_SIZE`; the
-request is then answered 413 (in the API's error format, `webui.door`) without reaching Django.
-A chunked body has no length up front: `webui.door.BodyLimit` refuses it inside the application.
+request is then answered 413 (in the API's error format, `webui.door`) without reaching Django. A
+chunked body has no length up front: `handleContentChunk` counts it and swaps in the sink once past
+the limit. (twisted still receives the rest of a refused body before it lets us answer.)
 """
 from __future__ import annotations
 
@@ -30,15 +31,29 @@ def _limit() -> int:
 
 
 _got_length = http_protocol.WebRequest.gotLength
+_content_chunk = http_protocol.WebRequest.handleContentChunk
 _process = http_protocol.WebRequest.process
+
+
+def _refuse(self) -> None:
+    if hasattr(self.content, "close"):
+        self.content.close()
+    self.content = _Sink()
+    self.rkmojo_too_large = True
 
 
 def got_length(self, length):
     if length is not None and length > _limit():
-        self.content = _Sink()
-        self.rkmojo_too_large = True
-        return
+        return _refuse(self)
     _got_length(self, length)
+
+
+def content_chunk(self, data):
+    # a chunked body has no length up front: count it as it comes, and stop keeping it past the limit
+    self.rkmojo_seen = getattr(self, "rkmojo_seen", 0) + len(data)
+    if not getattr(self, "rkmojo_too_large", False) and self.rkmojo_seen > _limit():
+        _refuse(self)
+    _content_chunk(self, data)
 
 
 def process(self):
@@ -57,6 +72,7 @@ def process(self):
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "appliance.settings")
     http_protocol.WebRequest.gotLength = got_length
+    http_protocol.WebRequest.handleContentChunk = content_chunk
     http_protocol.WebRequest.process = process
     CommandLineInterface.entrypoint()
 

@@ -32,14 +32,14 @@ def local_path(source: str, import_dir: Path) -> Path | None:
         raise SourceError(f"{source.split(':', 1)[0]}: URLs are taken as http:// or https:// only")
     if REPO_ID.fullmatch(source) and not source.startswith("."):
         return None
-    if source.startswith(("/", "./", "../", "~")) or "/" not in source:
-        # lexically, so that a link the administrator put in the import directory may point elsewhere
-        path = Path(os.path.normpath(import_dir / Path(source).expanduser()))  # an absolute source replaces it
-        if not path.is_relative_to(os.path.normpath(import_dir)):
-            raise SourceError(f"{source}: local files are installed only from inside {import_dir}; copy or "
-                              "link the model there")
-        if not path.is_file():
-            raise SourceError(f"{source}: no such file in {import_dir}")
+    # a path: lexically, so that a link the administrator put in the import directory may point elsewhere
+    path = Path(os.path.normpath(import_dir / Path(source).expanduser()))  # an absolute source replaces it
+    if not path.is_relative_to(os.path.normpath(import_dir)):
+        raise SourceError(f"{source}: local files are installed only from inside {import_dir}; copy or "
+                          "link the model there")
+    if path.is_file():
         return path
+    if "/" in source:
+        raise SourceError(f"{source}: no such file in {import_dir}")
     raise SourceError(f"{source!r}: give a repository id like Qwen/Qwen3-30B-A3B, the http(s) URL of a .gguf "
-                      f"file, or a file in {import_dir}")
+                      f"file, or the name of a file in {import_dir}")

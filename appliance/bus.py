@@ -72,14 +72,27 @@ def kombu_url(redis_url: str) -> str:
     return f"redis+socket://{u.path}?virtual_host={db}"
 
 
+def _retry(cls):
+    # a restarting Redis (rkmojo up restarts its private one) is back within a second: a command retries
+    # on a new connection with a growing pause, ~1.5 s in all, before its error reaches the caller
+    from redis.backoff import ExponentialBackoff
+
+    return cls(ExponentialBackoff(cap=0.5, base=0.05), 5)
+
+
 def connect(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, decode_responses=True, health_check_interval=30)
+    from redis.retry import Retry
+
+    return redis.Redis.from_url(url, decode_responses=True, health_check_interval=30, retry=_retry(Retry),
+                                retry_on_error=[redis.ConnectionError, redis.TimeoutError])
 
 
 def connect_async(url: str):
     import redis.asyncio as aioredis
+    from redis.asyncio.retry import Retry
 
-    return aioredis.Redis.from_url(url, decode_responses=True)
+    return aioredis.Redis.from_url(url, decode_responses=True, retry=_retry(Retry),
+                                   retry_on_error=[redis.ConnectionError, redis.TimeoutError])
 
 
 # --- admission ---------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from inference.options import ENV, OptionError
 from . import bus
 from .events import Claim, Delta, Embeddings, Error, Final, Loading, Logprob, Progress, Start, Timings, Usage
 from .promptcache import common_prefix
+from .sources import SourceError, local_path
 from .worker import board
 
 log = logging.getLogger("rkmojo.tasks")
@@ -203,7 +204,7 @@ def install(req: dict) -> None:
 
 
 def _install(b, req: dict, node: str) -> None:
-    from inference.errors import RkmojoError
+    from inference.errors import RkmojoError, disk_full
 
     rid, name, source = req["id"], req["name"], req["source"]
     stop = threading.Event()
@@ -212,11 +213,15 @@ def _install(b, req: dict, node: str) -> None:
         if out.exists():
             raise RequestError(409, f"model {name!r} is already installed on {b.name}; delete it first")
         threading.Thread(target=_watch_pull, args=(b, rid, out, stop), daemon=True).start()
+        try:
+            local = local_path(source, settings.RKMOJO["IMPORT_DIR"])
+        except SourceError as e:
+            raise RequestError(400, str(e), param="model") from None
         bus.emit(b.r, rid, Progress(status=f"pulling {source}"))
-        if Path(source).exists():
+        if local is not None:
             from inference.convert import convert
 
-            convert(source, out, progress=False)
+            convert(local, out, progress=False)
         else:
             from inference.pull import pull
 
@@ -240,7 +245,8 @@ def _install(b, req: dict, node: str) -> None:
     except RequestError as e:
         bus.emit(b.r, rid, e.event())
     except (RkmojoError, OSError, ValueError) as e:
-        bus.emit(b.r, rid, RequestError(400, f"pull {source}: {e}").event())
+        status = 507 if disk_full(e) else 400  # the store writer removed its half-written work
+        bus.emit(b.r, rid, RequestError(status, f"pull {source}: {e}", code="disk_full" if status == 507 else None).event())
     except Exception as e:
         log.exception("install of %s failed", source)
         bus.emit(b.r, rid, RequestError(500, f"pull {source}: {type(e).__name__}: {e}").event())

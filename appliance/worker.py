@@ -170,7 +170,8 @@ class Board:
             "name": self.name, "hostname": self.hostname, "boot": self.boot, "pid": os.getpid(),
             "started": self.started, "running": self.running, "installing": self.installing,
             "models": [{k: v for k, v in m.items() if k != "path"} for m in self.models.values()],
-            "loaded": [{"name": n, "size": ld.size, "loaded_at": ld.loaded_at, "expires_at": ld.expires_at}
+            "loaded": [{"name": n, "size": ld.size, "loaded_at": ld.loaded_at, "expires_at": ld.expires_at,
+                        "context": ld.engine.context_length}  # the limit its overflow errors name
                        for n, ld in list(self.loaded.items())],
         }
 

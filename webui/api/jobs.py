@@ -9,7 +9,9 @@
 
 While it waits, `events()` renews the request's lease in the queue and watches the worker: a worker
 that took the request and then vanished (killed, its registration expired or replaced by a restarted
-worker's) ends the stream with an error event instead of a hang.
+worker's) ends the stream with an error event instead of a hang. So does losing Redis: a broken
+connection, or a stream that vanished because Redis restarted empty, is an error event (503
+`redis_lost`); the next request reconnects (`bus.connect_async` retries with backoff).
 """
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ from typing import AsyncIterator
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from appliance import bus
 from appliance.events import Claim, Error, Event, Final, Loading, PrefillProgress, Queued, Start
@@ -72,7 +76,8 @@ class Job:
         self.names = names or {}  # the engine's name of a field → this API's (prompt → messages)
         self.model, self.worker = model, worker
         self.id = payload["id"]
-        self.done = False
+        self.done = False  # no more events to read
+        self.settled = False  # the worker sent its last event, or close() asked it to stop
         self.claim: Claim | None = None
         self.status: Queued | Loading | PrefillProgress | None = None  # the latest, for pages that show it
         self.after = "0"  # the last stream id read: `events()` may be called again and goes on from there
@@ -123,13 +128,22 @@ class Job:
         Claim and the status events (Queued, Loading, PrefillProgress) are kept on the job, not yielded.
         """
         r = redis()
-        waiting_since = time.monotonic()
+        waiting_since = checked = time.monotonic()
         while not self.done:
-            batch = await bus.read(r, self.id, self.after, 1000)
+            try:
+                batch = await bus.read(r, self.id, self.after, 1000)
+                problem = None
+                if time.monotonic() - checked > 0.25:
+                    checked = time.monotonic()
+                    if await self._redis_restarted(r):
+                        batch, problem = [], redis_lost(None)
+                if not batch and not problem:
+                    if self.model:
+                        await bus.renew(r, self.model, self.id)
+                    problem = await self._check_worker(r, waiting_since)
+            except (RedisConnectionError, RedisTimeoutError) as e:
+                batch, problem = [], redis_lost(e)
             if not batch:
-                if self.model:
-                    await bus.renew(r, self.model, self.id)
-                problem = await self._check_worker(r, waiting_since)
                 if problem:
                     self.done = True
                     yield problem
@@ -145,7 +159,7 @@ class Job:
                 if isinstance(ev, Error) and ev.param in self.names:
                     ev = ev.model_copy(update={"param": self.names[ev.param]})
                 if isinstance(ev, (Final, Error)):
-                    self.done = True
+                    self.done = self.settled = True
                 yield ev
                 if self.done:
                     return
@@ -174,6 +188,16 @@ class Job:
             raise ApiError(500, f"the worker sent {ev.t!r} before start")
         return ev
 
+    async def _redis_restarted(self, r) -> bool:
+        """Whether Redis restarted under this request: it keeps no data, so the request's keys are gone.
+
+        The connection retries hide the restart itself, and the worker's next event would recreate the
+        stream after a gap: the request's description (or, for board jobs, its stream) tells instead.
+        """
+        if self.model:  # EXPIRE also keeps the description of a long request alive; 0: the key is gone
+            return not await r.expire(bus.k_req(self.id), bus.EVENT_TTL)
+        return self.claim is not None and not await r.exists(bus.k_events(self.id))
+
     async def _check_worker(self, r, waiting_since: float) -> Error | None:
         if self.claim is not None:
             w = await bus.worker(r, self.claim.worker)
@@ -196,10 +220,17 @@ class Job:
         """Cancel the request unless it finished, and drop it from its queue. Safe to call twice."""
         r = redis()
         try:
-            if not self.done:
-                self.done = True
+            if not self.settled:  # also after an error of our own (Redis lost): the worker may still run
+                self.done = self.settled = True
                 await asyncio.shield(bus.cancel(r, self.id))
             if self.model:
                 await asyncio.shield(bus.release(r, self.model, self.id))
-        except asyncio.CancelledError:
-            pass
+        except (asyncio.CancelledError, RedisConnectionError, RedisTimeoutError):
+            pass  # without Redis there is nothing to cancel: the worker's stream broke too
+
+
+def redis_lost(e: Exception | None) -> Error:
+    """The error event of a request whose events were lost with the Redis connection."""
+    why = f" ({type(e).__name__})" if e is not None else " (it restarted)"
+    return Error(status=503, code="redis_lost",
+                 message=f"the appliance lost its Redis connection{why} while serving this request; retry it")

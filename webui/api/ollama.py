@@ -12,26 +12,27 @@ import json
 import re
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import pydantic
+from django.conf import settings
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from appliance.events import Delta, Error, Final, Progress, Usage, logprob_dicts
+from appliance.sources import SourceError, local_path
 
 from . import jobs
 from .common import ApiError, api_view, log, ollama_model_name
 from .openai import embedding_result
 from inference.options import OLLAMA
 
-from .params import chat_messages, check_sampling, sampling_field, seed_value
+from .params import chat_messages, check_embed_batch, check_sampling, sampling_field, seed_value
 
 VERSION = "0.9.0"  # the Ollama API level these endpoints follow; clients gate features on it
 
 # options that tune Ollama's own runtime: accepted and without effect here (the worker owns its engine)
-_RUNTIME_OPTIONS = {"num_ctx", "num_batch", "num_gpu", "main_gpu", "low_vram", "num_thread", "use_mmap",
+_RUNTIME_OPTIONS = {"num_batch", "num_gpu", "main_gpu", "low_vram", "num_thread", "use_mmap",
                     "use_mlock", "numa", "num_keep", "repeat_last_n", "penalize_newline", "vocab_only",
                     "logits_all", "embedding_only", "f16_kv"}
 
@@ -53,6 +54,7 @@ class Options(_Req):
         return {k: v for k, v in data.items() if k not in _RUNTIME_OPTIONS} if isinstance(data, dict) else data
 
     num_predict: int | None = None  # -1: no limit
+    num_ctx: int | None = Field(None, ge=1)  # at most the server's context (`check_num_ctx`)
     temperature: sampling_field("temperature") = None
     top_k: sampling_field("top_k") = None
     top_p: float | None = Field(None, ge=0, le=1)  # 0: unset
@@ -146,6 +148,7 @@ def keep_alive_seconds(value) -> float | None:
 
 def sampling(req: _Generation) -> dict:
     o = req.options or Options()
+    check_num_ctx(o.num_ctx)
     for name, neutral in (("mirostat", 0), ("tfs_z", 1.0), ("typical_p", 1.0)):
         if getattr(o, name) not in (None, neutral):
             raise ApiError(400, f"option {name} is not supported by this server", param=f"options.{name}")
@@ -163,6 +166,15 @@ def sampling(req: _Generation) -> dict:
     if req.logprobs:
         params["logprobs"] = req.top_logprobs or 0
     return check_sampling(params, OLLAMA)
+
+
+def check_num_ctx(value: int | None) -> None:
+    """`num_ctx` sizes Ollama's own KV cache; here the worker's context is fixed (RKMOJO_CONTEXT), so a
+    value is accepted up to it and refused past it instead of being ignored."""
+    limit = settings.RKMOJO["CONTEXT"]
+    if value is not None and value > limit:
+        raise ApiError(400, f"options.num_ctx {value}: this server runs a context of {limit} tokens "
+                            "(RKMOJO_CONTEXT); give at most that", param="options.num_ctx")
 
 
 def _now() -> str:
@@ -308,6 +320,7 @@ async def generate(request, body):
 async def _embed(request, model: str, texts: list[str], keep_alive) -> tuple:
     if not texts or any(not isinstance(t, str) or not t for t in texts):
         raise ApiError(400, "input must be a non-empty string or a list of non-empty strings", param="input")
+    check_embed_batch(texts)
     job = await jobs.Job.submit("rkmojo.generate", model, {"kind": "embed", "model": model, "input": texts,
                                                            "keep_alive": keep_alive_seconds(keep_alive)},
                                 client=request.META.get("REMOTE_ADDR"), refused_status=503)
@@ -371,7 +384,7 @@ async def ps(request, body):
             d = descs.get(ld["name"], {})
             models.append({"name": ld["name"], "model": ld["name"], "size": ld.get("size", 0), "digest": d.get("digest", ""),
                            "details": _details(d), "expires_at": _iso(ld.get("expires_at")), "size_vram": 0,
-                           "context_length": d.get("context") or None, "worker": w["name"]})
+                           "context_length": ld.get("context") or d.get("context") or None, "worker": w["name"]})
     for name in sorted({m["name"] for w in workers for m in w.get("models", [])}):
         for q in await bus.queued(r, name):
             requests.append({**q, "state": "running" if q["id"] in running else "waiting",
@@ -428,8 +441,12 @@ async def pull(request, body):
     if not source:
         raise ApiError(400, "model is required: a repository id (owner/name), a .gguf URL or a path on the worker",
                        param="model")
-    if source.startswith(("/", "./", "../", "~")):  # a path on the worker's machine
-        name = Path(source).name.removesuffix(".gguf").lower()
+    try:
+        local = local_path(source, settings.RKMOJO["IMPORT_DIR"])
+    except SourceError as e:
+        raise ApiError(400, str(e), param="model") from None
+    if local is not None:  # a file in the import directory
+        name = local.name.removesuffix(".gguf").lower()
     else:
         name = ollama_model_name(default_name(source))
     if name in await jobs.catalog():
@@ -439,7 +456,8 @@ async def pull(request, body):
         workers = [w for w in workers if w["name"] == req.worker]
     if not workers:
         raise ApiError(503, f"no worker {'named ' + req.worker + ' ' if req.worker else ''}is running to install it")
-    job = await jobs.Job.submit_board("rkmojo.install", workers[0]["name"], {"source": source, "name": name})
+    job = await jobs.Job.submit_board("rkmojo.install", workers[0]["name"],
+                                      {"source": str(local or source), "name": name})
     await job.started()
 
     async def lines():

@@ -22,7 +22,7 @@ from . import jobs
 from .common import ApiError, api_view, log, openai_error_body
 from inference.options import OPENAI
 
-from .params import chat_messages, check_sampling, sampling_field, seed_value
+from .params import chat_messages, check_embed_batch, check_sampling, sampling_field, seed_value
 
 FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
 
@@ -236,6 +236,7 @@ async def embeddings(request, body):
     texts = [req.input] if isinstance(req.input, str) else req.input
     if not texts or any(not t for t in texts):
         raise ApiError(400, "input must be a non-empty string or a list of non-empty strings", param="input")
+    check_embed_batch(texts)
     job = await jobs.Job.submit("rkmojo.generate", req.model, {"kind": "embed", "model": req.model, "input": texts},
                                 client=_client(request))
     try:

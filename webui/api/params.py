@@ -33,6 +33,9 @@ def chat_messages(messages: list[Any], *, allow_images: bool = False) -> list[di
                 raise ApiError(400, f"{where}.{key} is not supported by this server", param=f"{where}.{key}",
                                code="unsupported_value")
         content = m.get("content")
+        if content is None and role != "assistant":  # an assistant turn may be empty; a question may not
+            raise ApiError(400, f"{where}.content must be a string or a list of text parts, not null",
+                           param=f"{where}.content")
         if content is None:
             content = ""
         if isinstance(content, list):
@@ -49,6 +52,16 @@ def chat_messages(messages: list[Any], *, allow_images: bool = False) -> list[di
             raise ApiError(400, f"{where}.content must be a string or a list of text parts", param=f"{where}.content")
         out.append({"role": "system" if role == "developer" else role, "content": content})
     return out
+
+
+def check_embed_batch(texts: list[str]) -> None:
+    """At most RKMOJO_MAX_EMBED_INPUTS texts per request: each is a forward pass on the only worker."""
+    from django.conf import settings
+
+    limit = settings.RKMOJO["MAX_EMBED_INPUTS"]
+    if len(texts) > limit:
+        raise ApiError(400, f"input holds {len(texts)} texts; this server embeds at most {limit} per request "
+                            "(RKMOJO_MAX_EMBED_INPUTS): split the batch", param="input", code="too_many_inputs")
 
 
 def seed_value(seed: int | None) -> int | None:

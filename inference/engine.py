@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import prompt_cache
+from . import backends, prompt_cache
 from .errors import RkmojoError
 from .experts import StreamingExperts
 from .experts.cache import PAGE
@@ -35,7 +35,9 @@ class EngineConfig:
     prefetch: int = 0  # gate-lookahead prefetch slots per layer (0: off)
     threads: int | None = None
     chunk: int = 128
-    backend: str = "auto"
+    backend: str = "auto"  # auto | cpu | rknpu: who runs the dense matmuls of prefill chunks
+    npu_library: str | None = None  # librknnrt.so to load (default /usr/lib/librknnrt.so)
+    npu_precision: str = "fp16"  # fp16 | int8 (raw INT8×INT8→INT32, scales applied on the CPU)
     context: int = 4096
     kv_dtype: str = "f16"  # KV cache precision: "f16" (half the memory and bandwidth) or "f32"
 
@@ -49,14 +51,15 @@ class Engine(GenerationMixin):
         if cfg.threads:
             from .kernels import set_threads
             set_threads(cfg.threads)
-        if cfg.backend not in ("auto", "cpu"):
-            raise RkmojoError(f"backend {cfg.backend!r} is not available on this machine; use 'cpu' or 'auto'")
         streaming = bool(store.expert_layers) and (cfg.memory_budget is not None or cfg.expert_slots is not None)
         if streaming:
             store.load_dense()
         if cfg.kv_dtype not in ("f16", "f32"):
             raise RkmojoError(f"--kv-dtype {cfg.kv_dtype}: choose f16 or f32")
         self.model = load_model(store, chunk=cfg.chunk, kv_dtype=cfg.kv_dtype)
+        self.backend = backends.select(cfg.backend, library=cfg.npu_library, precision=cfg.npu_precision,
+                                       rows=cfg.chunk)
+        self.model.ops = self.backend.backend
         self.cache = self.model.new_cache()
         self.tokens: list[int] = []  # the ids whose K/V the cache holds, in order
         self.slots = None
@@ -87,6 +90,7 @@ class Engine(GenerationMixin):
         return len(tokens)
 
     def close(self) -> None:
+        self.backend.backend.close()
         if hasattr(self.model, "experts"):
             self.model.experts.close()
 

@@ -5,7 +5,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..kernels import linear, linear_many
 from .base import (BaseArgs, KVCache, LayerKV, Transformer, apply_rope, attention, rms_norm,
                    rope_inv_freq, silu)
 from .moe import expert_mlp
@@ -98,10 +97,10 @@ class Model(Transformer):
     def qkv(self, i: int, x: np.ndarray) -> list[np.ndarray]:
         """x [T, H] (attention-normed) → q [T, Hq·D], k, v [T, Hkv·D]."""
         L = self.layers[i]
-        return linear_many(x, (L["q"], L["k"], L["v"]))  # one kernel call: they share x
+        return self.ops.linear_many(x, (L["q"], L["k"], L["v"]))  # one kernel call on the CPU: they share x
 
     def o_mlp(self, i: int, o: np.ndarray, h: np.ndarray) -> np.ndarray:
         """o [T, Hq·D] (attention output), h [T, H] (residual) → the layer's output [T, H]."""
         L, eps = self.layers[i], self.args.rms_norm_eps
-        h = h + linear(o, L["o"])
-        return h + expert_mlp(rms_norm(h, L["mlp_norm"], eps), L["mlp"], silu)
+        h = h + self.ops.linear(o, L["o"])
+        return h + expert_mlp(rms_norm(h, L["mlp_norm"], eps), L["mlp"], silu, self.ops)

@@ -78,7 +78,9 @@ def cmd_run(a) -> int:
     options = {k: v for k, v in (("threads", a.threads), ("memory_budget", a.memory_budget),
                                  ("expert_slots", a.expert_slots), ("context", a.context),
                                  ("policy", a.cache_policy), ("io", a.io), ("verify_experts", a.verify_experts),
-                                 ("prefetch", a.prefetch), ("kv_dtype", a.kv_dtype)) if v is not None}
+                                 ("prefetch", a.prefetch), ("kv_dtype", a.kv_dtype), ("backend", a.backend),
+                                 ("npu_library", a.npu_library), ("npu_precision", a.npu_precision))
+               if v is not None}
     return run_chat(resolve_model(a.model), prompt=a.prompt, params=params, system=a.system,
                     show_stats=a.stats, engine_options=options)
 
@@ -221,6 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gate-lookahead prefetch slots per layer (default 0: off)")
     e.add_argument("--kv-dtype", choices=["f16", "f32"], default=None,
                    help="KV cache precision (default f16: half the memory and bandwidth of f32)")
+    e.add_argument("--backend", choices=["auto", "cpu", "rknpu"], default=None,
+                   help="prefill's dense matmuls: rknpu (RK3588 NPU, after a self-test), cpu, or auto (default)")
+    e.add_argument("--npu-library", default=None, help="librknnrt.so to load (default /usr/lib/librknnrt.so)")
+    e.add_argument("--npu-precision", choices=["fp16", "int8"], default=None, help="NPU matmul precision (default fp16)")
     r.set_defaults(fn=cmd_run)
 
     u = sub.add_parser("pull", help="install a model from a Hugging Face-style repository or a GGUF URL (resumable)")

@@ -4,6 +4,7 @@ import logging
 
 import pytest
 
+from inference.convert import convert
 from inference.engine import Engine
 from inference.errors import RkmojoError
 from inference.generate import TokenEvent
@@ -15,6 +16,14 @@ def greedy(engine) -> list[int]:
     prompt = engine.tokenizer.encode(PROMPT * 3)
     assert len(prompt) >= 32
     return [ev.id for ev in engine.generate(prompt, temperature=0, max_tokens=12) if isinstance(ev, TokenEvent)]
+
+
+def greedy_ids(engine, prompt: list[int], n: int = 12) -> list[int]:
+    """Greedy continuation through engine.forward (for stores without a tokenizer)."""
+    out = [int(engine.forward(prompt)[-1].argmax())]
+    while len(out) < n:
+        out.append(int(engine.forward([out[-1]])[-1].argmax()))
+    return out
 
 
 def test_auto_is_the_cpu_on_x86(smollm2_store):
@@ -49,6 +58,22 @@ def test_the_npu_gives_the_cpus_greedy_tokens(smollm2_store, rknnrt_standin):
         assert npu.backend.name == "rknpu" and "driver 0.9.8 (stand-in)" in npu.backend.reason
         assert greedy(npu) == greedy(cpu)
         assert npu.backend.backend._weights  # the prompt's chunk did go through the binding
+    finally:
+        npu.close()
+
+
+def test_a_tiny_moe_gives_the_cpus_greedy_tokens(tmp_path, rknnrt_standin):
+    # attention projections on the NPU, router and routed experts on the CPU
+    from tiny_models import tiny_qwen3_moe
+
+    store = convert(tiny_qwen3_moe(tmp_path / "hf"), tmp_path / "store", "q8", progress=False)
+    prompt = list(range(3, 60))
+    cpu = Engine.open(store, backend="cpu", chunk=64)
+    npu = Engine.open(store, backend="rknpu", npu_library=rknnrt_standin, chunk=64)
+    try:
+        assert npu.backend.name == "rknpu"
+        assert greedy_ids(npu, prompt) == greedy_ids(cpu, prompt)
+        assert len(npu.backend.backend._weights) == 2 * 4  # q, k, v, o of both layers
     finally:
         npu.close()
 

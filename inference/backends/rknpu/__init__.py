@@ -18,6 +18,7 @@ from ...quant import QTensor, quantize
 from .matmul import K_ALIGN, K_MAX, N_ALIGN, TYPES, Matmul, NpuError, Runtime, padded, quantize_rows
 
 MIN_ROWS = 32
+DRIVER_VERSION = "/sys/kernel/debug/rknpu/version"  # "RKNPU driver: v0.9.x" (debugfs, root only)
 SELF_TEST_TOLERANCE = {"fp16": 1e-2, "int8": 5e-2}  # relative L2 against the CPU kernels
 
 
@@ -106,7 +107,7 @@ class RknpuBackend:
         x = rng.standard_normal((self.rows, 160)).astype(np.float32)
         probe = _Weight(self.rt, w, self.rows, self.precision, core=0)
         try:
-            api, drv = probe.mm.sdk_version()
+            api, drv = self._versions(probe.mm)
             got, want = probe(x), kernels.linear(x, w)
         finally:
             probe.mm.close()
@@ -115,6 +116,19 @@ class RknpuBackend:
             raise NpuError(f"a {self.rows}-row {self.precision} chunk differs from the CPU by {err:.2e} "
                            f"(tolerance {SELF_TEST_TOLERANCE[self.precision]:.0e})")
         return f"librknnrt {api}, driver {drv}"
+
+    @staticmethod
+    def _versions(mm: Matmul) -> tuple[str, str]:
+        """(runtime, driver) versions: from rknn_query, else the driver's debugfs file (whether the
+        real runtime answers RKNN_QUERY_SDK_VERSION on a matmul context is unverified: docs/npu.md)."""
+        try:
+            return mm.sdk_version()
+        except NpuError as e:
+            try:
+                with open(DRIVER_VERSION) as f:
+                    return "unknown", f.read().strip()
+            except OSError as e2:
+                raise NpuError(f"{e}; and {DRIVER_VERSION}: {e2.strerror}") from e
 
     def close(self) -> None:
         for wt in self._weights.values():

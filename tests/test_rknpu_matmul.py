@@ -2,6 +2,9 @@
 refuses each documented violation with the runtime's error code."""
 import ctypes as C
 import os
+import shutil
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -150,3 +153,21 @@ def test_short_chunks_stay_on_the_cpu(rknnrt_standin, monkeypatch):
     x = np.ones((1, 64), np.float32)
     np.testing.assert_array_equal(npu.linear(x, w), kernels.linear(x, w))
     npu.close()
+
+
+def test_the_stand_in_keeps_its_layouts_and_arithmetic_on_aarch64(tmp_path):
+    # Cross-compiled for the RK3588's Cortex-A76 (its _Static_asserts check the LP64 sizes there) and run
+    # under qemu-aarch64 through the binding's call sequence: raw int8 products equal numpy's
+    cc, qemu = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64")
+    if cc is None or qemu is None:
+        pytest.skip("no aarch64 cross compiler or qemu-aarch64: run scripts/setup --test")
+    here = Path(__file__).parent
+    exe = tmp_path / "standin_driver"
+    subprocess.run([cc, "-O2", "-static", "-mcpu=cortex-a76", str(here / "rknnrt_standin_driver.c"),
+                    str(here / "rknnrt_standin.c"), "-o", str(exe)], check=True)
+    rng = np.random.default_rng(3)
+    M, K, N = 5, 96, 64
+    a, b = rng.integers(-127, 128, (M, K)).astype(np.int8), rng.integers(-127, 128, (K, N)).astype(np.int8)
+    out = subprocess.run([qemu, str(exe)], input=np.array([M, K, N], np.int32).tobytes() + a.tobytes() + b.tobytes(),
+                         capture_output=True, check=True).stdout
+    np.testing.assert_array_equal(np.frombuffer(out, np.int32).reshape(M, N), a.astype(np.int32) @ b.astype(np.int32))

@@ -24,53 +24,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#define NAME_LEN 256
-#define MAX_DIMS 16
-enum { SUCC = 0, ERR_FAIL = -1, ERR_TIMEOUT = -2, ERR_PARAM_INVALID = -5, ERR_CTX_INVALID = -7 };
-enum { T_FLOAT32 = 0, T_FLOAT16 = 1, T_INT8 = 2, T_INT16 = 4, T_INT32 = 6, T_INT4 = 10 };
-enum { MM_F16_F32 = 1, MM_I8_I32 = 2, MM_I4_I16 = 10 };
-
-typedef struct {
-    int32_t M, K, N, type;
-    int16_t B_layout, B_quant_type, AC_layout, AC_quant_type;
-    int32_t iommu_domain_id;
-    int16_t group_size;
-    int8_t reserved[34];
-} mm_info;
-
-typedef struct {
-    char name[NAME_LEN];
-    uint32_t n_dims, dims[MAX_DIMS], size;
-    int32_t type;
-} mm_attr;
-
-typedef struct { mm_attr A, B, C; } mm_io_attr;
-
-typedef struct {
-    void *virt_addr;
-    uint64_t phys_addr;
-    int32_t fd, offset;
-    uint32_t size, flags;
-    void *priv_data;
-} tensor_mem;
-
-typedef struct {
-    char name[NAME_LEN];
-    float *scale;
-    int32_t scale_len;
-    int32_t *zp;
-    int32_t zp_len;
-} quant_params;
-
-typedef struct { char api_version[256], drv_version[256]; } sdk_version;
-
-_Static_assert(sizeof(mm_info) == 64, "matmul_info");
-_Static_assert(sizeof(mm_attr) == 332, "tensor_attr");
-_Static_assert(sizeof(mm_io_attr) == 996, "io_attr");
-_Static_assert(sizeof(tensor_mem) == 40, "tensor_mem");
-_Static_assert(sizeof(quant_params) == 288, "quant_params");
-_Static_assert(offsetof(mm_info, B_layout) == 16 && offsetof(mm_info, iommu_domain_id) == 24 &&
-               offsetof(mm_info, reserved) == 30, "matmul_info offsets");
+#include "rknnrt_standin.h"
 
 #define MAX_CTX 1024
 #define MAX_MEM 4096

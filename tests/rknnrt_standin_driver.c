@@ -6,24 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct {
-    int32_t M, K, N, type;
-    int16_t B_layout, B_quant_type, AC_layout, AC_quant_type;
-    int32_t iommu_domain_id;
-    int16_t group_size;
-    int8_t reserved[34];
-} mm_info;
-typedef struct { char name[256]; uint32_t n_dims, dims[16], size; int32_t type; } mm_attr;
-typedef struct { mm_attr A, B, C; } mm_io_attr;
-typedef struct { void *virt_addr; uint64_t phys_addr; int32_t fd, offset; uint32_t size, flags; void *priv; } tensor_mem;
-
-int rknn_matmul_create(uint64_t *, mm_info *, mm_io_attr *);
-tensor_mem *rknn_create_mem(uint64_t, uint32_t);
-int rknn_matmul_set_io_mem(uint64_t, tensor_mem *, mm_attr *);
-int rknn_B_normal_layout_to_native_layout(void *, void *, int, int, mm_info *);
-int rknn_matmul_set_core_mask(uint64_t, int32_t);
-int rknn_matmul_run(uint64_t);
-int rknn_matmul_destroy(uint64_t);
+#include "rknnrt_standin.h"
 
 int main(void) {
     int32_t dims[3];

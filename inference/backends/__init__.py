@@ -5,7 +5,8 @@ an NPU can take and stays the same whichever backend it has.
 
 `select(cfg)` turns `EngineConfig.backend` (auto | cpu | rknpu) into a backend and the reason for the
 choice. `rknpu` is used only after its self-test passes; otherwise the CPU, with one log line saying why.
-`auto` is the CPU off aarch64 (no RK3588 there) and where librknnrt.so is absent.
+`auto` is the CPU off aarch64 (no RK3588 there) and where librknnrt.so is absent, and uses only the
+precisions that pass the quality gate (`rknpu/quality.py`): fp16; int8 raised SmolLM2's perplexity 11.8 %.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from ..errors import RkmojoError
 log = logging.getLogger(__name__)
 CHOICES = ("auto", "cpu", "rknpu")
 DEFAULT_LIBRARY = "/usr/lib/librknnrt.so"
+AUTO_PRECISIONS = ("fp16",)  # those within the quality gate's 2 % perplexity rise (rknpu/quality.py)
 
 
 class CpuBackend:
@@ -64,6 +66,9 @@ def select(backend: str, *, library: str | None = None, precision: str = "fp16",
             return Choice(CPU, "cpu", f"auto: {platform.machine()} has no RK3588 NPU")
         if not os.path.exists(library):
             return Choice(CPU, "cpu", f"auto: {library} is absent (docs/npu.md)")
+        if precision not in AUTO_PRECISIONS:
+            log.info("backend: auto uses fp16 on the NPU; %s failed the quality gate (docs/npu.md)", precision)
+            precision = "fp16"
     from .rknpu import RknpuBackend
 
     try:

@@ -62,6 +62,19 @@ def test_the_npu_gives_the_cpus_greedy_tokens(smollm2_store, rknnrt_standin):
         npu.close()
 
 
+def test_a_runtime_failure_after_the_self_test_moves_prefill_to_the_cpu(smollm2_store, rknnrt_standin,
+                                                                       monkeypatch, caplog):
+    cpu = Engine.open(smollm2_store, backend="cpu", chunk=64)
+    npu = Engine.open(smollm2_store, backend="rknpu", npu_library=rknnrt_standin, chunk=64)
+    ids = cpu.tokenizer.encode(PROMPT * 3)
+    monkeypatch.setenv("RKNN_STANDIN_FAULT", "run")
+    with caplog.at_level(logging.INFO, logger="inference.backends"):
+        got = npu.forward(ids)
+    assert (got == cpu.forward(ids)).all()  # bit-identical: every matmul of the chunk ran on the CPU
+    assert len(caplog.records) == 1 and "RKNN_ERR_TIMEOUT" in caplog.records[0].getMessage()
+    assert "rknn_matmul_run" in npu.backend.backend.failed and not npu.backend.backend._weights
+
+
 def test_a_tiny_moe_gives_the_cpus_greedy_tokens(tmp_path, rknnrt_standin):
     # attention projections on the NPU, router and routed experts on the CPU
     from tiny_models import tiny_qwen3_moe

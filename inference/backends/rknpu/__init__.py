@@ -4,12 +4,15 @@ Rockchip's simulator (`simulate.py`, in the rknn-toolkit2 venv).
 
 Per weight matrix W [N, K] one matmul context with M = the prefill chunk, B = Wᵀ set once, on cores
 0, 1, 2 in turn. Chunks of fewer than `min_rows` rows (decode) stay on the CPU: the NPU pays off from
-about 32 rows. Precisions:
+about 32 rows. A runtime error after the self-test (a context limit, a failed run) moves everything
+back to the CPU for the rest of the process, with one log line: an answer is never lost to the NPU. Precisions:
 - fp16: A and B rounded to fp16, C in fp32;
 - int8: B = the weight's int8 values (q8 as stored; other kinds quantized per output channel here),
   A = the rows quantized per row; C = raw int32 products × row scale × channel scale, on the CPU.
 """
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 
@@ -17,6 +20,7 @@ from ... import kernels
 from ...quant import QTensor, quantize
 from .matmul import K_ALIGN, K_MAX, N_ALIGN, TYPES, Matmul, NpuError, Runtime, padded, quantize_rows
 
+log = logging.getLogger("inference.backends")
 MIN_ROWS = 32
 DRIVER_VERSION = "/sys/kernel/debug/rknpu/version"  # "RKNPU driver: v0.9.x" (debugfs, root only)
 SELF_TEST_TOLERANCE = {"fp16": 1e-2, "int8": 5e-2}  # relative L2 against the CPU kernels
@@ -73,9 +77,11 @@ class RknpuBackend:
         self.precision, self.rows, self.min_rows = precision, rows, min_rows
         self._weights: dict[int, _Weight] = {}
         self._keep: list[QTensor] = []  # the weights keyed by id() stay alive while their contexts do
+        self.failed: str | None = None  # why the NPU was given up after the self-test
 
     def _fits(self, x: np.ndarray, w: QTensor) -> bool:
-        return self.min_rows <= x.shape[0] <= self.rows and len(w.shape) == 2 and w.shape[1] <= K_MAX
+        return (self.failed is None and self.min_rows <= x.shape[0] <= self.rows and len(w.shape) == 2
+                and w.shape[1] <= K_MAX)
 
     def _weight(self, w: QTensor) -> _Weight:
         got = self._weights.get(id(w))
@@ -89,7 +95,14 @@ class RknpuBackend:
         x2 = np.asarray(x, np.float32).reshape(-1, x.shape[-1])
         if not self._fits(x2, w):
             return kernels.linear(x, w)
-        return self._weight(w)(x2).reshape(*x.shape[:-1], w.shape[0])
+        try:
+            y = self._weight(w)(x2)
+        except NpuError as e:
+            self.failed = str(e)
+            log.warning("backend: the CPU runs prefill from now on; the NPU failed after its self-test: %s", e)
+            self.close()
+            return kernels.linear(x, w)
+        return y.reshape(*x.shape[:-1], w.shape[0])
 
     def linear_many(self, x: np.ndarray, ws) -> list[np.ndarray]:
         return [self.linear(x, w) for w in ws]

@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from inference.model import load_model
-from inference.models.base import rms_norm
+from inference.models.base import gelu_tanh, rms_norm
+from inference.models.moe import expert_mlp
+from inference.quant import quantize
 
 ROOT = Path(__file__).resolve().parents[1]
 RKNN_PY = ROOT / ".venv-rknn" / "bin" / "python"
@@ -108,3 +110,20 @@ def test_w8a8_loses_the_o_mlp_block_of_the_last_layer(chunks, tmp_path):
     # measured 0.39 (layer 0: 0.08): int8 activations cannot hold the residual stream's outliers of late
     # layers, so this graph kind is fp16 only; the test keeps that choice honest if the toolkit changes
     assert o_mlp_error(chunks, tmp_path, "w8a8", 29) > TOLERANCE["w8a8"]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "w8a8"])
+def test_gemma4s_shared_mlp_with_gelu_matches_the_cpu(tmp_path, precision):
+    # the shared MLP of a Gemma 4 MoE layer (gelu-tanh; its norms stay on the CPU), at a scaled-down
+    # width, random q8 weights, against the CPU layer code (models/moe.expert_mlp)
+    rng = np.random.default_rng(4)
+    H, F = 256, 384
+    w = {n: quantize(rng.standard_normal(s).astype(np.float32) / np.sqrt(s[1]), "q8")
+         for n, s in (("gate", (F, H)), ("up", (F, H)), ("down", (H, F)))}
+    x = rms_norm(rng.standard_normal((2, ROWS, H)).astype(np.float32), None, 1e-6)
+    want = np.stack([expert_mlp(xi, w, gelu_tanh) for xi in x])
+    out = simulate(tmp_path, {"kind": "mlp", "precision": precision, "act": "gelu_pytorch_tanh",
+                              **{n: t.dense() for n, t in w.items()}, "in_x": x})
+    err = rel(out["out_out"], want)
+    print(f"mlp gelu {precision}: {err:.2e}")
+    assert err < TOLERANCE[precision]

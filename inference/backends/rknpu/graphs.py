@@ -4,7 +4,9 @@ A layer's dense block is cut where the CPU must step in (attention over the KV c
 
 - ``qkv``: x [T, H] (the attention-normed rows) → q [T, Nq], k [T, Nk], v [T, Nv];
 - ``o_mlp``: o [T, A] (attention output), h [T, H] (the residual) →
-  h2 = h + o·Woᵀ; h2 + down(act(gate·n) × up·n) with n = rms_norm(h2) (Llama-style layers).
+  h2 = h + o·Woᵀ; h2 + down(act(gate·n) × up·n) with n = rms_norm(h2) (Llama-style layers);
+- ``mlp``: x [T, H] → down(act(gate·x) × up·x), act silu or gelu (tanh): the shared MLP of MoE layers
+  (Gemma 4, whose norms around it stay on the CPU).
 
 T is the prefill chunk: a graph is compiled for one static shape. Weights become float32 initializers
 (dequantized from the store); rknn-toolkit2 rounds them to fp16 or quantizes them to w8a8 itself.
@@ -62,11 +64,7 @@ def o_mlp_graph(wo: np.ndarray, norm: np.ndarray, gate: np.ndarray, up: np.ndarr
         helper.make_node("Sqrt", ["mse"], ["rms"]),
         helper.make_node("Div", ["h2", "rms"], ["nh"]),
         helper.make_node("Mul", ["nh", "norm"], ["n"]),
-        helper.make_node("MatMul", ["n", "wgate"], ["g"]),  # [T, F]
-        helper.make_node("MatMul", ["n", "wup"], ["u"]),
-        *_activation(helper, act, "g", "ag"),
-        helper.make_node("Mul", ["ag", "u"], ["gu"]),
-        helper.make_node("MatMul", ["gu", "wdown"], ["mlp"]),  # [T, H]
+        *_mlp_nodes(helper, act, "n", "mlp"),  # [T, H]
         helper.make_node("Add", ["h2", "mlp"], ["out"]),
     ]
     graph = helper.make_graph(
@@ -75,14 +73,55 @@ def o_mlp_graph(wo: np.ndarray, norm: np.ndarray, gate: np.ndarray, up: np.ndarr
          helper.make_tensor_value_info("h", TensorProto.FLOAT, [rows, H])],
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, [rows, H])],
         initializer=[_weight_t("wo", wo), c("norm", norm), c("eps", [eps]), _weight_t("wgate", gate),
-                     _weight_t("wup", up), _weight_t("wdown", down)])
+                     _weight_t("wup", up), _weight_t("wdown", down), *_activation_constants(act)])
     return _model(graph)
+
+
+def mlp_graph(gate: np.ndarray, up: np.ndarray, down: np.ndarray, act: str, rows: int):
+    """x [rows, H] → down(act(gate·x) × up·x) [rows, H]."""
+    onnx, TensorProto, helper, _ = _helpers()
+    H = gate.shape[1]
+    graph = helper.make_graph(
+        _mlp_nodes(helper, act, "x", "out"), "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, H])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [rows, down.shape[0]])],
+        initializer=[_weight_t("wgate", gate), _weight_t("wup", up), _weight_t("wdown", down),
+                     *_activation_constants(act)])
+    return _model(graph)
+
+
+def _mlp_nodes(helper, act: str, x: str, out: str) -> list:
+    """down(act(x·gate) × x·up), reading initializers wgate, wup, wdown."""
+    return [
+        helper.make_node("MatMul", [x, "wgate"], ["g"]),  # [T, F]
+        helper.make_node("MatMul", [x, "wup"], ["u"]),
+        *_activation(helper, act, "g", "ag"),
+        helper.make_node("Mul", ["ag", "u"], ["gu"]),
+        helper.make_node("MatMul", ["gu", "wdown"], [out]),
+    ]
+
+
+GELU_C = (0.7978845608028654, 0.044715)  # √(2/π) and the cubic term, as models/base.gelu_tanh
 
 
 def _activation(helper, act: str, x: str, out: str) -> list:
     if act == "silu":  # x · sigmoid(x)
         return [helper.make_node("Sigmoid", [x], [x + "_s"]), helper.make_node("Mul", [x, x + "_s"], [out])]
+    if act in ("gelu_pytorch_tanh", "gelu_tanh"):  # ½x(1 + tanh(√(2/π)(x + 0.044715x³)))
+        m = lambda a, b, o: helper.make_node("Mul", [a, b], [o])  # noqa: E731
+        return [m(x, x, "x2"), m("x2", x, "x3"), m("x3", "gelu_b", "bx3"),
+                helper.make_node("Add", [x, "bx3"], ["inner"]), m("inner", "gelu_a", "ain"),
+                helper.make_node("Tanh", ["ain"], ["t"]), helper.make_node("Add", ["t", "one"], ["t1"]),
+                m(x, "t1", "xt"), m("xt", "half", out)]
     raise ValueError(f"activation {act!r} has no NPU graph yet; the layer stays on the CPU")
+
+
+def _activation_constants(act: str) -> list:
+    if act == "silu":
+        return []
+    _, _, _, numpy_helper = _helpers()
+    c = {"gelu_a": GELU_C[0], "gelu_b": GELU_C[1], "one": 1.0, "half": 0.5}
+    return [numpy_helper.from_array(np.array([v], np.float32), k) for k, v in c.items()]
 
 
 def _model(graph):

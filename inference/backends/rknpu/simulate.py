@@ -4,9 +4,9 @@ Run in the rknn-toolkit2 venv (never in the engine's: the toolkit pins old numpy
 
     .venv-rknn/bin/python inference/backends/rknpu/simulate.py JOB.npz OUT.npz
 
-JOB.npz holds `kind` ("qkv" or "o_mlp"), `precision` ("fp16" or "w8a8"), the graph's weights (see
+JOB.npz holds `kind` ("qkv", "o_mlp" or "mlp"), `precision` ("fp16" or "w8a8"), the graph's weights (see
 `graphs.py`), the inputs `in_<name>` [S, T, ...] (S samples, also the w8a8 calibration set) and for
-o_mlp `eps` and `act`. OUT.npz gets `out_<name>` [S, T, ...]. The simulator only runs graphs built in
+o_mlp `eps` and `act`, for mlp `act`. OUT.npz gets `out_<name>` [S, T, ...]. The simulator only runs graphs built in
 the same process, so build and run are one step.
 """
 from __future__ import annotations
@@ -19,13 +19,15 @@ import numpy as np
 
 import graphs  # this directory is sys.path[0] when run as a script
 
-INPUTS = {"qkv": ["x"], "o_mlp": ["o", "h"]}
-OUTPUTS = {"qkv": ["q", "k", "v"], "o_mlp": ["out"]}
+INPUTS = {"qkv": ["x"], "o_mlp": ["o", "h"], "mlp": ["x"]}
+OUTPUTS = {"qkv": ["q", "k", "v"], "o_mlp": ["out"], "mlp": ["out"]}
 
 
 def build_onnx(job, rows: int):
     if str(job["kind"]) == "qkv":
         return graphs.qkv_graph(job["wq"], job["wk"], job["wv"], rows)
+    if str(job["kind"]) == "mlp":
+        return graphs.mlp_graph(job["gate"], job["up"], job["down"], str(job["act"]), rows)
     return graphs.o_mlp_graph(job["wo"], job["norm"], job["gate"], job["up"], job["down"],
                               float(job["eps"]), str(job["act"]), rows)
 

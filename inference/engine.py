@@ -54,6 +54,10 @@ class Engine(GenerationMixin):
         streaming = bool(store.expert_layers) and (cfg.memory_budget is not None or cfg.expert_slots is not None)
         if streaming:
             store.load_dense()
+        if cfg.backend not in backends.CHOICES:
+            raise RkmojoError(f"backend {cfg.backend!r}: choose one of {', '.join(backends.CHOICES)}")
+        if cfg.npu_precision not in ("fp16", "int8"):
+            raise RkmojoError(f"npu_precision {cfg.npu_precision!r}: choose fp16 or int8")
         if cfg.kv_dtype not in ("f16", "f32"):
             raise RkmojoError(f"--kv-dtype {cfg.kv_dtype}: choose f16 or f32")
         self.model = load_model(store, chunk=cfg.chunk, kv_dtype=cfg.kv_dtype)

@@ -36,9 +36,11 @@ def test_auto_is_the_cpu_on_x86(smollm2_store):
     assert (eng.backend.name, eng.backend.reason) == ("cpu", "auto: x86_64 has no RK3588 NPU")
 
 
-def test_an_unknown_backend_names_the_choices(smollm2_store):
+def test_an_unknown_backend_or_precision_names_the_choices(smollm2_store):
     with pytest.raises(RkmojoError, match="'gpu': choose one of auto, cpu, rknpu"):
         Engine.open(smollm2_store, backend="gpu")
+    with pytest.raises(RkmojoError, match="npu_precision 'int4': choose fp16 or int8"):
+        Engine.open(smollm2_store, backend="rknpu", npu_precision="int4")
 
 
 @pytest.mark.parametrize("fault,why", [("create", "rknn_matmul_create"), ("version", "RKNN_QUERY_SDK_VERSION")])

@@ -199,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_flags(g, SamplingParams, exclude=("logprobs",))
     g.add_argument("--stop", action="append", help="a stop string (repeatable)")
-    add_flags(r.add_argument_group("engine"), EngineConfig, exclude=("chunk", "backend"))
+    add_flags(r.add_argument_group("engine"), EngineConfig, exclude=("chunk",))
     r.set_defaults(fn=cmd_run)
 
     u = sub.add_parser("pull", help="install a model from a Hugging Face-style repository or a GGUF URL (resumable)")
@@ -240,7 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="measure decode and prefill speed of a store against its IO and compute bounds")
     b.add_argument("store")
-    add_flags(b.add_argument_group("engine"), EngineConfig, exclude=("context", "backend"))
+    add_flags(b.add_argument_group("engine"), EngineConfig,
+              exclude=("context", "backend", "npu_library", "npu_precision"))
     b.add_argument("--prompt-tokens", type=int, default=128, help="prompt before each decode run (default 128)")
     b.add_argument("--prefill-tokens", default="128,1024", help="prompt lengths timed for prefill and TTFT")
     b.add_argument("--decode-tokens", type=int, default=256)

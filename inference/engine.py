@@ -16,7 +16,7 @@ from typing import Iterator
 
 import numpy as np
 
-from . import kernels, options, prompt_cache
+from . import backends, kernels, options, prompt_cache
 from .errors import RkmojoError
 from .experts import VERIFY_MODES, StreamingExperts
 from .experts.cache import PAGE
@@ -47,7 +47,11 @@ class EngineConfig:
     prefetch: int = option(0, help="gate-lookahead prefetch slots per layer (0: off)", ge=0)
     threads: int | None = option(help="kernel threads (default: every core)", ge=1)
     chunk: int = option(128, help="prefill chunk in rows", ge=1)
-    backend: str = option("auto", help="compute backend", choices=("auto", "cpu"))
+    backend: str = option("auto", help="prefill's dense matmuls: rknpu (RK3588 NPU, after a self-test), cpu, "
+                                       "or auto (the NPU where librknnrt is present)", choices=backends.CHOICES)
+    npu_library: str | None = option(help=f"librknnrt.so to load (default {backends.DEFAULT_LIBRARY})")
+    npu_precision: str = option("fp16", help="NPU matmul precision (int8: raw INT8×INT8→INT32, scales applied "
+                                             "on the CPU)", choices=backends.PRECISIONS)
     context: int = option(4096, help="KV cache length in tokens", ge=1)
     kv_dtype: str = option("f16", help="KV cache precision (f16: half the memory and bandwidth of f32)",
                            choices=("f16", "f32"))
@@ -80,6 +84,9 @@ class Engine:
             experts["experts"] = StreamingExperts(store, self.slots, policy=cfg.policy, io=cfg.io,
                                                   verify=cfg.verify_experts, prefetch=cfg.prefetch)
         self.model = load_model(store, chunk=cfg.chunk, kv_dtype=cfg.kv_dtype, **experts)
+        self.backend = backends.select(cfg.backend, library=cfg.npu_library, precision=cfg.npu_precision,
+                                       rows=cfg.chunk)
+        self.model.ops = self.backend.backend
 
     # --- generation: check the request here, then the token loop (`generate.decode`) ------------------
     @cached_property
@@ -203,6 +210,7 @@ class Engine:
         return len(tokens)
 
     def close(self) -> None:
+        self.backend.backend.close()
         if hasattr(self.model, "experts"):
             self.model.experts.close()
 

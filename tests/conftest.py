@@ -49,3 +49,14 @@ def smollm2_store(smollm2_gguf, tmp_path_factory) -> Path:
     from inference.convert.gguf import convert_gguf
 
     return convert_gguf(smollm2_gguf, tmp_path_factory.mktemp("smollm2") / "store", progress=False)
+
+
+@pytest.fixture(scope="session")
+def rknnrt_standin(tmp_path_factory) -> str:
+    """The ABI-faithful librknnrt stand-in (tests/rknnrt_standin.c), compiled for this machine."""
+    import subprocess
+
+    out = tmp_path_factory.mktemp("rknnrt") / "librknnrt.so"
+    src = Path(__file__).parent / "rknnrt_standin.c"
+    subprocess.run(["cc", "-O3", "-Wall", "-Werror", "-shared", "-fPIC", "-o", str(out), str(src)], check=True)
+    return str(out)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..backends import CPU
 from ..kernels import attention as kernel_attention
 from ..kernels import embed_rows, linear
 from ..quant import QTensor
@@ -210,6 +211,7 @@ class Transformer:
         self.embed = store.dense("embed")
         self.lm_head = store.dense("lm_head") if store.has("lm_head") else self.embed
         self.norm = self.vec("norm")
+        self.ops = CPU  # the backend of the dense matmuls that an NPU can take (Engine sets it)
         self._rope_memo: dict = {}
 
     def rope(self, positions: np.ndarray, inv_freq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -27,8 +27,12 @@ def top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return idx, np.take_along_axis(scores, idx, axis=-1)
 
 
-def expert_mlp(x: np.ndarray, w: dict[str, QTensor], act: Callable) -> np.ndarray:
-    """One gated MLP: down(act(gate(x)) × up(x)). x [n, H] → [n, H]."""
+def expert_mlp(x: np.ndarray, w: dict[str, QTensor], act: Callable, ops=None) -> np.ndarray:
+    """One gated MLP: down(act(gate(x)) × up(x)). x [n, H] → [n, H]. `ops`: a backend
+    (`inference.backends`) for the matmuls; the CPU kernels when None."""
+    if ops is not None:
+        g, u = ops.linear_many(x, (w["gate"], w["up"]))
+        return ops.linear(act(g) * u, w["down"])
     g, u = linear_many(x, (w["gate"], w["up"]))  # one kernel call: both read the same x
     return linear(act(g) * u, w["down"])
 

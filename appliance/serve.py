@@ -59,8 +59,9 @@ def content_chunk(self, data):
 def process(self):
     if not getattr(self, "rkmojo_too_large", False):
         return _process(self)
-    from webui.door import too_large_response
+    from django.utils.module_loading import import_string
 
+    too_large_response = import_string("webui.door.too_large_response")  # by name, as in `appliance.asgi`
     status, body = too_large_response(self.path.decode("latin-1"), _limit())
     self.setResponseCode(status)
     self.setHeader(b"Content-Type", b"application/json")

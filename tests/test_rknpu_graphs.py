@@ -5,7 +5,6 @@ The toolkit lives in .venv-rknn (scripts/setup --test); the graphs are built and
 subprocess, from weights and inputs this process hands over.
 """
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np

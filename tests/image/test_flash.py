@@ -5,6 +5,7 @@ import os
 import random
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 

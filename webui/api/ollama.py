@@ -25,6 +25,7 @@ from appliance.sources import SourceError, local_path
 from . import jobs
 from .common import ApiError, api_view, log, ollama_model_name
 from .openai import embedding_result
+from inference.engine import EngineConfig
 from inference.options import OLLAMA
 
 from .params import chat_messages, check_embed_batch, check_sampling, sampling_field, seed_value
@@ -171,7 +172,7 @@ def sampling(req: _Generation) -> dict:
 def check_num_ctx(value: int | None) -> None:
     """`num_ctx` sizes Ollama's own KV cache; here the worker's context is fixed (RKMOJO_CONTEXT), so a
     value is accepted up to it and refused past it instead of being ignored."""
-    limit = settings.RKMOJO["CONTEXT"]
+    limit = settings.RKMOJO["ENGINE"].get("context", EngineConfig.context)  # the workers' (RKMOJO_CONTEXT)
     if value is not None and value > limit:
         raise ApiError(400, f"options.num_ctx {value}: this server runs a context of {limit} tokens "
                             "(RKMOJO_CONTEXT); give at most that", param="options.num_ctx")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kernels_ref import NeonRunner, assert_close, build_avx2, build_portable, random_weight
+from kernels_ref import assert_close, random_weight
 
 from inference import kernels
 from inference.kernels._lib import KernelLib
@@ -219,26 +219,7 @@ def test_f16_round_trip_is_half_precision(rng):
     assert np.all(np.abs(dequantize(quantize(w, "f16")) - w) <= np.abs(w) * 2.0**-11)
 
 
-# ------------------------------------------------------------------ the other backends
-
-
-# name → (its build, its backend): the portable C one, and AVX2 where the native build is AVX-512
-OTHER_BUILDS = {"portable": (build_portable, "scalar"), "avx2": (build_avx2, "avx2")}
-
-
-@pytest.fixture(scope="module", params=sorted(OTHER_BUILDS))
-def other_build(request, tmp_path_factory):
-    import platform
-
-    build, backend = OTHER_BUILDS[request.param]
-    if backend == "avx2" and (kernels.BACKEND != "avx512" or platform.machine().lower() not in ("x86_64", "amd64")):
-        pytest.skip("the native build is the AVX2 one (or not x86): the main tests cover it")
-    path = build(tmp_path_factory.mktemp(request.param))
-    if path is None:
-        pytest.skip(f"no C compiler to build the {request.param} backend")
-    lib = KernelLib(path)
-    assert lib.backend == backend
-    return lib
+# ------------------------------------------------------------------ the other backends (conftest.py builds them)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -251,18 +232,6 @@ def test_the_other_c_backends_match_the_reference(other_build, kind, rng):
         assert_close(full, x, w)
         assert np.array_equal(other_build.linear(x[129:], w)[0], full[129])
         assert all(np.array_equal(y, full) for y in other_build.linear_many(x, [w, w]))
-
-
-@pytest.fixture(scope="module")
-def neon(tmp_path_factory):
-    import platform
-
-    if platform.machine().lower() in ("aarch64", "arm64"):
-        pytest.skip("native NEON build: the main tests cover it")
-    runner = NeonRunner.build(tmp_path_factory.mktemp("neon"))
-    if runner is None:
-        pytest.skip("needs aarch64-linux-gnu-gcc and qemu-aarch64 to check the NEON backend")
-    return runner
 
 
 @pytest.mark.parametrize("kind", KINDS)

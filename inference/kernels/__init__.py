@@ -2,26 +2,32 @@
 
 Every weight kind of `inference.quant` is multiplied in its stored form: each block of weights is
 dequantized into registers and applied to up to 6 activation rows, never to a dense copy. Activations
-stay float32. Results are deterministic: the same inputs give bit-identical outputs whatever the thread
-count and whatever other rows share the batch.
+are float32 ("f32", the exact path), or for q4, q4_0, q4_1 and q8_0 weights quantized to int8 per block
+of 32 and multiplied by integer dot products ("q8", as llama.cpp does; `set_activations`). Results are
+deterministic in either mode: the same inputs give bit-identical outputs whatever the thread count and
+whatever other rows share the batch.
+
+Environment: RKMOJO_KERNELS picks the build (native, the default; avx2 or scalar, built beside it on
+x86 so one machine times each path); RKMOJO_ACTIVATIONS the starting activation mode.
 
 Raises:
     ImportError: at import, when the compiled library has not been built (`pip install -e .`).
 """
 from __future__ import annotations
 
-import importlib
 import os
 
 import numpy as np
 
 from ..quant import QTensor, dequantize
-from ._lib import EXTENSION, KernelLib, default_library_path
+from ._lib import ACTIVATIONS, DEFAULT_ACTIVATIONS, KernelLib, load_build
 
-_LIB = KernelLib(default_library_path(), importlib.import_module(EXTENSION))
+_LIB = KernelLib(*load_build(os.environ.get("RKMOJO_KERNELS", "")))
 _LIB.set_threads(os.cpu_count() or 1)
+_LIB.set_activations(os.environ.get("RKMOJO_ACTIVATIONS", "").strip() or DEFAULT_ACTIVATIONS)
 
 BACKEND = _LIB.backend  # "avx512", "avx2", "neon" or "scalar": the instruction set the library was built for
+DOT = _LIB.dot  # the int8 dot product of the "q8" activations: "vnni", "maddubs", "sdot", "smull", "scalar"
 
 
 def linear(x: np.ndarray, w: QTensor) -> np.ndarray:
@@ -85,6 +91,20 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, kpos: np.ndarray, qpo
 def embed_rows(w: QTensor, ids) -> np.ndarray:
     """Rows `ids` of the embedding matrix `w` as float32 [T, H] (only those rows are dequantized)."""
     return dequantize(w.rows(np.asarray(ids).reshape(-1)))
+
+
+def set_activations(mode: str) -> None:
+    """The activations of every following call: "f32" (exact float path) or "q8" (int8; see above).
+
+    Raises:
+        ValueError: an unknown mode.
+    """
+    _LIB.set_activations(mode)
+
+
+def get_activations() -> str:
+    """The mode set by `set_activations` (or RKMOJO_ACTIVATIONS)."""
+    return _LIB.get_activations()
 
 
 def set_threads(n: int) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib
 import importlib.util
 import math
 import operator
@@ -26,6 +27,8 @@ BUILD_HINT = "build it with `pip install -e .` (or `python setup.py build_ext --
 # kind → its code in rkkernels.c
 _KIND_CODES = {kind: code for code, kind in enumerate(KINDS)}
 _ERRORS = {1: "invalid kind or shape", 2: "out of memory for the activation scratch"}
+Q8A = 16  # RK_Q8A in rkkernels.c: a kind code's flag for int8 activations
+ACTIVATIONS = ("f32", "q8")  # float activations (exact path), int8 per block of 32 (q4, q4_0, q4_1, q8_0)
 _F32 = np.dtype(np.float32)
 _F16 = np.dtype(np.float16)
 MAX_MATRICES = 16  # per linear_many call (MAX_MATRICES in rkkernels.c)
@@ -56,6 +59,31 @@ def _check_data_offset():
 
 
 _data = _check_data_offset()
+
+
+# RKMOJO_KERNELS value → the build's module; "native" is whatever the machine's best backend is
+BUILDS = {"native": EXTENSION, "avx2": EXTENSION + "_avx2", "scalar": EXTENSION + "_scalar"}
+DEFAULT_ACTIVATIONS = "f32"
+
+
+def load_build(name: str) -> tuple[Path, object]:
+    """The library path and extension module of build `name` (RKMOJO_KERNELS; "" or "avx512" is native).
+
+    Raises:
+        ImportError: an unknown name, or that build is missing (it is built only on x86).
+    """
+    name = name.strip().lower() or "native"
+    module = BUILDS.get("native" if name == "avx512" else name)
+    if module is None:
+        raise ImportError(f"RKMOJO_KERNELS={name!r}: choose one of native, avx512, {', '.join(sorted(BUILDS)[:-1])}")
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise ImportError(f"RKMOJO_KERNELS={name}: the build {module} is missing (x86 only); {BUILD_HINT}")
+    mod = importlib.import_module(module)
+    lib = Path(spec.origin)
+    if name == "avx512" and ctypes.CDLL(str(lib)).rk_backend() != b"avx512":
+        raise ImportError("RKMOJO_KERNELS=avx512: this machine's native build is not AVX-512; use native or avx2")
+    return lib, mod
 
 
 def default_library_path() -> Path:
@@ -143,6 +171,8 @@ class KernelLib:
         lib.rk_get_threads.restype = ctypes.c_int
         lib.rk_backend.argtypes = []
         lib.rk_backend.restype = ctypes.c_char_p
+        lib.rk_dot.argtypes = []
+        lib.rk_dot.restype = ctypes.c_char_p
         lib.rk_attention.argtypes = [i64, i64, i64, i64, i64, i64, vp, ctypes.c_int, vp, i64, vp, i64, vp, vp, i64,
                                      ctypes.c_float, vp]
         lib.rk_attention.restype = ctypes.c_int
@@ -152,6 +182,21 @@ class KernelLib:
         self._fast = getattr(module, "linear_many", None)
         self.path = Path(path)
         self.backend = lib.rk_backend().decode()
+        self.dot = lib.rk_dot().decode()  # the int8 dot product: vnni, maddubs, sdot, smull or scalar
+        self._flag = 0
+
+    def set_activations(self, mode: str) -> None:
+        """"f32" (float activations) or "q8" (int8 per block of 32 for the q4/q4_0/q4_1/q8_0 weights).
+
+        Raises:
+            ValueError: an unknown mode.
+        """
+        if mode not in ACTIVATIONS:
+            raise ValueError(f"activations {mode!r}: choose one of {', '.join(ACTIVATIONS)}")
+        self._flag = Q8A if mode == "q8" else 0
+
+    def get_activations(self) -> str:
+        return "q8" if self._flag else "f32"
 
     def set_threads(self, n: int) -> None:
         """Threads the kernels split output rows over (results do not depend on it).
@@ -175,6 +220,7 @@ class KernelLib:
     def linear(self, x: np.ndarray, w: QTensor) -> np.ndarray:
         """y[..., out] = x[..., in] @ W.T in float32 (see `inference.kernels.linear`)."""
         code, get_parts, _ = _plan(w.kind, tuple(w.shape))
+        code |= self._flag
         out, inn = w.shape
         x, T = _activations(x, inn, f"the {w.kind} weight {w.shape}")
         y = np.empty(x.shape[:-1] + (out,), _F32)
@@ -185,7 +231,7 @@ class KernelLib:
                 self._explain(e, x, (w,))
             return y
         code, p0, p1, p2 = _part_pointers(w)
-        rc = self._lib.rk_linear(code, T, out, inn, _data(x), _data(y), p0, p1, p2)
+        rc = self._lib.rk_linear(code | self._flag, T, out, inn, _data(x), _data(y), p0, p1, p2)
         if rc:
             raise ValueError(f"linear: the kernel rejected {w.kind} {w.shape} with x {x.shape}: {_ERRORS.get(rc, rc)}")
         return y
@@ -206,7 +252,7 @@ class KernelLib:
             items = []
             for w, y in zip(ws, ys):
                 code, get_parts, _ = _plan(w.kind, tuple(w.shape))
-                items.append((code, w.shape[0], y) + get_parts(w.parts))
+                items.append((code | self._flag, w.shape[0], y) + get_parts(w.parts))
             try:
                 self._fast(T, inn, x, tuple(items))
             except (ValueError, BufferError) as e:
@@ -215,7 +261,7 @@ class KernelLib:
         desc = []
         for w, y in zip(ws, ys):
             code, p0, p1, p2 = _part_pointers(w)
-            desc += (code, w.shape[0], _data(y), p0, p1, p2)
+            desc += (code | self._flag, w.shape[0], _data(y), p0, p1, p2)
         rc = self._lib.rk_linear_many(len(ws), T, inn, _data(x), _data(np.array(desc, dtype=np.int64)))
         if rc:
             shapes = ", ".join(f"{w.kind} {w.shape}" for w in ws)

@@ -38,6 +38,7 @@ def cmd_bench(a) -> int:
                  decode_tokens=a.decode_tokens, runs=a.runs, feed=a.feed, seed=a.seed)
     o = BenchOptions(memory_budget=a.memory_budget, expert_slots=a.expert_slots, policy=a.cache_policy, io=a.io,
                      verify_experts=a.verify_experts, prefetch=a.prefetch, kv_dtype=a.kv_dtype,
+                     activations=a.activations,
                      threads=a.threads, workload=w,
                      sweep=tuple(_int_list(a.sweep, "--sweep")), bandwidth_seconds=a.bandwidth_seconds,
                      compute_tokens=a.compute_tokens, compute_bound=not a.no_compute_bound,
@@ -78,7 +79,8 @@ def cmd_run(a) -> int:
     options = {k: v for k, v in (("threads", a.threads), ("memory_budget", a.memory_budget),
                                  ("expert_slots", a.expert_slots), ("context", a.context),
                                  ("policy", a.cache_policy), ("io", a.io), ("verify_experts", a.verify_experts),
-                                 ("prefetch", a.prefetch), ("kv_dtype", a.kv_dtype)) if v is not None}
+                                 ("prefetch", a.prefetch), ("kv_dtype", a.kv_dtype),
+                                 ("activations", a.activations)) if v is not None}
     return run_chat(resolve_model(a.model), prompt=a.prompt, params=params, system=a.system,
                     show_stats=a.stats, engine_options=options)
 
@@ -221,6 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gate-lookahead prefetch slots per layer (default 0: off)")
     e.add_argument("--kv-dtype", choices=["f16", "f32"], default=None,
                    help="KV cache precision (default f16: half the memory and bandwidth of f32)")
+    e.add_argument("--activations", choices=["f32", "q8", "experts"], default=None,
+                   help="activations of the 4- and 8-bit matmuls: exact f32, int8 like llama.cpp, or int8 in the "
+                        "MoE experts only (default $RKMOJO_ACTIVATIONS, else experts)")
     r.set_defaults(fn=cmd_run)
 
     u = sub.add_parser("pull", help="install a model from a Hugging Face-style repository or a GGUF URL (resumable)")
@@ -269,6 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--prefetch", type=int, default=0, metavar="SLOTS",
                    help="gate-lookahead prefetch slots per layer (default 0: off)")
     b.add_argument("--kv-dtype", choices=["f16", "f32"], default="f16", help="KV cache precision (default f16)")
+    b.add_argument("--activations", choices=["f32", "q8", "experts"], default=None,
+                   help="matmul activations: f32, int8, or int8 in the MoE experts only (default "
+                        "$RKMOJO_ACTIVATIONS, else experts)")
     b.add_argument("--threads", type=int, default=None)
     b.add_argument("--prompt-tokens", type=int, default=128, help="prompt before each decode run (default 128)")
     b.add_argument("--prefill-tokens", default="128,1024", help="prompt lengths timed for prefill and TTFT")

@@ -38,6 +38,7 @@ class EngineConfig:
     backend: str = "auto"
     context: int = 4096
     kv_dtype: str = "f16"  # KV cache precision: "f16" (half the memory and bandwidth) or "f32"
+    activations: str | None = None  # "f32" (exact), "q8" (int8 dot products), "experts" (int8 in MoE experts)
 
 
 class Engine(GenerationMixin):
@@ -49,6 +50,11 @@ class Engine(GenerationMixin):
         if cfg.threads:
             from .kernels import set_threads
             set_threads(cfg.threads)
+        if cfg.activations is not None:
+            from .kernels import ACTIVATIONS, set_activations
+            if cfg.activations not in ACTIVATIONS:
+                raise RkmojoError(f"--activations {cfg.activations}: choose one of {', '.join(ACTIVATIONS)}")
+            set_activations(cfg.activations)
         if cfg.backend not in ("auto", "cpu"):
             raise RkmojoError(f"backend {cfg.backend!r} is not available on this machine; use 'cpu' or 'auto'")
         streaming = bool(store.expert_layers) and (cfg.memory_budget is not None or cfg.expert_slots is not None)

@@ -27,9 +27,11 @@ def rng():
 
 @pytest.fixture(autouse=True)
 def restore_threads():
-    before = kernels.get_threads()
+    before, acts = kernels.get_threads(), kernels.get_activations()
+    kernels.set_activations("f32")  # the float path; test_kernels_int8.py checks the int8 one
     yield
     kernels.set_threads(before)
+    kernels.set_activations(acts)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -98,3 +98,15 @@ def test_the_neon_int8_path_matches_the_reference_under_qemu(build, kind, rng, r
     assert_close(full, int8_activations(x), w)
     assert np.array_equal(neon.linear(x, w, threads=1, activations="q8"), full)
     assert np.array_equal(neon.linear(x[129:], w, activations="q8")[0], full[129])
+
+
+@pytest.mark.parametrize("mode", ["f32", "q8", "experts"])
+def test_a_grouped_call_gives_each_matrix_the_bits_of_its_own_call(mode, rng):
+    kernels.set_activations(mode)
+    kinds = ("q4", "q4_0", "q8_0", "f16", "q4_1") * 7  # more than one job's worth of matrices
+    ws = [random_weight(k, 5 + j, 128, rng) for j, k in enumerate(kinds)]
+    xs = [rng.standard_normal((t, 128), dtype=np.float32) for t in (1, 0, 3, 130, 6) * 7]
+    ys = kernels.linear_grouped(list(zip(xs, ws)))
+    kernels.set_activations("f32" if mode == "f32" else "q8")  # what the grouped call used
+    for x, w, y in zip(xs, ws, ys):
+        assert y.shape == (len(x), w.shape[0]) and np.array_equal(y, kernels.linear(x, w))

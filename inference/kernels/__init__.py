@@ -3,7 +3,8 @@
 Every weight kind of `inference.quant` is multiplied in its stored form: each block of weights is
 dequantized into registers and applied to up to 6 activation rows, never to a dense copy. Activations
 are float32 ("f32", the exact path), or for q4, q4_0, q4_1 and q8_0 weights quantized to int8 per block
-of 32 and multiplied by integer dot products ("q8", as llama.cpp does; `set_activations`). Results are
+of 32 and multiplied by integer dot products ("q8", as llama.cpp does), or int8 only in the grouped
+calls of MoE experts ("experts", the default; `set_activations`). Results are
 deterministic in either mode: the same inputs give bit-identical outputs whatever the thread count and
 whatever other rows share the batch.
 
@@ -21,6 +22,9 @@ import numpy as np
 
 from ..quant import QTensor, dequantize
 from ._lib import ACTIVATIONS, DEFAULT_ACTIVATIONS, KernelLib, load_build
+
+__all__ = ["ACTIVATIONS", "BACKEND", "DOT", "attention", "embed_rows", "get_activations", "get_threads", "linear",
+           "linear_grouped", "linear_many", "pool_stats", "set_activations", "set_threads"]
 
 _LIB = KernelLib(*load_build(os.environ.get("RKMOJO_KERNELS", "")))
 _LIB.set_threads(os.cpu_count() or 1)
@@ -65,6 +69,23 @@ def linear_many(x: np.ndarray, ws) -> list[np.ndarray]:
     return _LIB.linear_many(x, ws)
 
 
+def linear_grouped(pairs) -> list[np.ndarray]:
+    """[x_j @ W_j.T for (x_j, W_j) in pairs] in float32 as one job: every matrix with its own
+    activations, e.g. all experts of an MoE block. Each result is bit-identical to `linear(x_j, W_j)`.
+
+    Args:
+        pairs: (x_j [T_j, in], W_j [out_j, in]) of any kinds, all with the same `in`; matrices with more
+            than 128 rows run as calls of their own, more than 64 matrices as several jobs.
+
+    Returns:
+        A list of new float32 arrays [T_j, out_j], in the order of `pairs`.
+
+    Raises:
+        ValueError: shapes do not match, or a weight's parts are not laid out as its kind says.
+    """
+    return _LIB.linear_grouped(pairs)
+
+
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, kpos: np.ndarray, qpos: np.ndarray,
               window: int | None, scale: float) -> np.ndarray:
     """Causal, optionally windowed, grouped-query attention in float32.
@@ -94,7 +115,8 @@ def embed_rows(w: QTensor, ids) -> np.ndarray:
 
 
 def set_activations(mode: str) -> None:
-    """The activations of every following call: "f32" (exact float path) or "q8" (int8; see above).
+    """The activations of every following call: "f32" (exact float path), "q8" (int8) or "experts"
+    (int8 in `linear_grouped` only); see above.
 
     Raises:
         ValueError: an unknown mode.

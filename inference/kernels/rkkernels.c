@@ -667,6 +667,20 @@ RK_INLINE int family(const part *p)
     return -1;
 }
 
+/* Output rows per task of a matrix with `out` rows, T activation rows, among matrices of `outs` rows
+ * in all: decode, tasks of whole micro-tiles, a few per thread, sized by this matrix's share;
+ * prefill, PREFILL_ROWS rows, whose weights stay in cache across x tiles. */
+static int64_t task_rows(int64_t out, int64_t T, int nth, int64_t outs)
+{
+    int64_t rows = PREFILL_ROWS;
+    if (T == 1) {
+        const int64_t tasks = nth == 1 ? 1 : (DECODE_TASKS_PER_THREAD * nth * out + outs - 1) / outs;
+        rows = (out + tasks - 1) / tasks;
+        rows = (rows + DECODE_MR - 1) / DECODE_MR * DECODE_MR;
+    }
+    return rows < 1 ? 1 : rows;
+}
+
 /* y_j[T, out_j] = x[T, in] @ W_j.T for the n matrices described by `desc`, 6 int64 each:
  * kind (| RK_Q8A), out, y (pointer), then the parts by kind: f32/f16 (w); q8 (q, scales); q4 (q, scales,
  * biases); q4_0/q4_1/q8_0 (blocks); unused parts 0. All C-contiguous as in inference.quant.part_layout.
@@ -733,18 +747,9 @@ RK_API int rk_linear_many(int n, int64_t T, int64_t in, const float *x, const in
             const int f = family(p);
             p->a = (acts){f >= 0 && xp[f] ? xp[f] : x + t0 * in, f >= 0 ? xs[f] : NULL, f >= 0 ? xq[f] : NULL,
                           f >= 0 ? dx[f] : NULL, p->y + t0 * p->w.out, tt};
-            /* decode: tasks of whole micro-tiles, a few per thread, sized by this matrix's share of the
-             * work; prefill: PREFILL_ROWS rows, whose weights stay in cache across x tiles */
-            int64_t rows = PREFILL_ROWS;
-            if (tt == 1) {
-                const int64_t tasks = nth == 1 ? 1 : (DECODE_TASKS_PER_THREAD * nth * p->w.out + work - 1) / work;
-                rows = (p->w.out + tasks - 1) / tasks;
-                rows = (rows + DECODE_MR - 1) / DECODE_MR * DECODE_MR;
-            }
-            if (rows < 1) rows = 1;
-            p->rows = rows;
+            p->rows = task_rows(p->w.out, tt, nth, work);
             p->task0 = ntask;
-            ntask += (p->w.out + rows - 1) / rows;
+            ntask += (p->w.out + p->rows - 1) / p->rows;
         }
         const job jb = {parts, n};
         pool_run(run_task, &jb, ntask, nth);
@@ -755,6 +760,96 @@ RK_API int rk_linear_many(int n, int64_t T, int64_t in, const float *x, const in
         free(dx[f]);
         free(xq[f]);
     }
+    return rc;
+}
+
+/* Prep tasks of a grouped call: row t of the part whose rows start at prefix[j]. */
+typedef struct {
+    const prep_job *jobs;
+    const int64_t *prefix;
+    int n;
+} grouped_prep;
+
+static void grouped_prep_task(const void *ctx, int64_t task)
+{
+    const grouped_prep *g = ctx;
+    int j = 0;
+    while (j + 1 < g->n && g->prefix[j + 1] <= task) j++;
+    if (g->jobs[j].w) prep_task(&g->jobs[j], task - g->prefix[j]);
+}
+
+#define MAX_GROUPED 64
+
+/* y_j[T_j, out_j] = x_j[T_j, in] @ W_j.T for n matrices that each have their own activations: one MoE
+ * block's experts (gate and up of every expert, then every down) as one job instead of one call each.
+ * `desc` holds 8 int64 per matrix: the 6 of rk_linear_many, then x_j (pointer) and T_j <= 128 (one
+ * activation tile). Each y_j gets the bits rk_linear_many gives it alone. Returns as rk_linear_many. */
+RK_API int rk_linear_grouped(int n, int64_t in, const int64_t *desc)
+{
+    if (n < 1 || n > MAX_GROUPED || in < 1) return RK_EINVAL;
+    part parts[MAX_GROUPED];
+    prep_job jobs[MAX_GROUPED];
+    int64_t prefix[MAX_GROUPED + 1], work = 0, ntask = 0;
+    void *scratch[MAX_GROUPED];
+    int rc = RK_OK;
+    prefix[0] = 0;
+    for (int j = 0; j < n; j++) {
+        const int64_t *d = desc + 8 * j;
+        part *p = &parts[j];
+        scratch[j] = NULL;
+        p->kind = (int)(d[0] & ~(int64_t)RK_Q8A);
+        const int64_t T = d[7];
+        if (T < 0 || T > TILE_T) rc = RK_EINVAL;
+        if (rc || (rc = wmat_init(&p->w, p->kind, d[1], in, (const void *)(intptr_t)d[3],
+                                  (const void *)(intptr_t)d[4], (const void *)(intptr_t)d[5]))) {
+            n = j;
+            break;
+        }
+        p->q8a = (d[0] & RK_Q8A) && RUNNERS_Q8A[p->kind] != NULL;
+        p->y = (float *)(intptr_t)d[2];
+        const float *x = (const float *)(intptr_t)d[6];
+        const int f = family(p);
+        float *xp = NULL, *xs = NULL, *dx = NULL;
+        int8_t *xq = NULL;
+        if (f >= 0) { /* one block per matrix: [xs | xp or dx | xq] */
+            const int64_t fl = T * p->w.ngp + (p->q8a ? T * (in / 32) : T * in);
+            uint8_t *buf = scratch[j] = malloc(sizeof(float) * fl + (p->q8a ? T * in : 0) + 1);
+            if (!buf) {
+                rc = RK_ENOMEM;
+                n = j + 1;
+                break;
+            }
+            xs = (float *)buf;
+            if (p->q8a) {
+                dx = xs + T * p->w.ngp;
+                xq = (int8_t *)(dx + T * (in / 32));
+            } else {
+                xp = xs + T * p->w.ngp;
+            }
+        }
+        jobs[j] = (prep_job){p->kind, p->q8a, f >= 0 ? &p->w : NULL, x, xp, xs, dx, xq};
+        p->a = (acts){xp ? xp : x, xs, xq, dx, p->y, T};
+        prefix[j + 1] = prefix[j] + (f >= 0 ? T : 0);
+        work += p->w.out * T;
+    }
+    if (rc == RK_OK) {
+        int64_t outs = 0;
+        for (int k = 0; k < n; k++) outs += parts[k].w.out;
+        int nth = g_threads;
+        if ((int64_t)nth * MIN_WORK_PER_THREAD > work * in) nth = (int)(work * in / MIN_WORK_PER_THREAD) + 1;
+        if (nth > g_threads) nth = g_threads;
+        const grouped_prep gp = {jobs, prefix, n};
+        if (prefix[n]) pool_run(grouped_prep_task, &gp, prefix[n], nth);
+        for (int j = 0; j < n; j++) {
+            part *p = &parts[j];
+            p->rows = task_rows(p->w.out, p->a.T, nth, outs);
+            p->task0 = ntask;
+            ntask += p->a.T ? (p->w.out + p->rows - 1) / p->rows : 0;
+        }
+        const job jb = {parts, n};
+        if (ntask) pool_run(run_task, &jb, ntask, nth);
+    }
+    for (int j = 0; j < n; j++) free(scratch[j]);
     return rc;
 }
 

@@ -48,6 +48,8 @@ def test_bench_json_has_every_field(tiny, tmp_path):
     assert b["io_bound_tok_s"] > 0 and b["compute_only_tok_s"] > 0 and b["efficiency"] > 0
     assert b["fault"] == (b["efficiency"] > 1.0)
     assert [s["depth"] for s in b["read"]["sustained"]["sweep"]] == [1, 2, 4, 8, 16, 32, 64]
+    t = r["ttft_bounds"]["20"]
+    assert t["bound_s"] == max(t["read_all_experts_s"], t["resident_s"]) and t["ratio"] > 0
     assert r["sweep"]["slots"] == [4, 8] and len(r["sweep"]["belady"]) == 2
     assert r["sweep"]["check"]["simulated"] == pytest.approx(r["sweep"]["check"]["measured"])
 

@@ -40,7 +40,7 @@ REQUIRED_FIELDS = (
     "decode.tok_s", "decode.runs", "decode.others_cpu_max", "decode.hit_rate", "decode.expert_mb_per_token", "decode.io_wait_ms_per_token",
     "peak_rss_bytes", "bounds.read_bandwidth_bytes_per_s", "bounds.read", "bounds.miss_bytes_per_token",
     "bounds.io_bound_tok_s", "bounds.compute_only_tok_s", "bounds.compute", "bounds.efficiency", "bounds.fault",
-    "bounds.efficiency_formula", "routing.share", "sweep.slots", "sweep.lfu", "sweep.lru", "sweep.belady",
+    "bounds.efficiency_formula", "ttft_bounds", "routing.share", "sweep.slots", "sweep.lfu", "sweep.lru", "sweep.belady",
     "sweep.check",
 )
 GiB = 2**30
@@ -144,11 +144,12 @@ def child_compute(store: Path, o: BenchOptions) -> dict:
     warm(engine.store)
     warm_s = time.perf_counter() - t
     w = dataclasses.replace(o.workload, runs=1, decode_tokens=o.compute_tokens,
-                            prefill_tokens=(o.workload.prompt_tokens,))
+                            prefill_tokens=tuple(sorted({o.workload.prompt_tokens, *o.workload.prefill_tokens})))
     majflt = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
     r = run_workload(engine, w)
     return {"mode": "resident", "tok_s": r["decode"]["tok_s"], "tokens": o.compute_tokens,
             "prefill_tok_s": r["prefill"][str(w.prompt_tokens)]["tok_s"], "warm_s": warm_s,
+            "prefill_ttft_s": {n: p["ttft_s"] for n, p in r["prefill"].items()},
             "others_cpu": r["decode"]["others_cpu_max"],
             "major_faults": resource.getrusage(resource.RUSAGE_SELF).ru_majflt - majflt}
 
@@ -251,6 +252,7 @@ def combine(st, o: BenchOptions, s: dict, c: dict | None, calls: list[Call], use
             "fault": (dec["tok_s"] / min(bounds) > 1.0) if bounds else None,
         },
         "routing": popularity(calls, n_experts) if calls else {"share": None},
+        "ttft_bounds": ttft_bounds(st, s["prefill"], bw, c) if s["engine"]["slots"] else {},
         "sweep": {"slots": [], "lfu": [], "lru": [], "belady": [], "check": None},
     }
     if calls:
@@ -261,6 +263,21 @@ def combine(st, o: BenchOptions, s: dict, c: dict | None, calls: list[Call], use
         r["sweep"]["check"] = {"slots": eng["slots"], "policy": eng["policy"],
                                "simulated": hit_rate(sim), "measured": dec["hit_rate"]}
     return r
+
+
+def ttft_bounds(st, prefill: dict, bw: float | None, c: dict | None) -> dict:
+    """Per prompt length: the streamed first token's bound, the larger of reading every expert once at
+    the disk's best rate and the same prefill with every expert resident, and the measured TTFT / bound."""
+    expert_bytes = sum(lay.n_experts * lay.blob_size for lay in st.expert_layers.values())
+    out = {}
+    for n, p in prefill.items():
+        read_s = expert_bytes / bw if bw else None
+        resident_s = ((c or {}).get("prefill_ttft_s") or {}).get(n)
+        parts = [x for x in (read_s, resident_s) if x]
+        bound = max(parts) if parts else None
+        out[n] = {"bound_s": bound, "read_all_experts_s": read_s, "resident_s": resident_s,
+                  "ratio": p["ttft_s"] / bound if bound else None}
+    return out
 
 
 def _formula(io_bound, compute) -> str | None:
@@ -328,6 +345,12 @@ def table(r: dict) -> list[str]:
                       "and after the runs)" if su.get("bytes_per_s")
                       else "no sustained measurement")
                    + f"; caches {'dropped' if rd.get('drop_caches') else 'not dropped'}")
+    for n, t in r.get("ttft_bounds", {}).items():
+        if t["bound_s"]:
+            read = f"{t['read_all_experts_s']:.2f} s" if t["read_all_experts_s"] else "not measured"
+            res = f"{t['resident_s']:.2f} s" if t["resident_s"] else "not measured"
+            out.append(f"{'TTFT bound ' + n:<14}{t['bound_s']:.2f} s = max(read every expert once at the disk's best "
+                       f"rate: {read}, the same prefill all-resident: {res}); measured / bound = {t['ratio']:.2f}")
     c = b["compute"] or {}
     if c.get("mode") == "resident":
         out.append(f"{'compute bound':<14}{c['tok_s']:.2f} tok/s (every expert resident, page cache warm; "

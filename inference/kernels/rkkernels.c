@@ -348,7 +348,7 @@ RK_INLINE void q8a_tile(const int kind, const int MR, const int NR, const wmat *
     const int8_t *xq[MAXR];
     const float *dx[MAXR], *xs[MAXR];
     vs acc[MAXR][MAXR];
-    vf bacc[MAXR][MAXR];
+    vf bacc[MAXR][MAXR], gacc[MAXR][MAXR]; /* gacc: q4 groups whole (RK_GROUP64), else zero */
     for (int r = 0; r < NR; r++) {
         xq[r] = a->xq + (t + r) * in;
         dx[r] = a->dx + (t + r) * nb;
@@ -357,7 +357,7 @@ RK_INLINE void q8a_tile(const int kind, const int MR, const int NR, const wmat *
     for (int i = 0; i < MR; i++)
         for (int r = 0; r < NR; r++) {
             acc[i][r] = vs_zero();
-            bacc[i][r] = vf_zero();
+            bacc[i][r] = gacc[i][r] = vf_zero();
         }
     for (int64_t g0 = 0; g0 < w->ng; g0 += DU) {
         const int n = w->ng - g0 < DU ? (int)(w->ng - g0) : DU;
@@ -377,6 +377,13 @@ RK_INLINE void q8a_tile(const int kind, const int MR, const int NR, const wmat *
                 const uint8_t *q = kind == K_Q8_0 ? w->p0 + (o + i) * w->row_bytes + 34 * g + 2
                                                   : nib_bytes(kind, w, o + i, g);
                 if (NR == 1) prefetch_ahead(q);
+#ifdef RK_GROUP64
+                if (kind == K_Q4) {
+                    const __m512i wv = vg_nib(q);
+                    for (int r = 0; r < NR; r++) gacc[i][r] = vg_fma(wv, xq[r] + 64 * g, dx[r] + 2 * g, sc[i][j], gacc[i][r]);
+                    continue;
+                }
+#endif
                 for (int h = 0; h < bpg; h++) {
                     const int64_t b = g * bpg + h;
                     const vb wv = kind == K_Q8_0 ? vb_s8((const int8_t *)q) : vb_nib(q + 16 * h);
@@ -397,7 +404,8 @@ RK_INLINE void q8a_tile(const int kind, const int MR, const int NR, const wmat *
             }
     }
     for (int i = 0; i < MR; i++)
-        for (int r = 0; r < NR; r++) a->y[(t + r) * w->out + o + i] = vs_hsum(acc[i][r]) + vf_hsum(bacc[i][r]);
+        for (int r = 0; r < NR; r++)
+            a->y[(t + r) * w->out + o + i] = (vs_hsum(acc[i][r]) + vf_hsum(gacc[i][r])) + vf_hsum(bacc[i][r]);
 }
 
 /* Output rows [o0, o1) for all T activation rows, q8a: as run_rows, without K blocks. */

@@ -1,6 +1,8 @@
 """The compiled kernels against the float64 reference, their determinism, and the quantizers' bounds."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from kernels_ref import assert_close, random_weight
@@ -246,3 +248,19 @@ def test_the_neon_backend_matches_the_reference_under_qemu(neon, kind, rng):
     assert_close(full, x, w)
     assert np.array_equal(neon.linear(x, w, threads=1), full)
     assert np.array_equal(neon.linear(x[129:], w)[0], full[129])
+
+
+def test_rkmojo_kernels_picks_the_build_and_names_the_choices():
+    import platform
+    import subprocess
+    import sys
+
+    def backend(name: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", "from inference import kernels; print(kernels.BACKEND)"],
+                              env={**os.environ, "RKMOJO_KERNELS": name}, capture_output=True, text=True)
+
+    bad = backend("sse9")
+    assert bad.returncode != 0 and "choose one of native, avx512, avx2, scalar" in bad.stderr
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        assert backend("scalar").stdout.strip() == "scalar"
+        assert backend("avx2").stdout.strip() in ("avx2", "scalar")  # scalar where the CPU lacks AVX2

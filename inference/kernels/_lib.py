@@ -82,7 +82,7 @@ def load_build(name: str) -> tuple[Path, object]:
     name = name.strip().lower() or "native"
     module = BUILDS.get("native" if name == "avx512" else name)
     if module is None:
-        raise ImportError(f"RKMOJO_KERNELS={name!r}: choose one of native, avx512, {', '.join(sorted(BUILDS)[:-1])}")
+        raise ImportError(f"RKMOJO_KERNELS={name!r}: choose one of native, avx512, avx2, scalar")
     spec = importlib.util.find_spec(module)
     if spec is None or spec.origin is None:
         raise ImportError(f"RKMOJO_KERNELS={name}: the build {module} is missing (x86 only); {BUILD_HINT}")

@@ -110,3 +110,11 @@ def test_a_grouped_call_gives_each_matrix_the_bits_of_its_own_call(mode, rng):
     kernels.set_activations("f32" if mode == "f32" else "q8")  # what the grouped call used
     for x, w, y in zip(xs, ws, ys):
         assert y.shape == (len(x), w.shape[0]) and np.array_equal(y, kernels.linear(x, w))
+
+
+def test_matrices_sharing_activations_share_one_preparation_and_keep_their_bits(rng):
+    x = rng.standard_normal((1, 128), dtype=np.float32)
+    ws = [random_weight(k, 9, 128, rng) for k in ("q4", "q4", "q4_0", "q8_0", "q4")]
+    ys = kernels.linear_grouped([(x, w) for w in ws])  # one x object: prepared once per family
+    for w, y in zip(ws, ys):
+        assert np.array_equal(y, kernels.linear(x, w))

@@ -819,6 +819,17 @@ RK_API int rk_linear_grouped(int n, int64_t in, const int64_t *desc)
         const int f = family(p);
         float *xp = NULL, *xs = NULL, *dx = NULL;
         int8_t *xq = NULL;
+        int shared = -1; /* an earlier matrix of the same activations and preparation (decode: every gate and up) */
+        for (int k = 0; k < j && f >= 0 && shared < 0; k++)
+            if (jobs[k].x == x && parts[k].a.T == T && family(&parts[k]) == f && parts[k].w.ngp == p->w.ngp) shared = k;
+        if (shared >= 0) {
+            p->a = parts[shared].a;
+            p->a.y = p->y;
+            jobs[j] = (prep_job){p->kind, p->q8a, NULL, x, NULL, NULL, NULL, NULL};
+            prefix[j + 1] = prefix[j];
+            work += p->w.out * T;
+            continue;
+        }
         if (f >= 0) { /* one block per matrix: [xs | xp or dx | xq] */
             const int64_t fl = T * p->w.ngp + (p->q8a ? T * (in / 32) : T * in);
             uint8_t *buf = scratch[j] = malloc(sizeof(float) * fl + (p->q8a ? T * in : 0) + 1);

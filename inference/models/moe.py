@@ -55,7 +55,9 @@ def mixture(x: np.ndarray, idx: np.ndarray, weights: np.ndarray, layer: int, sou
 
     def compute(batch: list[tuple[int, dict[str, QTensor]]]) -> None:
         where = [np.nonzero(idx == e) for e, _ in batch]  # (rows, slots) of each expert
-        outs = experts_mlp([(x[rows], w) for (rows, _), (_, w) in zip(where, batch)], act)
+        xs = {}  # one array per row set: the kernels prepare shared activations once (decode: all experts)
+        pairs = [(xs.setdefault(rows.tobytes(), x[rows]), w) for (rows, _), (_, w) in zip(where, batch)]
+        outs = experts_mlp(pairs, act)
         for (rows, slots), o in zip(where, outs):
             y[rows, slots] = o
 

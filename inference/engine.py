@@ -55,6 +55,9 @@ class EngineConfig:
     context: int = option(4096, help="KV cache length in tokens", ge=1)
     kv_dtype: str = option("f16", help="KV cache precision (f16: half the memory and bandwidth of f32)",
                            choices=("f16", "f32"))
+    activations: str | None = option(help="activations of the 4- and 8-bit matmuls: f32 (exact), q8 (int8 dot "
+                                          "products, as llama.cpp), experts (int8 in the MoE experts only); "
+                                          "default: $RKMOJO_ACTIVATIONS, else experts", choices=kernels.ACTIVATIONS)
 
     def __post_init__(self):
         if isinstance(self.memory_budget, str):
@@ -152,7 +155,7 @@ class Engine:
         with self._exclusive():
             out = []
             for ids in encoded:
-                with kernels.threads(self.cfg.threads):
+                with kernels.configured(self.cfg.threads, self.cfg.activations):
                     h = self.model.hidden(np.array(ids), self.model.new_cache())  # [T, H]
                 v = h.astype(np.float32).mean(axis=0)
                 out.append(v / max(float(np.linalg.norm(v)), 1e-12))
@@ -236,7 +239,7 @@ class Engine:
     def forward(self, ids, *, last_only: bool = True) -> np.ndarray:
         """Append `ids` to the current sequence; logits [T or 1, vocab]."""
         ids = [int(i) for i in np.asarray(ids).reshape(-1)]
-        with kernels.threads(self.cfg.threads):
+        with kernels.configured(self.cfg.threads, self.cfg.activations):
             logits = self.model.forward(np.array(ids), self.cache, last_only=last_only)
         self.tokens.extend(ids)
         return logits

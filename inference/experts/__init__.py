@@ -32,12 +32,14 @@ class ResidentExperts:
 
     def run(self, layer: int, experts, compute: Callable, during_io: Callable | None = None):
         extra = during_io() if during_io else None
+        batch = []
         for e in experts:
             e = int(e)
             w = self._views.get((layer, e))
             if w is None:
                 w = self._views[(layer, e)] = self.store.expert(layer, e)
-            compute(e, w)
+            batch.append((e, w))
+        compute(batch)  # all at hand: one batch
         return extra
 
     def stats(self) -> dict:
@@ -135,7 +137,7 @@ class StreamingExperts:
             self._check(r)
             stats.bytes_read += r.length
             stats.prefetch_hits += 1
-            compute(e, lay.view(self.pf_pools[layer].view(r.slot)))
+            compute([(e, lay.view(self.pf_pools[layer].view(r.slot)))])
         self._settle_prefetch(layer)
         return rest
 
@@ -172,11 +174,12 @@ class StreamingExperts:
             self._check(r)
             cache.fill(r.expert, r.slot)
             stats.bytes_read += r.length
-            compute(r.expert, lay.view(cache.pool.view(r.slot)))
+            compute([(r.expert, lay.view(cache.pool.view(r.slot)))])
             t = time.perf_counter()
 
     def run(self, layer: int, experts, compute: Callable, during_io: Callable | None = None):
-        """Call compute(e, weights) once for every expert in `experts`; returns during_io()'s result."""
+        """Call compute([(e, weights), ...]) so that every expert in `experts` is in exactly one batch (the
+        cached ones together, the others as their reads land); returns during_io()'s result."""
         cache, lay = self.caches[layer], self.layouts[layer]
         hits, misses = cache.request(experts)
         cache.pin(hits.values())
@@ -188,8 +191,8 @@ class StreamingExperts:
             first, rest = demand[:free], demand[free:]
             batch = self.reader.submit(self._requests(layer, first)) if first else None
             extra = during_io() if during_io else None
-            for e, s in hits.items():
-                compute(e, lay.view(cache.pool.view(s)))
+            if hits:
+                compute([(e, lay.view(cache.pool.view(s))) for e, s in hits.items()])
             self._take_prefetched(layer, [e for e in misses if e in prefetched], compute)
             cache.unpin_all()
             if batch is not None:

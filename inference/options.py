@@ -99,7 +99,8 @@ def _constraints(spec: Spec) -> dict:
 def _adapter(cls: type, name: str) -> TypeAdapter:
     tp, spec = specs(cls)[name]
     if spec.choices:
-        tp = typing.Literal[spec.choices] if None not in typing.get_args(tp) else typing.Optional[typing.Literal[spec.choices]]
+        optional = type(None) in typing.get_args(tp)
+        tp = typing.Optional[typing.Literal[spec.choices]] if optional else typing.Literal[spec.choices]
         return TypeAdapter(tp)  # a Literal is strict already
     nan = {"allow_inf_nan": False} if _base(tp) is float else {}
     return TypeAdapter(Annotated[tp, Field(strict=True, **_constraints(spec), **nan)])

@@ -53,8 +53,12 @@ def test_flags_and_environment_come_from_the_same_declaration():
         options.from_env(SamplingParams, {"RKMOJO_SEED": "x"})
 
 
-def test_an_engine_applies_its_thread_count_to_its_own_compute_only():
-    before = kernels.get_threads()
-    with kernels.threads(1):
-        assert kernels.get_threads() == 1
-    assert kernels.get_threads() == before
+def test_an_engine_applies_its_thread_count_and_activations_to_its_own_compute_only():
+    before = kernels.get_threads(), kernels.get_activations()
+    other = "q8" if before[1] != "q8" else "f32"
+    with kernels.configured(1, other):
+        assert (kernels.get_threads(), kernels.get_activations()) == (1, other)
+    assert (kernels.get_threads(), kernels.get_activations()) == before
+    with pytest.raises(ValueError), kernels.configured(None, "int3"):
+        pass
+    assert (kernels.get_threads(), kernels.get_activations()) == before

@@ -217,16 +217,29 @@ class Job:
         return None
 
     async def close(self) -> None:
-        """Cancel the request unless it finished, and drop it from its queue. Safe to call twice."""
+        """Cancel the request unless it finished, and drop it from its queue. Safe to call twice.
+
+        A cancellation that arrives meanwhile (a page closed, a client gone while this runs) does not cut
+        it short: both steps still run, then the cancellation goes on. Skipping the release would leave
+        the request counted in its model's queue until the entry expired.
+        """
         r = redis()
-        try:
-            if not self.settled:  # also after an error of our own (Redis lost): the worker may still run
-                self.done = self.settled = True
-                await asyncio.shield(bus.cancel(r, self.id))
-            if self.model:
-                await asyncio.shield(bus.release(r, self.model, self.id))
-        except (asyncio.CancelledError, RedisConnectionError, RedisTimeoutError):
-            pass  # without Redis there is nothing to cancel: the worker's stream broke too
+        steps = []
+        if not self.settled:  # also after an error of our own (Redis lost): the worker may still run
+            self.done = self.settled = True
+            steps.append(bus.cancel(r, self.id))
+        if self.model:
+            steps.append(bus.release(r, self.model, self.id))
+        cancelled = False
+        for step in steps:
+            try:
+                await asyncio.shield(step)
+            except asyncio.CancelledError:
+                cancelled = True
+            except (RedisConnectionError, RedisTimeoutError):
+                pass  # without Redis there is nothing to cancel: the worker's stream broke too
+        if cancelled:
+            raise asyncio.CancelledError
 
 
 def redis_lost(e: Exception | None) -> Error:

@@ -22,16 +22,24 @@ def arch_flags() -> list[str]:
     return ["-march=native"] if machine in ("x86_64", "amd64") else ["-mcpu=native"]
 
 
-setup(
-    ext_modules=[
+def kernel_builds() -> list[Extension]:
+    """The native build, and on x86 the same source with AVX-512 or all SIMD ruled out, so one machine
+    can time each path (RKMOJO_KERNELS=avx2|scalar picks one at import, see inference/kernels)."""
+    variants = [("_rkkernels", [])]
+    if platform.machine().lower() in ("x86_64", "amd64") and not os.environ.get("RKMOJO_ARCH_FLAGS"):
+        variants += [("_rkkernels_avx2", ["-DRK_NO_AVX512"]), ("_rkkernels_scalar", ["-DRK_NO_SIMD"])]
+    return [
         Extension(
-            "inference.kernels._rkkernels",
+            f"inference.kernels.{name}",
             sources=["inference/kernels/rkkernels.c"],
             depends=["inference/kernels/rkkernels_simd.h", "inference/kernels/rkpool.h", "inference/kernels/rkpython.h",
                      "inference/kernels/rkattention.h"],
-            extra_compile_args=["-O3", "-fopenmp", "-std=c11", *arch_flags()],
+            extra_compile_args=["-O3", "-fopenmp", "-std=c11", *arch_flags(), f"-DRK_MODULE={name}", *flags],
             extra_link_args=["-fopenmp"],
             libraries=["m"],
         )
+        for name, flags in variants
     ]
-)
+
+
+setup(ext_modules=kernel_builds())

@@ -12,7 +12,7 @@ Keys (all under `rkmojo:`):
   replayable, so the web side may start reading after the worker started writing.
 - `cancel:ID` — set by the web side when its client went away; the worker checks it before every token.
 
-Events are JSON objects with a type `t`: claim, start, delta, final, error (see `appliance.tasks`).
+Events are `appliance.events` types, written and read only through its `encode` and `decode`.
 """
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ import time
 import urllib.parse
 
 import redis
+
+from . import events
 
 PREFIX = "rkmojo:"
 EVENT_TTL = 3600  # an event stream nobody reads vanishes after this long
@@ -70,14 +72,27 @@ def kombu_url(redis_url: str) -> str:
     return f"redis+socket://{u.path}?virtual_host={db}"
 
 
+def _retry(cls):
+    # a restarting Redis (rkmojo up restarts its private one) is back within a second: a command retries
+    # on a new connection with a growing pause, ~1.5 s in all, before its error reaches the caller
+    from redis.backoff import ExponentialBackoff
+
+    return cls(ExponentialBackoff(cap=0.5, base=0.05), 5)
+
+
 def connect(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, decode_responses=True, health_check_interval=30)
+    from redis.retry import Retry
+
+    return redis.Redis.from_url(url, decode_responses=True, health_check_interval=30, retry=_retry(Retry),
+                                retry_on_error=[redis.ConnectionError, redis.TimeoutError])
 
 
 def connect_async(url: str):
     import redis.asyncio as aioredis
+    from redis.asyncio.retry import Retry
 
-    return aioredis.Redis.from_url(url, decode_responses=True)
+    return aioredis.Redis.from_url(url, decode_responses=True, retry=_retry(Retry),
+                                   retry_on_error=[redis.ConnectionError, redis.TimeoutError])
 
 
 # --- admission ---------------------------------------------------------------------------------
@@ -121,20 +136,24 @@ async def queued(r, model: str) -> list[dict]:
 
 
 # --- events ------------------------------------------------------------------------------------
-def emit(r: redis.Redis, req_id: str, event: dict) -> None:
+def emit(r: redis.Redis, req_id: str, event: events.Event) -> None:
     """Append one event to the request's stream (worker side)."""
     p = r.pipeline(transaction=False)
-    p.xadd(k_events(req_id), {"e": json.dumps(event, separators=(",", ":"))})
+    p.xadd(k_events(req_id), {"e": events.encode(event)})
     p.expire(k_events(req_id), EVENT_TTL)
     p.execute()
 
 
-async def read(r, req_id: str, after: str, block_ms: int) -> list[tuple[str, dict]]:
-    """Events after stream id `after` ("0" for all), waiting up to `block_ms` for the first."""
+async def read(r, req_id: str, after: str, block_ms: int) -> list[tuple[str, events.Event]]:
+    """Events after stream id `after` ("0" for all), waiting up to `block_ms` for the first.
+
+    Raises:
+        events.EventError: an event that is not one of ours.
+    """
     res = await r.xread({k_events(req_id): after}, block=block_ms, count=256)
     if not res:
         return []
-    return [(eid, json.loads(fields["e"])) for eid, fields in res[0][1]]
+    return [(eid, events.decode(fields["e"])) for eid, fields in res[0][1]]
 
 
 async def cancel(r, req_id: str) -> None:

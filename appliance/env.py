@@ -110,3 +110,14 @@ def env_size(name: str, default: int | None) -> int | None:
         return parse_size(value)
     except RkmojoError:
         raise _bad(name, value, "write a size like 512M, 4G or 3.5GiB") from None
+
+
+def env_options(cls: type) -> dict:
+    """The options of an option set (`inference.options`) given as `RKMOJO_<NAME>` variables, checked by its
+    schema: `RKMOJO_TEMPERATURE=5` fails naming the variable and the range."""
+    from inference.options import from_env
+
+    try:
+        return from_env(cls)
+    except ValueError as e:
+        raise ImproperlyConfigured(str(e)) from None

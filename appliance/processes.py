@@ -36,7 +36,7 @@ def redis_argv(data_dir: Path) -> tuple[list[str], str]:
 
 
 def daphne_argv(host: str, port: int) -> list[str]:
-    return [sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "--application-close-timeout", "5",
+    return [sys.executable, "-m", "appliance.serve", "-b", host, "-p", str(port), "--application-close-timeout", "5",
             "appliance.asgi:application"]
 
 
@@ -51,14 +51,22 @@ def migrate_argv() -> list[str]:
     return [sys.executable, "-m", "django", "migrate", "--noinput", "-v", "0"]
 
 
+def setup_token_argv() -> list[str]:
+    """Prints the one-time setup token while no administrator exists (webui's `setuptoken` command)."""
+    return [sys.executable, "-m", "django", "setuptoken"]
+
+
 class Child:
     """One child process, its output appended to a log file."""
 
     def __init__(self, name: str, argv: list[str], env: dict, log: Path | None = None, cwd: str | None = None):
         self.name, self.argv, self.env, self.log, self.cwd = name, argv, env, log, cwd
         self.proc: subprocess.Popen | None = None
+        self.before_start = None  # called before every (re)start: e.g. remove a stale unix socket
 
     def start(self) -> "Child":
+        if self.before_start is not None:
+            self.before_start()
         out = subprocess.DEVNULL
         if self.log is not None:
             self.log.parent.mkdir(parents=True, exist_ok=True)

@@ -109,12 +109,18 @@ class PromptCache:
         if key in self.entries and kv.is_file():
             os.utime(kv)
             return kv
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         engine.save_prompt_cache(kv)
         meta = self.dir / f"{key}.json"
         tmp = meta.with_name(f".{meta.name}.tmp")
-        tmp.write_text(json.dumps({"tokens": tokens.tolist(), "session": session, "saved": time.time()}))
-        os.replace(tmp, meta)
+        try:
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+                f.write(json.dumps({"tokens": tokens.tolist(), "session": session, "saved": time.time()}))
+            os.replace(tmp, meta)
+        except BaseException:  # a full disk: neither a half-written index nor a .kv file without one
+            tmp.unlink(missing_ok=True)
+            kv.unlink(missing_ok=True)
+            raise
         self.entries[key] = Entry(tokens, kv, session)
         self.prune()
         return kv

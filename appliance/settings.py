@@ -12,7 +12,11 @@ from pathlib import Path
 
 import dj_database_url
 
-from .env import (env_bool, env_choice, env_duration, env_int, env_list, env_path, env_size, env_str)
+from inference.engine import EngineConfig
+from inference.sampler import SamplingParams
+
+from .env import env_bool, env_choice, env_duration, env_int, env_list, env_options, env_path, env_size, env_str
+from .hosts import MachineHosts
 
 DATA_DIR = env_path("RKMOJO_DATA", env_path("RKMOJO_HOME", Path.home() / ".local" / "share" / "rkmojo"))
 MODELS_DIR = DATA_DIR / "models"
@@ -41,7 +45,9 @@ def _secret_key() -> str:
 
 SECRET_KEY = _secret_key()
 DEBUG = env_bool("RKMOJO_DEBUG", False)
-ALLOWED_HOSTS = env_list("RKMOJO_ALLOWED_HOSTS", ["*"])  # an appliance is reached by whatever name the LAN gives it
+# the machine's own names and addresses, refreshed as they change, plus RKMOJO_ALLOWED_HOSTS (names a
+# proxy or the LAN's DNS gives it): any other Host header is a 400, any other Origin a 403 (webui.door)
+ALLOWED_HOSTS = MachineHosts(env_list("RKMOJO_ALLOWED_HOSTS", []))
 
 INSTALLED_APPS = [
     "daphne",
@@ -57,6 +63,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "webui.door.LanDoorMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -64,6 +72,15 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
+
+# `django check --deploy` for a LAN appliance served over plain HTTP (no certificate a LAN name could
+# carry): HSTS (W004), the HTTPS redirect (W008) and HTTPS-only cookies (W012, W016) would lock every
+# client out. Set them in front of a TLS proxy instead. The session and CSRF cookies stay HttpOnly/Lax.
+SILENCED_SYSTEM_CHECKS = ["security.W004", "security.W008", "security.W012", "security.W016"]
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_SAMESITE = "Lax"
+X_FRAME_OPTIONS = "DENY"
 
 ROOT_URLCONF = "appliance.urls"
 ASGI_APPLICATION = "appliance.asgi.application"
@@ -90,7 +107,8 @@ TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
 STATIC_URL = "static/"
-STATIC_ROOT = DATA_DIR / "static"
+STATIC_ROOT = None  # no collectstatic step: WhiteNoise serves the apps' static files (the admin's CSS) where installed
+WHITENOISE_USE_FINDERS = True
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("RKMOJO_MAX_REQUEST_BYTES", 16 * 2**20, minimum=1024)
 
 # --- Redis: broker, event streams, worker registry, channel layer -------------------------------
@@ -116,26 +134,38 @@ RKMOJO = {
     "RETRY_AFTER": env_int("RKMOJO_RETRY_AFTER", 5, minimum=1),
     # a model unused this long is unloaded (Ollama's keep_alive per request overrides); negative: never
     "KEEP_ALIVE": env_duration("RKMOJO_KEEP_ALIVE", 30 * 60),
-    # "remote": keys required for clients off loopback; "always"; "never"
+    # "remote": keys required for clients off loopback, and a loopback client's key is not checked (as
+    # Ollama: home apps configured with a placeholder key work on the same machine); "always": every
+    # client shows a valid key; "never"
     "API_KEYS": env_choice("RKMOJO_API_KEYS", "remote", ("remote", "always", "never")),
+    # the chat WebSocket without a logged-in session: off; on, it follows the API key rule for keyless
+    # clients (RKMOJO_API_KEYS=never opens it to the LAN, "remote" to this machine's own browsers)
+    "CHAT_OPEN": env_bool("RKMOJO_CHAT_OPEN", False),
+    # /api/pull and install take local files only from inside this directory (a file path anywhere else
+    # is refused: the web side must not read what the service user can read)
+    "IMPORT_DIR": env_path("RKMOJO_IMPORT_DIR", DATA_DIR / "import"),
+    # texts one embedding request may carry (each is one forward pass on the only worker)
+    "MAX_EMBED_INPUTS": env_int("RKMOJO_MAX_EMBED_INPUTS", 256, minimum=1),
     # prompt-cache files: expiry and total size cap (oldest dropped first)
     "PROMPT_CACHE_DAYS": env_int("RKMOJO_PROMPT_CACHE_DAYS", 7, minimum=0),
     "PROMPT_CACHE_MAX": env_size("RKMOJO_PROMPT_CACHE_MAX", 2 * 2**30),
     # the worker: its name (one per board), the model it loads at start, the engine's options
     "WORKER_NAME": env_str("RKMOJO_WORKER_NAME", socket.gethostname()),
     "PRELOAD": env_str("RKMOJO_PRELOAD", ""),
-    "MEMORY_BUDGET": env_size("RKMOJO_MEMORY_BUDGET", None),
-    "EXPERT_SLOTS": env_int("RKMOJO_EXPERT_SLOTS", None, minimum=1),
-    "THREADS": env_int("RKMOJO_THREADS", None, minimum=1),
-    "CONTEXT": env_int("RKMOJO_CONTEXT", 4096, minimum=256),
+    # the engine's options as RKMOJO_MEMORY_BUDGET, RKMOJO_EXPERT_SLOTS, RKMOJO_THREADS, RKMOJO_CONTEXT, … (see
+    # `inference.engine.EngineConfig`)
+    "ENGINE": env_options(EngineConfig),
+    # sampling defaults for requests that leave a field unset (RKMOJO_TEMPERATURE, RKMOJO_TOP_K, …; see
+    # `inference.sampler.SamplingParams`); unset here too: the model's generation config
+    "SAMPLING": env_options(SamplingParams),
     # a request still queued with no live worker for its model after this long gets an error
     "NO_WORKER_TIMEOUT": env_duration("RKMOJO_NO_WORKER_TIMEOUT", 60),
     # how often a worker refreshes its registration, and when a silent one counts as gone
     "HEARTBEAT": env_duration("RKMOJO_HEARTBEAT", 1.0),
     "HEARTBEAT_TTL": env_duration("RKMOJO_HEARTBEAT_TTL", 4.0),
-    # the one-time token /setup/ takes to create the first administrator (a flashed board's firstboot
-    # writes it); empty: no setup page
-    "SETUP_TOKEN_FILE": env_str("RKMOJO_SETUP_TOKEN_FILE", ""),
+    # the one-time token /setup/ takes to create the first administrator: a flashed board's firstboot
+    # writes it, on a PC `rkmojo up` does (webui/management/commands/setuptoken.py)
+    "SETUP_TOKEN_FILE": env_str("RKMOJO_SETUP_TOKEN_FILE", str(DATA_DIR / "setup-token")),
 }
 
 LOGGING = {

@@ -1,13 +1,6 @@
 """Celery tasks run by a worker. Each writes its progress as events to the request's Redis stream.
 
-Events (`bus.emit`), in order:
-- `claim` {worker, boot}: a worker took the request (the web side now watches that worker's heartbeat);
-- `start` {prompt_tokens, load_duration}: the request is valid and computing (the HTTP status is 200 from here);
-- `delta` {text, tokens, logprobs?}: new answer text;
-- `embeddings` {data (base64 float32), shape, prompt_tokens};
-- `progress` {status, completed?, total?} (install);
-- `final` {finish_reason, usage, timings, load_duration, cancel_latency?, tokens_after_cancel?};
-- `error` {status, code, param, message} instead of `start`, or after it when something broke.
+The events they emit (`bus.emit`) and their order are the contract in `appliance.events`.
 
 `generate` serves the model queues: chat, complete, embed, load, unload. `install`, `delete` and
 `verify` serve the board queue.
@@ -25,8 +18,12 @@ import numpy as np
 from celery import shared_task
 from django.conf import settings
 
+from inference.options import ENV, OptionError
+
 from . import bus
+from .events import Claim, Delta, Embeddings, Error, Final, Loading, Logprob, Progress, Start, Timings, Usage
 from .promptcache import common_prefix
+from .sources import SourceError, local_path
 from .worker import board
 
 log = logging.getLogger("rkmojo.tasks")
@@ -39,8 +36,8 @@ class RequestError(Exception):
         super().__init__(message)
         self.status, self.code, self.param = status, code, param
 
-    def event(self) -> dict:
-        return {"t": "error", "status": self.status, "code": self.code, "param": self.param, "message": str(self)}
+    def event(self) -> Error:
+        return Error(status=self.status, code=self.code, param=self.param, message=str(self))
 
 
 @shared_task(name="rkmojo.generate", ignore_result=True)
@@ -48,10 +45,10 @@ def generate(req: dict) -> None:
     """Run one request on this worker's engine for `req["model"]`."""
     b = board()
     rid = req["id"]
-    bus.emit(b.r, rid, {"t": "claim", "worker": b.name, "boot": b.boot})
+    bus.emit(b.r, rid, Claim(worker=b.name, boot=b.boot))
     try:
         if bus.cancelled_at(b.r, rid) is not None:
-            bus.emit(b.r, rid, {"t": "final", "finish_reason": "cancelled", "usage": None})
+            bus.emit(b.r, rid, Final(finish_reason="cancelled"))
             return
         with b.lock:
             b.running = rid
@@ -63,10 +60,12 @@ def generate(req: dict) -> None:
                 b.heartbeat()
     except RequestError as e:
         bus.emit(b.r, rid, e.event())
+    except OptionError as e:  # the engine names the option; this worker's operator set it as RKMOJO_*
+        bus.emit(b.r, rid, Error(status=500, code="engine_options",
+                                 message=f"worker {b.name} cannot open {req['model']}: {ENV.error(e)}"))
     except Exception as e:  # a bug or a broken store: the client gets an error event, the worker lives on
         log.exception("request %s failed", rid)
-        bus.emit(b.r, rid, {"t": "error", "status": 500, "code": "internal_error", "param": None,
-                            "message": f"the worker failed: {type(e).__name__}: {e}"})
+        bus.emit(b.r, rid, Error(status=500, code="internal_error", message=f"the worker failed: {type(e).__name__}: {e}"))
     finally:
         b.r.zrem(bus.k_queue(req["model"]), rid)
 
@@ -81,23 +80,27 @@ def _run(b, req: dict) -> None:
                            param="model")
     if kind == "unload":
         unloaded = b.unload(name)
-        bus.emit(b.r, rid, {"t": "start", "prompt_tokens": 0, "load_duration": 0.0})
-        bus.emit(b.r, rid, {"t": "final", "finish_reason": "unload" if unloaded else "stop", "usage": None})
+        bus.emit(b.r, rid, Start())
+        bus.emit(b.r, rid, Final(finish_reason="unload" if unloaded else "stop"))
         return
+    if name not in b.loaded:
+        bus.emit(b.r, rid, Loading(model=name))
     eng, load_s = b.engine(name, req.get("keep_alive"))
     try:
         if kind == "load":
-            bus.emit(b.r, rid, {"t": "start", "prompt_tokens": 0, "load_duration": load_s})
-            bus.emit(b.r, rid, {"t": "final", "finish_reason": "load", "usage": None, "load_duration": load_s})
+            bus.emit(b.r, rid, Start(load_duration=load_s))
+            bus.emit(b.r, rid, Final(finish_reason="load", load_duration=load_s))
         elif kind == "embed":
             _embed(b, eng, req, load_s)
         else:
             try:
                 _generate(b, eng, req, load_s)
             except ContextLengthError as e:
-                raise RequestError(400, str(e), code="context_length_exceeded", param=req.get("field")) from None
+                raise RequestError(400, str(e), code="context_length_exceeded", param="prompt") from None
+            except OptionError as e:
+                raise RequestError(400, str(e), code="invalid_value", param=e.field) from None
             except (ChatTemplateError, ValueError) as e:
-                raise RequestError(400, str(e), param=req.get("field")) from None
+                raise RequestError(400, str(e), param="prompt") from None
     finally:
         b.touch(name, req.get("keep_alive"))
 
@@ -113,15 +116,15 @@ def _embed(b, eng, req: dict, load_s: float) -> None:
         raise RequestError(400, str(e), code="context_length_exceeded", param="input") from None
     except ValueError as e:
         raise RequestError(400, str(e), param="input") from None
-    bus.emit(b.r, req["id"], {"t": "start", "prompt_tokens": sum(counts), "load_duration": load_s})
-    bus.emit(b.r, req["id"], {"t": "embeddings", "shape": list(vecs.shape), "prompt_tokens": sum(counts),
-                              "data": base64.b64encode(np.ascontiguousarray(vecs, "<f4").tobytes()).decode()})
-    bus.emit(b.r, req["id"], {"t": "final", "finish_reason": "stop", "load_duration": load_s,
-                              "usage": {"prompt_tokens": sum(counts), "cached_tokens": 0, "completion_tokens": 0}})
+    bus.emit(b.r, req["id"], Start(prompt_tokens=sum(counts), load_duration=load_s))
+    bus.emit(b.r, req["id"], Embeddings(shape=vecs.shape, prompt_tokens=sum(counts),
+                                        data=base64.b64encode(np.ascontiguousarray(vecs, "<f4").tobytes()).decode()))
+    bus.emit(b.r, req["id"], Final(finish_reason="stop", load_duration=load_s, usage=Usage(prompt_tokens=sum(counts))))
 
 
 def _generate(b, eng, req: dict, load_s: float) -> None:
-    from inference.generate import Final, TextDelta, TokenEvent
+    from inference.generate import Final as EngineFinal
+    from inference.generate import TextDelta, TokenEvent
     from inference.sampler import SamplingParams
 
     rid, name = req["id"], req["model"]
@@ -137,7 +140,7 @@ def _generate(b, eng, req: dict, load_s: float) -> None:
             cancel_seen["at"], cancel_seen["tokens"], cancel_seen["seen"] = at, n_tokens, time.time()
         return True
 
-    params = SamplingParams.from_any(req.get("params") or {}, cancel=cancelled)
+    params = SamplingParams.from_any({**b.cfg.get("SAMPLING", {}), **(req.get("params") or {})}, cancel=cancelled)
     tok = eng.tokenizer
     if req["kind"] == "chat":
         ids = tok.encode_chat(req["messages"], **(req.get("template") or {}))
@@ -149,7 +152,7 @@ def _generate(b, eng, req: dict, load_s: float) -> None:
     b.prompt_cache(name).restore(eng, ids)
     events = eng.generate(ids, params)  # checks the parameters and the context before any compute
     ld.dirty, ld.session = True, req.get("session")
-    bus.emit(b.r, rid, {"t": "start", "prompt_tokens": len(ids), "load_duration": load_s})
+    bus.emit(b.r, rid, Start(prompt_tokens=len(ids), load_duration=load_s))
     n_tokens, pending_lp = 0, []
     for ev in events:
         if isinstance(ev, TokenEvent):
@@ -157,33 +160,27 @@ def _generate(b, eng, req: dict, load_s: float) -> None:
             if ev.logprob is not None:
                 pending_lp.append(_logprob(tok, ev))
         elif isinstance(ev, TextDelta):
-            out = {"t": "delta", "text": ev.text, "tokens": n_tokens}
-            if pending_lp:
-                out["logprobs"], pending_lp = pending_lp, []
-            bus.emit(b.r, rid, out)
-        elif isinstance(ev, Final):
+            bus.emit(b.r, rid, Delta(text=ev.text, tokens=n_tokens, logprobs=pending_lp or None))
+            pending_lp = []
+        elif isinstance(ev, EngineFinal):
             if ev.finish_reason == "cancelled" and "at" not in cancel_seen:
                 raise RequestError(503, f"the worker {b.name} is stopping; retry the request", code="worker_stopping")
-            u, t = ev.usage, ev.timings
-            final = {"t": "final", "finish_reason": ev.finish_reason, "load_duration": load_s,
-                     "usage": {"prompt_tokens": u.prompt_tokens, "cached_tokens": u.cached_tokens,
-                               "completion_tokens": u.completion_tokens},
-                     "timings": {"ttft": t.ttft, "prefill_tps": t.prefill_tps, "decode_tps": t.decode_tps,
-                                 "total": t.total, "expert_hit_rate": t.expert_hit_rate}}
-            if pending_lp:
-                final["logprobs"] = pending_lp
+            cancel = {}
             if "at" in cancel_seen:
-                final["cancel_latency"] = cancel_seen["seen"] - cancel_seen["at"]
-                final["tokens_after_cancel"] = n_tokens - cancel_seen["tokens"]
-            bus.emit(b.r, rid, final)
+                cancel = {"cancel_latency": cancel_seen["seen"] - cancel_seen["at"],
+                          "tokens_after_cancel": n_tokens - cancel_seen["tokens"]}
+            bus.emit(b.r, rid, Final(finish_reason=ev.finish_reason, load_duration=load_s,
+                                     usage=Usage.model_validate(ev.usage, from_attributes=True),
+                                     timings=Timings.model_validate(ev.timings, from_attributes=True),
+                                     logprobs=pending_lp or None, **cancel))
 
 
-def _logprob(tok, ev) -> dict:
+def _logprob(tok, ev) -> Logprob:
     def entry(i: int, lp: float) -> dict:
         text = tok.decode([i], skip_special_tokens=False)
         return {"token": text, "logprob": lp, "bytes": list(text.encode())}
 
-    return {**entry(ev.id, ev.logprob), "top_logprobs": [entry(i, lp) for i, lp in (ev.top_logprobs or ())]}
+    return Logprob(**entry(ev.id, ev.logprob), top_logprobs=[entry(i, lp) for i, lp in (ev.top_logprobs or ())])
 
 
 # --- board tasks: install, delete, verify ------------------------------------------------------------
@@ -195,19 +192,19 @@ def install(req: dict) -> None:
     """
     b = board()
     rid = req["id"]
-    bus.emit(b.r, rid, {"t": "claim", "worker": b.name, "boot": b.boot})
+    bus.emit(b.r, rid, Claim(worker=b.name, boot=b.boot))
     if b.installing:
         bus.emit(b.r, rid, RequestError(409, f"worker {b.name} is already installing "
                                              f"{b.installing['name']}; wait for it").event())
         return
     b.installing = {"name": req["name"], "source": req["source"], "started": time.time()}
-    bus.emit(b.r, rid, {"t": "start", "prompt_tokens": 0, "load_duration": 0.0})
+    bus.emit(b.r, rid, Start())
     node = install.request.hostname or ""
     threading.Thread(target=_install, args=(b, req, node), name="rkmojo-install", daemon=True).start()
 
 
 def _install(b, req: dict, node: str) -> None:
-    from inference.errors import RkmojoError
+    from inference.errors import RkmojoError, disk_full
 
     rid, name, source = req["id"], req["name"], req["source"]
     stop = threading.Event()
@@ -216,17 +213,21 @@ def _install(b, req: dict, node: str) -> None:
         if out.exists():
             raise RequestError(409, f"model {name!r} is already installed on {b.name}; delete it first")
         threading.Thread(target=_watch_pull, args=(b, rid, out, stop), daemon=True).start()
-        bus.emit(b.r, rid, {"t": "progress", "status": f"pulling {source}"})
-        if Path(source).exists():
+        try:
+            local = local_path(source, settings.RKMOJO["IMPORT_DIR"])
+        except SourceError as e:
+            raise RequestError(400, str(e), param="model") from None
+        bus.emit(b.r, rid, Progress(status=f"pulling {source}"))
+        if local is not None:
             from inference.convert import convert
 
-            convert(source, out, progress=False)
+            convert(local, out, progress=False)
         else:
             from inference.pull import pull
 
             pull(source, b.models_dir, name=name, progress=False)
         stop.set()
-        bus.emit(b.r, rid, {"t": "progress", "status": "verifying"})
+        bus.emit(b.r, rid, Progress(status="verifying"))
         from inference.models_dir import quick_check
 
         problem = quick_check(out)
@@ -239,12 +240,13 @@ def _install(b, req: dict, node: str) -> None:
         from .celery import app
 
         app.control.add_consumer(bus.model_queue(name), destination=[node], reply=False)
-        bus.emit(b.r, rid, {"t": "progress", "status": "success"})
-        bus.emit(b.r, rid, {"t": "final", "finish_reason": "stop", "usage": None})
+        bus.emit(b.r, rid, Progress(status="success"))
+        bus.emit(b.r, rid, Final(finish_reason="stop"))
     except RequestError as e:
         bus.emit(b.r, rid, e.event())
     except (RkmojoError, OSError, ValueError) as e:
-        bus.emit(b.r, rid, RequestError(400, f"pull {source}: {e}").event())
+        status = 507 if disk_full(e) else 400  # the store writer removed its half-written work
+        bus.emit(b.r, rid, RequestError(status, f"pull {source}: {e}", code="disk_full" if status == 507 else None).event())
     except Exception as e:
         log.exception("install of %s failed", source)
         bus.emit(b.r, rid, RequestError(500, f"pull {source}: {type(e).__name__}: {e}").event())
@@ -263,15 +265,15 @@ def _watch_pull(b, rid: str, out: Path, stop: threading.Event) -> None:
         info = describe_partial(staging) if staging.is_dir() else None
         if info and (info["done"], info["total"]) != last:
             last = (info["done"], info["total"])
-            bus.emit(b.r, rid, {"t": "progress", "status": f"pulling {out.name}", "digest": out.name,
-                                "completed": info["done"], "total": info["total"]})
+            bus.emit(b.r, rid, Progress(status=f"pulling {out.name}", digest=out.name, completed=info["done"],
+                                        total=info["total"]))
 
 
 @shared_task(name="rkmojo.delete", ignore_result=True)
 def delete(req: dict) -> None:
     b = board()
     rid, name = req["id"], req["name"]
-    bus.emit(b.r, rid, {"t": "claim", "worker": b.name, "boot": b.boot})
+    bus.emit(b.r, rid, Claim(worker=b.name, boot=b.boot))
     with b.lock:
         if name not in b.scan():
             bus.emit(b.r, rid, RequestError(404, f"model {name!r} not found on {b.name}").event())
@@ -290,8 +292,8 @@ def delete(req: dict) -> None:
     from .celery import app
 
     app.control.cancel_consumer(bus.model_queue(name), destination=[delete.request.hostname or ""], reply=False)
-    bus.emit(b.r, rid, {"t": "start", "prompt_tokens": 0, "load_duration": 0.0})
-    bus.emit(b.r, rid, {"t": "final", "finish_reason": "stop", "usage": None})
+    bus.emit(b.r, rid, Start())
+    bus.emit(b.r, rid, Final(finish_reason="stop"))
 
 
 @shared_task(name="rkmojo.verify", ignore_result=True)
@@ -301,22 +303,22 @@ def verify(req: dict) -> None:
 
     b = board()
     rid, name = req["id"], req["name"]
-    bus.emit(b.r, rid, {"t": "claim", "worker": b.name, "boot": b.boot})
+    bus.emit(b.r, rid, Claim(worker=b.name, boot=b.boot))
     if name not in b.scan():
         bus.emit(b.r, rid, RequestError(404, f"model {name!r} not found on {b.name}").event())
         return
-    bus.emit(b.r, rid, {"t": "start", "prompt_tokens": 0, "load_duration": 0.0})
+    bus.emit(b.r, rid, Start())
     st = Store(b.models[name]["path"])
     total, done = st.total_bytes(), [0]
 
     def progress(n: int) -> None:
         done[0] += n
-        bus.emit(b.r, rid, {"t": "progress", "status": "verifying", "completed": done[0], "total": total})
+        bus.emit(b.r, rid, Progress(status="verifying", completed=done[0], total=total))
 
     try:
         st.verify(progress=progress)
     except RkmojoError as e:
         bus.emit(b.r, rid, RequestError(422, str(e)).event())
         return
-    bus.emit(b.r, rid, {"t": "final", "finish_reason": "stop", "usage": None})
+    bus.emit(b.r, rid, Final(finish_reason="stop"))
 

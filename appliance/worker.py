@@ -79,7 +79,7 @@ class Board:
         return found
 
     def budget(self) -> int:
-        return self.cfg["MEMORY_BUDGET"] or int(_mem_total() * 0.8)
+        return self.cfg["ENGINE"].get("memory_budget") or int(_mem_total() * 0.8)
 
     def engine(self, name: str, keep_alive: float | None = None):
         """The loaded engine of `name`, loading it (and unloading what does not fit) when needed.
@@ -103,9 +103,7 @@ class Board:
             from inference.engine import Engine
 
             t0 = time.perf_counter()
-            opts = {"memory_budget": self.cfg["MEMORY_BUDGET"], "expert_slots": self.cfg["EXPERT_SLOTS"],
-                    "threads": self.cfg["THREADS"], "context": self.cfg["CONTEXT"]}
-            eng = Engine.open(info["path"], **{k: v for k, v in opts.items() if v is not None})
+            eng = Engine.open(info["path"], **self.cfg["ENGINE"])
             _ = eng.tokenizer  # load it now: part of the load, not of the first request
             self.loaded[name] = Loaded(eng, need, time.time(), self._expiry(keep_alive))
             log.info("loaded %s in %.2fs", name, time.perf_counter() - t0)
@@ -172,7 +170,8 @@ class Board:
             "name": self.name, "hostname": self.hostname, "boot": self.boot, "pid": os.getpid(),
             "started": self.started, "running": self.running, "installing": self.installing,
             "models": [{k: v for k, v in m.items() if k != "path"} for m in self.models.values()],
-            "loaded": [{"name": n, "size": ld.size, "loaded_at": ld.loaded_at, "expires_at": ld.expires_at}
+            "loaded": [{"name": n, "size": ld.size, "loaded_at": ld.loaded_at, "expires_at": ld.expires_at,
+                        "context": ld.engine.context_length}  # the limit its overflow errors name
                        for n, ld in list(self.loaded.items())],
         }
 

@@ -1,4 +1,5 @@
-"""The `rkmojo` command line: convert, pull, verify, run, list, show, rm, bench, synth, up.
+"""The `rkmojo` command line: convert, pull, verify, run, list, show, rm, bench, synth (and `up`, registered by
+the appliance through the `rkmojo.commands` entry point group).
 
 Errors a user can act on (`RkmojoError`) print as one line and exit 1; nothing else is caught.
 """
@@ -6,9 +7,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from importlib.metadata import entry_points
 
 from .errors import RkmojoError
-from .models_dir import models_dir, resolve_model  # noqa: F401 - the CLI's model lookup, also used by demo.py
+from .models_dir import models_dir, resolve_model
+from .options import CLI, OptionError
 
 
 def cmd_convert(a) -> int:
@@ -33,12 +36,16 @@ def cmd_verify(a) -> int:
 
 def cmd_bench(a) -> int:
     from .bench import BenchOptions, Workload, run_bench
+    from .engine import EngineConfig
+    from .options import from_flags
 
+    try:
+        engine = from_flags(EngineConfig, a)
+    except ValueError as e:
+        raise RkmojoError(str(e)) from None
     w = Workload(prompt_tokens=a.prompt_tokens, prefill_tokens=tuple(_int_list(a.prefill_tokens, "--prefill-tokens")),
                  decode_tokens=a.decode_tokens, runs=a.runs, feed=a.feed, seed=a.seed)
-    o = BenchOptions(memory_budget=a.memory_budget, expert_slots=a.expert_slots, policy=a.cache_policy, io=a.io,
-                     verify_experts=a.verify_experts, prefetch=a.prefetch, kv_dtype=a.kv_dtype,
-                     threads=a.threads, workload=w,
+    o = BenchOptions(**engine, workload=w,
                      sweep=tuple(_int_list(a.sweep, "--sweep")), bandwidth_seconds=a.bandwidth_seconds,
                      compute_tokens=a.compute_tokens, compute_bound=not a.no_compute_bound,
                      drop_caches=not a.no_drop_caches, cgroup_memory=a.cgroup_memory)
@@ -66,19 +73,16 @@ def cmd_synth(a) -> int:
 
 def cmd_run(a) -> int:
     from .chat import run_chat
+    from .options import from_flags
     from .sampler import SamplingParams
 
-    params = {"max_tokens": a.max_tokens, "temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p,
-              "min_p": a.min_p, "repetition_penalty": a.repeat_penalty, "presence_penalty": a.presence_penalty,
-              "frequency_penalty": a.frequency_penalty, "seed": a.seed, "stop": a.stop or []}
+    from .engine import EngineConfig
+
     try:
-        SamplingParams.from_any(params)
+        params = {**from_flags(SamplingParams, a), "stop": a.stop or []}
+        options = from_flags(EngineConfig, a)
     except ValueError as e:
         raise RkmojoError(str(e)) from None
-    options = {k: v for k, v in (("threads", a.threads), ("memory_budget", a.memory_budget),
-                                 ("expert_slots", a.expert_slots), ("context", a.context),
-                                 ("policy", a.cache_policy), ("io", a.io), ("verify_experts", a.verify_experts),
-                                 ("prefetch", a.prefetch), ("kv_dtype", a.kv_dtype)) if v is not None}
     return run_chat(resolve_model(a.model), prompt=a.prompt, params=params, system=a.system,
                     show_stats=a.stats, engine_options=options)
 
@@ -165,14 +169,6 @@ def cmd_rm(a) -> int:
     return 0
 
 
-def cmd_up(a) -> int:
-    from appliance.up import create_api_key, run  # lazy: importing `inference` never imports Django
-
-    if a.create_api_key:
-        return create_api_key(a.create_api_key)
-    return run(a.host, a.port, demo=not a.no_demo, worker_name=a.worker_name)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rkmojo", description="Run MoE LLMs larger than RAM on small boards.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -197,30 +193,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--stats", action="store_true", help="with -p: the stats line on stderr")
     g = r.add_argument_group("sampling (unset: the model's generation config, else temperature 0.2, top-k 64, "
                              "top-p 0.95)")
-    g.add_argument("--max-tokens", type=int, default=None, help="answer length limit (default: the context)")
-    g.add_argument("--temperature", type=float, default=None, help="0 is greedy")
-    g.add_argument("--top-k", type=int, default=None)
-    g.add_argument("--top-p", type=float, default=None)
-    g.add_argument("--min-p", type=float, default=None)
-    g.add_argument("--repeat-penalty", type=float, default=None)
-    g.add_argument("--presence-penalty", type=float, default=0.0)
-    g.add_argument("--frequency-penalty", type=float, default=0.0)
-    g.add_argument("--seed", type=int, default=None)
+    from .engine import EngineConfig
+    from .options import add_flags
+    from .sampler import SamplingParams
+
+    add_flags(g, SamplingParams, exclude=("logprobs",))
     g.add_argument("--stop", action="append", help="a stop string (repeatable)")
-    e = r.add_argument_group("engine")
-    e.add_argument("--threads", type=int, default=None)
-    e.add_argument("--context", type=int, default=None, help="KV cache length in tokens")
-    e.add_argument("--memory-budget", default=None, help="stream experts within this much memory, e.g. 6G")
-    e.add_argument("--expert-slots", type=int, default=None, help="expert cache slots per layer")
-    e.add_argument("--cache-policy", choices=["lfu", "lru"], default=None, help="expert cache eviction (default lfu)")
-    e.add_argument("--io", choices=["auto", "uring", "threads"], default=None,
-                   help="expert reads: io_uring or a preadv thread pool (default auto)")
-    e.add_argument("--verify-experts", choices=["off", "first", "always"], default=None,
-                   help="digest check of expert blobs (default: first load of each)")
-    e.add_argument("--prefetch", type=int, default=None, metavar="SLOTS",
-                   help="gate-lookahead prefetch slots per layer (default 0: off)")
-    e.add_argument("--kv-dtype", choices=["f16", "f32"], default=None,
-                   help="KV cache precision (default f16: half the memory and bandwidth of f32)")
+    add_flags(r.add_argument_group("engine"), EngineConfig, exclude=("chunk",))
     r.set_defaults(fn=cmd_run)
 
     u = sub.add_parser("pull", help="install a model from a Hugging Face-style repository or a GGUF URL (resumable)")
@@ -261,15 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="measure decode and prefill speed of a store against its IO and compute bounds")
     b.add_argument("store")
-    b.add_argument("--memory-budget", default=None, help="stream experts within this budget, e.g. 4G")
-    b.add_argument("--expert-slots", type=int, default=None, help="stream experts with this many slots per layer")
-    b.add_argument("--cache-policy", choices=["lfu", "lru"], default="lfu")
-    b.add_argument("--io", choices=["auto", "uring", "threads"], default="auto")
-    b.add_argument("--verify-experts", choices=["off", "first", "always"], default="first")
-    b.add_argument("--prefetch", type=int, default=0, metavar="SLOTS",
-                   help="gate-lookahead prefetch slots per layer (default 0: off)")
-    b.add_argument("--kv-dtype", choices=["f16", "f32"], default="f16", help="KV cache precision (default f16)")
-    b.add_argument("--threads", type=int, default=None)
+    add_flags(b.add_argument_group("engine"), EngineConfig,
+              exclude=("context", "backend", "npu_library", "npu_precision"))
     b.add_argument("--prompt-tokens", type=int, default=128, help="prompt before each decode run (default 128)")
     b.add_argument("--prefill-tokens", default="128,1024", help="prompt lengths timed for prefill and TTFT")
     b.add_argument("--decode-tokens", type=int, default=256)
@@ -288,13 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--trace", help="also write the routing trace (phase, layer, experts, misses) to this JSON file")
     b.set_defaults(fn=cmd_bench)
 
-    up = sub.add_parser("up", help="run the appliance: web API (OpenAI and Ollama), a worker, Redis; Ctrl-C stops")
-    up.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0: the LAN)")
-    up.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
-    up.add_argument("--worker-name", default=None, help="this board's name (default $RKMOJO_WORKER_NAME, the host name)")
-    up.add_argument("--no-demo", action="store_true", help="do not install the demo model on first start")
-    up.add_argument("--create-api-key", metavar="NAME", help="create an API key, print it once, and exit")
-    up.set_defaults(fn=cmd_up)
+    # commands other packages register (`rkmojo up` from the appliance): found by name, never imported here
+    for ep in entry_points(group="rkmojo.commands"):
+        ep.load()(sub)
     return p
 
 
@@ -302,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
+    except OptionError as e:  # the engine names the option; a user of the CLI gave it as a flag
+        print(f"rkmojo: error: {CLI.error(e)}", file=sys.stderr)
+        return 1
     except RkmojoError as e:
         print(f"rkmojo: error: {e}", file=sys.stderr)
         return 1

@@ -8,8 +8,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from .cli import models_dir
 from .errors import RkmojoError
+from .models_dir import models_dir
 
 DEMO_NAME = "smollm2-135m-instruct"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -30,11 +30,11 @@ def demo_gguf() -> Path:
     return path
 
 
-def install(progress: bool = True) -> Path:
-    """Convert the demo GGUF into the models directory unless it is already there."""
+def install(into: Path | None = None, *, progress: bool = True) -> Path:
+    """Convert the demo GGUF into `into` (default: the models directory) unless it is already there."""
     from .convert import convert
 
-    out = models_dir() / DEMO_NAME
+    out = (into or models_dir()) / DEMO_NAME
     if (out / "manifest.json").is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -6,65 +6,191 @@ computes only the rest.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+import weakref
 from dataclasses import dataclass
+from functools import cached_property
+from typing import Iterator
 
 import numpy as np
 
-from . import prompt_cache
+from . import backends, kernels, options, prompt_cache
 from .errors import RkmojoError
-from .experts import StreamingExperts
+from .experts import VERIFY_MODES, StreamingExperts
 from .experts.cache import PAGE
-from .generate import GenerationMixin
-from .model import load_model
+from .experts.io import IO_MODES
+from .options import OptionError, option
+from .generate import ContextLengthError, EngineBusyError, Event, _is_set, decode, max_new_tokens
+from .model import empty_cache, load_model
+from .sampler import SamplingParams
 from .store import Store
+from .tokenizer import StoreTokenizer
 
 # Python, numpy, kernels and activations: what the process needs besides weights, KV and slots
 RUNTIME_OVERHEAD = 384 * 2**20
 MIN_SLOTS = 8
 
-@dataclass
+@dataclass(frozen=True)
 class EngineConfig:
-    """Everything `Engine.open` was asked for (passed down; the engine has no global state)."""
+    """Everything `Engine.open` was asked for, checked by its schema (`inference.options`); passed down and
+    never changed (the engine has no global state). A memory budget may be given as text ("6G")."""
 
-    memory_budget: int | None = None
-    expert_slots: int | None = None
-    policy: str = "lfu"
-    io: str = "auto"
-    verify_experts: str = "first"
-    prefetch: int = 0  # gate-lookahead prefetch slots per layer (0: off)
-    threads: int | None = None
-    chunk: int = 128
-    backend: str = "auto"
-    context: int = 4096
-    kv_dtype: str = "f16"  # KV cache precision: "f16" (half the memory and bandwidth) or "f32"
+    memory_budget: int | None = option(help="stream experts within this much memory, e.g. 6G", ge=1,
+                                       parse=lambda t: parse_size(t))
+    expert_slots: int | None = option(help="expert cache slots per layer", ge=1)
+    policy: str = option("lfu", help="expert cache eviction", choices=("lfu", "lru"))
+    io: str = option("auto", help="expert reads: io_uring or a preadv thread pool", choices=IO_MODES)
+    verify_experts: str = option("first", help="digest check of expert blobs (first: at the first load of each)",
+                                 choices=VERIFY_MODES)
+    prefetch: int = option(0, help="gate-lookahead prefetch slots per layer (0: off)", ge=0)
+    threads: int | None = option(help="kernel threads (default: every core)", ge=1)
+    chunk: int = option(128, help="prefill chunk in rows", ge=1)
+    backend: str = option("auto", help="prefill's dense matmuls: rknpu (RK3588 NPU, after a self-test), cpu, "
+                                       "or auto (the NPU where librknnrt is present)", choices=backends.CHOICES)
+    npu_library: str | None = option(help=f"librknnrt.so to load (default {backends.DEFAULT_LIBRARY})")
+    npu_precision: str = option("fp16", help="NPU matmul precision (int8: raw INT8×INT8→INT32, scales applied "
+                                             "on the CPU)", choices=backends.PRECISIONS)
+    context: int = option(4096, help="KV cache length in tokens", ge=1)
+    kv_dtype: str = option("f16", help="KV cache precision (f16: half the memory and bandwidth of f32)",
+                           choices=("f16", "f32"))
+    activations: str | None = option(help="activations of the 4- and 8-bit matmuls: f32 (exact), q8 (int8 dot "
+                                          "products, as llama.cpp), experts (int8 in the MoE experts only); "
+                                          "default: $RKMOJO_ACTIVATIONS, else experts", choices=kernels.ACTIVATIONS)
+
+    def __post_init__(self):
+        if isinstance(self.memory_budget, str):
+            object.__setattr__(self, "memory_budget", parse_size(self.memory_budget))
+        options.check(self)
 
 
-class Engine(GenerationMixin):
+class Engine:
+    """One opened store, its model, expert cache and the KV state of one conversation; it runs one
+    generation at a time (`chat`, `complete`, `generate` yield events; `cancel` from any thread)."""
+
     def __init__(self, store: Store, cfg: EngineConfig):
         self.store = store
         self.cfg = cfg
-        if isinstance(cfg.memory_budget, str):
-            cfg.memory_budget = parse_size(cfg.memory_budget)
-        if cfg.threads:
-            from .kernels import set_threads
-            set_threads(cfg.threads)
-        if cfg.backend not in ("auto", "cpu"):
-            raise RkmojoError(f"backend {cfg.backend!r} is not available on this machine; use 'cpu' or 'auto'")
+        self._lock = threading.Lock()  # held while a generation or an embedding runs
+        # cancel events of prepared or running generations (weak: a generator dropped unstarted leaves nothing)
+        self._live: weakref.WeakSet = weakref.WeakSet()
         streaming = bool(store.expert_layers) and (cfg.memory_budget is not None or cfg.expert_slots is not None)
-        if streaming:
-            store.load_dense()
-        if cfg.kv_dtype not in ("f16", "f32"):
-            raise RkmojoError(f"--kv-dtype {cfg.kv_dtype}: choose f16 or f32")
-        self.model = load_model(store, chunk=cfg.chunk, kv_dtype=cfg.kv_dtype)
-        self.cache = self.model.new_cache()
+        self.cache = empty_cache(store, chunk=cfg.chunk, kv_dtype=cfg.kv_dtype)
         self.tokens: list[int] = []  # the ids whose K/V the cache holds, in order
         self.slots = None
+        experts = {}
         if streaming:
+            store.load_dense()
             self.slots = plan_slots(store, kv_bytes(self.cache, cfg.context), cfg.memory_budget, cfg.expert_slots,
-                                    int(cfg.prefetch))
-            self.model.experts = StreamingExperts(store, self.slots, policy=cfg.policy, io=cfg.io,
-                                                  verify=cfg.verify_experts, prefetch=int(cfg.prefetch))
+                                    cfg.prefetch)
+            experts["experts"] = StreamingExperts(store, self.slots, policy=cfg.policy, io=cfg.io,
+                                                  verify=cfg.verify_experts, prefetch=cfg.prefetch)
+        self.model = load_model(store, chunk=cfg.chunk, kv_dtype=cfg.kv_dtype, **experts)
+        self.backend = backends.select(cfg.backend, library=cfg.npu_library, precision=cfg.npu_precision,
+                                       rows=cfg.chunk)
+        self.model.ops = self.backend.backend
+
+    # --- generation: check the request here, then the token loop (`generate.decode`) ------------------
+    @cached_property
+    def tokenizer(self) -> StoreTokenizer:
+        return StoreTokenizer(self.store)
+
+    @property
+    def context_length(self) -> int:
+        """Tokens a sequence may hold: the model's maximum, capped by the configured context."""
+        limit = int(getattr(self.model.args, "max_position_embeddings", 0) or 0)
+        return min(limit, self.cfg.context) if limit else self.cfg.context
+
+    def chat(self, messages: list[dict], params: SamplingParams | dict | None = None, **overrides) -> Iterator[Event]:
+        """Answer a conversation with the model's chat template.
+
+        Args:
+            messages: [{"role": "system"|"user"|"assistant"|"tool", "content": ...}, ...].
+            params: a `SamplingParams` or a dict of its fields; keyword overrides win.
+        Returns:
+            An iterator of `TokenEvent`, `TextDelta`, and one final `Final`.
+        Raises:
+            OptionError: a parameter out of range (naming it and the range).
+            ChatTemplateError: the template refused the messages.
+            ContextLengthError: prompt + max_tokens exceed the context (stating both numbers).
+        """
+        p = self._params(params, overrides)
+        return self._start(self.tokenizer.encode_chat(messages, tools=p.tools, **p.template), p)
+
+    def complete(self, prompt: str, params: SamplingParams | dict | None = None, **overrides) -> Iterator[Event]:
+        """Continue raw text (no chat template; BOS added when the tokenizer adds it). As `chat` otherwise."""
+        p = self._params(params, overrides)
+        return self._start(self.tokenizer.encode(prompt), p)
+
+    def generate(self, ids: list[int], params: SamplingParams | dict | None = None, **overrides) -> Iterator[Event]:
+        """Continue the token ids `ids` (no template, nothing added). As `chat` otherwise."""
+        return self._start([int(i) for i in ids], self._params(params, overrides))
+
+    def cancel(self) -> None:
+        """Stop the running generation (and any prepared one) before its next token; safe from any thread."""
+        for ev in list(self._live):
+            ev.set()
+
+    def embed(self, texts: str | list[str]) -> np.ndarray:
+        """Embeddings: the mean over tokens of the final-normed hidden states, L2-normalised.
+
+        Each text is tokenized as by `complete` and run through a fresh KV cache, so the chat state is
+        untouched. Returns float32 [len(texts), hidden_size].
+
+        Raises:
+            ValueError: an empty text.
+            ContextLengthError: a text longer than the context.
+            EngineBusyError: a generation is running.
+        """
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        encoded = [self.tokenizer.encode(t) for t in texts]
+        for i, ids in enumerate(encoded):
+            if not ids:
+                raise ValueError(f"texts[{i}] is empty (no tokens)")
+            if len(ids) > self.context_length:
+                raise ContextLengthError(
+                    f"texts[{i}] has {len(ids)} tokens and the context holds {self.context_length}; shorten it"
+                )
+        with self._exclusive():
+            out = []
+            for ids in encoded:
+                with kernels.configured(self.cfg.threads, self.cfg.activations):
+                    h = self.model.hidden(np.array(ids), self.model.new_cache())  # [T, H]
+                v = h.astype(np.float32).mean(axis=0)
+                out.append(v / max(float(np.linalg.norm(v)), 1e-12))
+        return np.stack(out).astype(np.float32)
+
+    def _params(self, params, overrides) -> SamplingParams:
+        return SamplingParams.from_any(params, **overrides).resolve(self.store.manifest.get("generation"))
+
+    def _start(self, ids: list[int], p: SamplingParams) -> Iterator[Event]:
+        """Check the request against the context and the engine's state; the generator that runs it."""
+        if not ids:
+            raise ValueError("the prompt is empty (no tokens); give some text")
+        max_tokens = max_new_tokens(len(ids), p, self.context_length)
+        if self._lock.locked():
+            raise EngineBusyError("the engine is busy with another generation; wait for it or cancel() it")
+        cancel = threading.Event()
+        self._live.add(cancel)
+        return self._run(ids, p, max_tokens, cancel)
+
+    def _run(self, ids: list[int], p: SamplingParams, max_tokens: int, cancel: threading.Event) -> Iterator[Event]:
+        try:
+            with self._exclusive():
+                yield from decode(self, ids, p, max_tokens, lambda: cancel.is_set() or _is_set(p.cancel))
+        finally:
+            self._live.discard(cancel)
+
+    @contextlib.contextmanager
+    def _exclusive(self):
+        if not self._lock.acquire(blocking=False):
+            raise EngineBusyError("the engine is busy with another generation; wait for it or cancel() it")
+        try:
+            yield
+        finally:
+            self._lock.release()
+
 
     @property
     def expert_stats(self) -> dict:
@@ -87,12 +213,17 @@ class Engine(GenerationMixin):
         return len(tokens)
 
     def close(self) -> None:
+        self.backend.backend.close()
         if hasattr(self.model, "experts"):
             self.model.experts.close()
 
     @classmethod
     def open(cls, store: str | os.PathLike | Store, **kw) -> "Engine":
-        """Open a store. Keyword options are the fields of `EngineConfig`."""
+        """Open a store. Keyword options are the fields of `EngineConfig`.
+
+        Raises:
+            OptionError: an option of the wrong type or out of range, named as in `EngineConfig`.
+        """
         st = store if isinstance(store, Store) else Store(store)
         return cls(st, EngineConfig(**kw))
 
@@ -108,7 +239,8 @@ class Engine(GenerationMixin):
     def forward(self, ids, *, last_only: bool = True) -> np.ndarray:
         """Append `ids` to the current sequence; logits [T or 1, vocab]."""
         ids = [int(i) for i in np.asarray(ids).reshape(-1)]
-        logits = self.model.forward(np.array(ids), self.cache, last_only=last_only)
+        with kernels.configured(self.cfg.threads, self.cfg.activations):
+            logits = self.model.forward(np.array(ids), self.cache, last_only=last_only)
         self.tokens.extend(ids)
         return logits
 
@@ -164,10 +296,9 @@ def plan_slots(store, kv: int, budget: int | None, slots: int | None, prefetch: 
                 f"{(fixed + need * per_slot) / 2**30:.2f} GiB"
             )
         if slots is not None and slots > fit:
-            raise RkmojoError(
-                f"--expert-slots {slots} does not fit the memory budget {budget / 2**30:.2f} GiB "
-                f"(at most {max(fit, 0)} slots per layer fit); lower the slots or raise the budget"
-            )
+            raise OptionError("expert_slots", slots, f"at most {max(fit, 0)} slots per layer within the memory "
+                                                     f"budget of {budget / 2**30:.2f} GiB; lower the slots or raise "
+                                                     "the budget")
         slots = slots if slots is not None else int(fit)
     return max(1, min(int(slots), n_experts))
 

@@ -8,7 +8,8 @@ from .store import Store
 
 
 def load_model(store: str | os.PathLike | Store, *, chunk: int = 128, **kw):
-    """Build the model of `store` with its weights resident (memory-mapped).
+    """Build the model of `store` with its weights resident (memory-mapped), or with the expert provider
+    given as `experts=` (MoE architectures).
 
     Args:
         store: a store directory or an opened `Store`.
@@ -19,3 +20,11 @@ def load_model(store: str | os.PathLike | Store, *, chunk: int = 128, **kw):
     st = store if isinstance(store, Store) else Store(store)
     arch = models.get(st.architecture)
     return arch.Model(arch.Args.from_dict(st.config), st, chunk=chunk, **kw)
+
+
+def empty_cache(store: Store, *, chunk: int = 128, kv_dtype: str = "f32"):
+    """The KV cache `load_model(store, chunk=…, kv_dtype=…)` would make, without building the model."""
+    from .models.base import KV_DTYPES
+
+    arch = models.get(store.architecture)
+    return arch.Model.cache_for(arch.Args.from_dict(store.config), chunk, KV_DTYPES[kv_dtype])

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import RkmojoError
+from .errors import DiskFullError, RkmojoError, disk_full
 from .store.format import digest_bytes
 
 MAGIC = b"RKMJPC\x00\x01"
@@ -44,7 +44,7 @@ def save(path: str | os.PathLike, store_digest: str, tokens: list[int], cache) -
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     h = digest_bytes()
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:  # conversations: private
             for chunk in [MAGIC, struct.pack("<I", len(header)), header, *(memoryview(np.ascontiguousarray(a)).cast("B") for a in arrays)]:
                 f.write(chunk)
                 h.update(chunk)
@@ -52,8 +52,11 @@ def save(path: str | os.PathLike, store_digest: str, tokens: list[int], cache) -
             f.flush()
             os.fsync(f.fileno())
         os.rename(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if disk_full(e):
+            raise DiskFullError(f"{path}: the disk is full; the prompt cache was not saved (nothing "
+                                              f"half-written); free space in {path.parent}") from e
         raise
     return path
 

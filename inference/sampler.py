@@ -14,9 +14,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
+
+from . import options
+from .options import option
 
 # defaults when neither the request nor the store's generation config says otherwise
 DEFAULT_TEMPERATURE = 0.2
@@ -33,7 +36,7 @@ class SamplingParams:
 
     Attributes:
         max_tokens: at most this many new tokens; None: up to the context length.
-        temperature: 0 is greedy; ≥ 0.
+        temperature: 0 is greedy; in [0, 2].
         top_k: keep the k most likely tokens; 0 disables.
         top_p: keep the smallest set whose probability reaches p; in (0, 1], 1 disables.
         min_p: drop tokens less likely than min_p × the most likely one; in [0, 1], 0 disables.
@@ -49,17 +52,20 @@ class SamplingParams:
         tools: function schemas offered to templates that support tools.
     """
 
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    seed: int | None = None
+    max_tokens: int | None = option(help="answer length limit (default: the context)", ge=1)
+    temperature: float | None = option(help="0 is greedy", ge=0, le=2)
+    top_k: int | None = option(help="keep the k most likely tokens; 0 disables", ge=0)
+    top_p: float | None = option(help="keep the smallest set whose probability reaches p; 1 disables", gt=0, le=1)
+    min_p: float | None = option(help="drop tokens less likely than min_p × the most likely; 0 disables", ge=0, le=1)
+    repetition_penalty: float | None = option(help="divide the logits of tokens already generated; 1 disables",
+                                              gt=0, le=10)
+    presence_penalty: float = option(0.0, help="subtract from every token already generated; 0 disables",
+                                     ge=-2, le=2)
+    frequency_penalty: float = option(0.0, help="subtract its count times this from every token generated",
+                                      ge=-2, le=2)
+    seed: int | None = option(help="same seed, prompt and parameters: same output", ge=0)
     stop: list[str] = field(default_factory=list)
-    logprobs: int | None = None
+    logprobs: int | None = option(help="log-probabilities of each token and this many alternatives", ge=0, le=20)
     cancel: Any = None
     template: dict = field(default_factory=dict)
     tools: list | None = None
@@ -68,19 +74,10 @@ class SamplingParams:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
-        _check("max_tokens", self.max_tokens, lambda v: isinstance(v, int) and v >= 1, "an integer ≥ 1")
-        _check("temperature", self.temperature, lambda v: 0 <= v <= 100, "[0, 100]")
-        _check("top_k", self.top_k, lambda v: isinstance(v, int) and v >= 0, "an integer ≥ 0 (0 disables)")
-        _check("top_p", self.top_p, lambda v: 0 < v <= 1, "(0, 1]")
-        _check("min_p", self.min_p, lambda v: 0 <= v <= 1, "[0, 1]")
-        _check("repetition_penalty", self.repetition_penalty, lambda v: 0 < v <= 10, "(0, 10]")
-        _check("presence_penalty", self.presence_penalty, lambda v: -2 <= v <= 2, "[-2, 2]")
-        _check("frequency_penalty", self.frequency_penalty, lambda v: -2 <= v <= 2, "[-2, 2]")
-        _check("seed", self.seed, lambda v: isinstance(v, int) and v >= 0, "an integer ≥ 0")
-        _check("logprobs", self.logprobs, lambda v: isinstance(v, int) and 0 <= v <= 20, "an integer in [0, 20]")
+        options.check(self)
         for s in self.stop:
             if not isinstance(s, str) or not s:
-                raise ValueError(f"stop: {s!r} is not a non-empty string")
+                raise options.OptionError("stop", s, "non-empty strings")
 
     @classmethod
     def from_any(cls, params: "SamplingParams | dict | None" = None, **overrides) -> "SamplingParams":
@@ -113,16 +110,6 @@ class SamplingParams:
         if self.temperature is None and gen.get("do_sample") is False:  # the model asks for greedy decoding
             values["temperature"] = 0.0
         return dataclasses.replace(self, **values) if values else self
-
-
-def _check(name: str, value, ok: Callable, allowed: str) -> None:
-    if value is None:
-        return
-    bad = isinstance(value, bool) or not isinstance(value, (int, float))
-    if not bad:
-        bad = (isinstance(value, float) and math.isnan(value)) or not ok(value)
-    if bad:
-        raise ValueError(f"{name}={value!r} is out of range; allowed: {allowed}")
 
 
 # --- the chain ---------------------------------------------------------------------------------

@@ -49,3 +49,64 @@ def smollm2_store(smollm2_gguf, tmp_path_factory) -> Path:
     from inference.convert.gguf import convert_gguf
 
     return convert_gguf(smollm2_gguf, tmp_path_factory.mktemp("smollm2") / "store", progress=False)
+
+
+@pytest.fixture(scope="session")
+def rknnrt_standin(tmp_path_factory) -> str:
+    """The ABI-faithful librknnrt stand-in (tests/rknnrt_standin.c), compiled for this machine."""
+    import subprocess
+
+    out = tmp_path_factory.mktemp("rknnrt") / "librknnrt.so"
+    src = Path(__file__).parent / "rknnrt_standin.c"
+    subprocess.run(["cc", "-O3", "-Wall", "-Werror", "-shared", "-fPIC", "-o", str(out), str(src)], check=True)
+    return str(out)
+
+
+# name → (its build, its backend): the portable C one, and AVX2 where the native build is AVX-512
+OTHER_BUILDS = {"portable": ("build_portable", "scalar"), "avx2": ("build_avx2", "avx2")}
+
+
+@pytest.fixture(scope="session", params=sorted(OTHER_BUILDS))
+def other_build(request, tmp_path_factory):
+    """A build of rkkernels.c other than the installed one, loaded like it (skips where it cannot exist)."""
+    import platform
+
+    import kernels_ref
+
+    from inference import kernels
+    from inference.kernels._lib import KernelLib
+
+    build, backend = OTHER_BUILDS[request.param]
+    if backend == "avx2" and (kernels.BACKEND != "avx512" or platform.machine().lower() not in ("x86_64", "amd64")):
+        pytest.skip("the native build is the AVX2 one (or not x86): the main tests cover it")
+    path = getattr(kernels_ref, build)(tmp_path_factory.mktemp(request.param))
+    if path is None:
+        pytest.skip(f"no C compiler to build the {request.param} backend")
+    lib = KernelLib(path)
+    assert lib.backend == backend
+    return lib
+
+
+def _neon(tmp_path_factory, cpu_flag: str):
+    import platform
+
+    from kernels_ref import NeonRunner
+
+    if platform.machine().lower() in ("aarch64", "arm64"):
+        pytest.skip("native NEON build: the main tests cover it")
+    runner = NeonRunner.build(tmp_path_factory.mktemp("neon"), cpu_flag)
+    if runner is None:
+        pytest.skip("needs aarch64-linux-gnu-gcc and qemu-aarch64 to check the NEON backend")
+    return runner
+
+
+@pytest.fixture(scope="session")
+def neon(tmp_path_factory):
+    """The NEON build for the RK3588's Cortex-A76 (int8 dot: sdot) under qemu-aarch64."""
+    return _neon(tmp_path_factory, "-mcpu=cortex-a76")
+
+
+@pytest.fixture(scope="session")
+def neon_v80(tmp_path_factory):
+    """The NEON build for plain ARMv8.0 (int8 dot by widening multiplies) under qemu-aarch64."""
+    return _neon(tmp_path_factory, "-march=armv8-a")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from inference.kernels._lib import Q8A
 from inference.quant import KINDS, dequantize, part_layout, quantize
 
 KERNEL_SOURCE = Path(__file__).resolve().parent.parent / "inference" / "kernels" / "rkkernels.c"
@@ -35,6 +36,16 @@ def assert_close(y: np.ndarray, x: np.ndarray, w, rel: float = 1e-5) -> None:
     err = np.abs(y - ref) / scale
     worst = np.unravel_index(np.argmax(err), err.shape)
     assert err.max() <= rel, f"{w.kind} {w.shape}: error {err.max():.2e} of |x||W| at {worst} (allowed {rel:.0e})"
+
+
+def int8_activations(x: np.ndarray) -> np.ndarray:
+    """x as the "q8" activation path sees it: each block of 32 rounded (half away from zero) to int8 steps
+    of max|x| / 127, given back as float32."""
+    xb = x.astype(np.float32).reshape(x.shape[0], -1, 32)
+    amax = np.abs(xb).max(axis=-1, keepdims=True)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    q = np.sign(xb) * np.floor(np.abs(xb * inv) + np.float32(0.5))
+    return (q * (amax / np.float32(127))).reshape(x.shape).astype(np.float32)
 
 
 def random_weight(kind: str, out: int, inn: int, rng: np.random.Generator):
@@ -109,7 +120,7 @@ class NeonRunner:
                                       text=True).stdout.strip()
 
     @classmethod
-    def build(cls, out_dir: Path) -> "NeonRunner | None":
+    def build(cls, out_dir: Path, cpu_flag: str = "-mcpu=cortex-a76") -> "NeonRunner | None":
         """None when the cross compiler or qemu-aarch64 is missing."""
         cc, qemu = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64")
         if cc is None or qemu is None or sys.platform != "linux":
@@ -117,16 +128,17 @@ class NeonRunner:
         driver = out_dir / "driver.c"
         driver.write_text(_DRIVER_C)
         exe = out_dir / "rkkernels_neon"
-        cmd = [cc, "-O2", "-std=c11", "-pthread", "-mcpu=cortex-a76", "-static", "-DRK_NO_PYTHON",
+        cmd = [cc, "-O2", "-std=c11", "-pthread", cpu_flag, "-static", "-DRK_NO_PYTHON",
                str(driver), str(KERNEL_SOURCE), "-o", str(exe), "-lm"]
         subprocess.run(cmd, check=True, capture_output=True)
         return cls(exe, qemu)
 
-    def linear(self, x: np.ndarray, w, threads: int = 2) -> np.ndarray:
+    def linear(self, x: np.ndarray, w, threads: int = 2, activations: str = "f32") -> np.ndarray:
         parts = [np.ascontiguousarray(w.parts[n]).tobytes() for n in part_layout(w.kind, w.shape)] + [b"", b""]
         out, inn = w.shape
         x = np.ascontiguousarray(x, dtype=np.float32)
-        header = struct.pack("<8q", KINDS.index(w.kind), threads, x.shape[0], out, inn, *map(len, parts[:3]))
+        code = KINDS.index(w.kind) | (Q8A if activations == "q8" else 0)
+        header = struct.pack("<8q", code, threads, x.shape[0], out, inn, *map(len, parts[:3]))
         run = subprocess.run([self.qemu, str(self.exe)], input=header + x.tobytes() + b"".join(parts[:3]),
                              capture_output=True, check=True)
         return np.frombuffer(run.stdout, np.float32).reshape(x.shape[0], out)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from inference.bench import REQUIRED_FIELDS, BenchOptions, Workload, run_bench
-from inference.bench.bounds import read_bandwidth, sustained_bandwidth
+from inference.bench.bounds import best_bandwidth, read_bandwidth, sustained_bandwidth
 from inference.bench.cachesim import Call, TraceRecorder, belady, replay
 from inference.bench.cgroup import ROOT, MemoryCgroup, check_limit
 from inference.bench.measure import run_workload
@@ -46,6 +46,10 @@ def test_bench_json_has_every_field(tiny, tmp_path):
     assert saved["router"].startswith("skewed") and saved["engine"]["slots"] == 5
     b = r["bounds"]
     assert b["io_bound_tok_s"] > 0 and b["compute_only_tok_s"] > 0 and b["efficiency"] > 0
+    assert b["fault"] == (b["efficiency"] > 1.0)
+    assert [s["depth"] for s in b["read"]["sustained"]["sweep"]] == [1, 2, 4, 8, 16, 32, 64]
+    t = r["ttft_bounds"]["20"]
+    assert t["bound_s"] == max(t["read_all_experts_s"], t["resident_s"]) and t["ratio"] > 0
     assert r["sweep"]["slots"] == [4, 8] and len(r["sweep"]["belady"]) == 2
     assert r["sweep"]["check"]["simulated"] == pytest.approx(r["sweep"]["check"]["measured"])
 
@@ -120,6 +124,20 @@ def test_sustained_bandwidth_keeps_the_queue_full_and_counts_whole_blobs(tiny):
     lay = st.expert_layers[0]
     assert r["reads"] >= 4 and r["bytes"] == r["reads"] * -(-lay.blob_size // 4096) * 4096
     assert r["depth"] == 4 and r["bytes_per_s"] > 0
+
+
+def test_the_disk_bound_is_the_best_depth_of_the_sweep(tiny):
+    r = best_bandwidth(Store(tiny), seconds=0.06, depths=(1, 4, 16))
+    assert [s["depth"] for s in r["sweep"]] == [1, 4, 16]
+    assert r["bytes_per_s"] == max(s["bytes_per_s"] for s in r["sweep"])
+
+
+def test_one_ttft_definition_gives_the_prefill_speed_of_the_same_figure():
+    from inference.bench.measure import summarize_prefill
+
+    runs = [{"tokens": 128, "ttft_s": t, "tok_s": 128 / t} for t in (80.0, 8.4)]  # an even count: cold, warm
+    p = summarize_prefill(runs)
+    assert p["ttft_s"] == 44.2 and p["tok_s"] == 128 / 44.2 and p["runs"] == runs
 
 
 @pytest.mark.parametrize("size,message", [("4M", "too small"), ("four gigs", "write it like"),

@@ -41,7 +41,7 @@ def test_one_shot_prints_only_the_answer(home):
 
 def test_bad_parameters_and_overflow_are_one_line_errors(home):
     r = run(home, "-p", "hi", "--top-p", "2")
-    assert r.returncode == 1 and r.stderr == "rkmojo: error: top_p=2.0 is out of range; allowed: (0, 1]\n"
+    assert r.returncode == 1 and r.stderr == "rkmojo: error: --top-p=2.0 is out of range; allowed: (0, 1]\n"
     r = run(home, "-p", "hi", "--max-tokens", "100000", "--context", "2048")
     assert r.returncode == 1 and r.stderr.count("\n") == 1
     assert "max_tokens is 100000" in r.stderr and "context of 2048 tokens" in r.stderr

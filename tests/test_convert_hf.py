@@ -1,7 +1,6 @@
 """Converting Hugging Face checkpoints: the store it writes, and one clear error for each bad input."""
 import json
 import os
-import resource
 import subprocess
 import sys
 from pathlib import Path

@@ -1,9 +1,11 @@
 """The compiled kernels against the float64 reference, their determinism, and the quantizers' bounds."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
-from kernels_ref import NeonRunner, assert_close, build_avx2, build_portable, random_weight
+from kernels_ref import assert_close, random_weight
 
 from inference import kernels
 from inference.kernels._lib import KernelLib
@@ -27,9 +29,11 @@ def rng():
 
 @pytest.fixture(autouse=True)
 def restore_threads():
-    before = kernels.get_threads()
+    before, acts = kernels.get_threads(), kernels.get_activations()
+    kernels.set_activations("f32")  # the float path; test_kernels_int8.py checks the int8 one
     yield
     kernels.set_threads(before)
+    kernels.set_activations(acts)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -219,26 +223,7 @@ def test_f16_round_trip_is_half_precision(rng):
     assert np.all(np.abs(dequantize(quantize(w, "f16")) - w) <= np.abs(w) * 2.0**-11)
 
 
-# ------------------------------------------------------------------ the other backends
-
-
-# name → (its build, its backend): the portable C one, and AVX2 where the native build is AVX-512
-OTHER_BUILDS = {"portable": (build_portable, "scalar"), "avx2": (build_avx2, "avx2")}
-
-
-@pytest.fixture(scope="module", params=sorted(OTHER_BUILDS))
-def other_build(request, tmp_path_factory):
-    import platform
-
-    build, backend = OTHER_BUILDS[request.param]
-    if backend == "avx2" and (kernels.BACKEND != "avx512" or platform.machine().lower() not in ("x86_64", "amd64")):
-        pytest.skip("the native build is the AVX2 one (or not x86): the main tests cover it")
-    path = build(tmp_path_factory.mktemp(request.param))
-    if path is None:
-        pytest.skip(f"no C compiler to build the {request.param} backend")
-    lib = KernelLib(path)
-    assert lib.backend == backend
-    return lib
+# ------------------------------------------------------------------ the other backends (conftest.py builds them)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -253,18 +238,6 @@ def test_the_other_c_backends_match_the_reference(other_build, kind, rng):
         assert all(np.array_equal(y, full) for y in other_build.linear_many(x, [w, w]))
 
 
-@pytest.fixture(scope="module")
-def neon(tmp_path_factory):
-    import platform
-
-    if platform.machine().lower() in ("aarch64", "arm64"):
-        pytest.skip("native NEON build: the main tests cover it")
-    runner = NeonRunner.build(tmp_path_factory.mktemp("neon"))
-    if runner is None:
-        pytest.skip("needs aarch64-linux-gnu-gcc and qemu-aarch64 to check the NEON backend")
-    return runner
-
-
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_neon_backend_matches_the_reference_under_qemu(neon, kind, rng):
     assert neon.backend == "neon"
@@ -275,3 +248,19 @@ def test_the_neon_backend_matches_the_reference_under_qemu(neon, kind, rng):
     assert_close(full, x, w)
     assert np.array_equal(neon.linear(x, w, threads=1), full)
     assert np.array_equal(neon.linear(x[129:], w)[0], full[129])
+
+
+def test_rkmojo_kernels_picks_the_build_and_names_the_choices():
+    import platform
+    import subprocess
+    import sys
+
+    def backend(name: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", "from inference import kernels; print(kernels.BACKEND)"],
+                              env={**os.environ, "RKMOJO_KERNELS": name}, capture_output=True, text=True)
+
+    bad = backend("sse9")
+    assert bad.returncode != 0 and "choose one of native, avx512, avx2, scalar" in bad.stderr
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        assert backend("scalar").stdout.strip() == "scalar"
+        assert backend("avx2").stdout.strip() in ("avx2", "scalar")  # scalar where the CPU lacks AVX2

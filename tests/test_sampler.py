@@ -126,7 +126,7 @@ def test_logprobs_are_the_raw_log_softmax(logits):
 
 
 @pytest.mark.parametrize("field,value,allowed", [
-    ("temperature", -0.1, "[0, 100]"),
+    ("temperature", -0.1, "[0, 2]"),
     ("top_p", 0.0, "(0, 1]"),
     ("top_p", 1.5, "(0, 1]"),
     ("top_k", -1, "≥ 0"),
@@ -138,8 +138,8 @@ def test_logprobs_are_the_raw_log_softmax(logits):
     ("max_tokens", 0, "≥ 1"),
     ("seed", -5, "≥ 0"),
     ("logprobs", 21, "[0, 20]"),
-    ("temperature", float("nan"), "[0, 100]"),
-    ("temperature", "hot", "[0, 100]"),
+    ("temperature", float("nan"), "[0, 2]"),
+    ("temperature", "hot", "[0, 2]"),
 ])
 def test_out_of_range_values_name_the_parameter_and_its_range(field, value, allowed):
     with pytest.raises(ValueError) as e:

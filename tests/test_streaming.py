@@ -3,12 +3,12 @@ import shutil
 
 import numpy as np
 import pytest
-import transformers
 
 from inference.convert import convert
 from inference.engine import Engine
 from inference.errors import ModelFormatError, RkmojoError
 from inference.experts.io import uring_problem
+from inference.options import OptionError
 from parity import build_checkpoint
 from test_parity import gemma4, olmoe, qwen3_moe
 
@@ -35,15 +35,16 @@ def ids_for(store, n=72, seed=1):
     return np.random.default_rng(seed).integers(0, vocab, n)
 
 
-@pytest.mark.parametrize("slots,policy,io,prefetch", [(2, "lfu", "uring", 0), (2, "lru", "threads", 0),
-                                                      (3, "lfu", "threads", 4), (2, "lfu", "uring", 2),
-                                                      (16, "lfu", "uring", 0)])
-def test_streamed_logits_are_bit_identical_to_resident(moe_store, slots, policy, io, prefetch):
+@pytest.mark.parametrize("slots,policy,io,prefetch,activations", [
+    (2, "lfu", "uring", 0, "f32"), (2, "lru", "threads", 0, "q8"), (3, "lfu", "threads", 4, "f32"),
+    (3, "lfu", "threads", 4, "experts"), (2, "lfu", "uring", 2, "q8"), (16, "lfu", "uring", 0, "f32")])
+def test_streamed_logits_are_bit_identical_to_resident(moe_store, slots, policy, io, prefetch, activations):
     if io == "uring" and uring_problem():
         pytest.skip(f"io_uring cannot be used here: {uring_problem()}")
     ids = ids_for(moe_store)
-    resident = run_tokens(Engine.open(moe_store, chunk=16), ids, 40)
-    e = Engine.open(moe_store, chunk=16, expert_slots=slots, policy=policy, io=io, prefetch=prefetch)
+    resident = run_tokens(Engine.open(moe_store, chunk=16, activations=activations), ids, 40)
+    e = Engine.open(moe_store, chunk=16, expert_slots=slots, policy=policy, io=io, prefetch=prefetch,
+                    activations=activations)
     streamed = run_tokens(e, ids, 40)
     assert np.array_equal(resident, streamed)
     st = e.expert_stats
@@ -153,8 +154,8 @@ def crashing_liburing(tmp_path, monkeypatch):
 def test_a_liburing_that_crashes_the_cpu_is_not_used_and_uring_is_refused_by_name(moe_store, crashing_liburing):
     problem = uring_problem()
     assert problem and "SIGILL" in problem
-    with pytest.raises(RkmojoError, match=r"io_uring is not available here \(the liburing package dies with "
-                                          r"SIGILL.*use --io threads"):
+    with pytest.raises(OptionError, match=r"io='uring' is out of range; allowed: auto or threads: io_uring is not "
+                                          r"available here \(the liburing package dies with SIGILL"):
         Engine.open(moe_store, chunk=16, expert_slots=2, io="uring")
     e = Engine.open(moe_store, chunk=16, expert_slots=2, io="auto")  # falls back to the thread pool
     assert e.expert_stats["io"] == "threads"

@@ -5,9 +5,9 @@ firstboot role) writes a random token to the file `RKMOJO_SETUP_TOKEN_FILE` name
 console. Whoever holds it opens `/setup/`, gives it with a user name and a password, and gets a
 superuser for the admin pages. The page then closes for good: it answers 410 once any superuser exists
 (however it was made) or `DATA_DIR/setup-done` is there, which it writes so that the next boot
-removes the token file and stops showing it; the page stays a 410 after that. Without a token file
-and before any administrator exists the page is a 404 (`rkmojo up` on a PC: use
-`python -m django createsuperuser`).
+removes the token file and stops showing it; the page stays a 410 after that. On a PC, `rkmojo up`
+writes the token into the data directory and prints the setup URL (`manage.py setuptoken`) while no
+administrator exists; `/setup/?token=…` fills it in. Without a token file the page is a 404.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def _token() -> str | None:
     return token or None
 
 
-def _closed() -> bool:
+def closed() -> bool:
     """Setup is over once a superuser exists; the marker tells rkmojo-firstboot to drop the token."""
     marker = settings.DATA_DIR / DONE_MARKER
     if get_user_model().objects.filter(is_superuser=True).exists():
@@ -62,15 +62,15 @@ def setup(request: HttpRequest) -> HttpResponse:
     """GET: the form. POST: with the right token, create the superuser and go to the admin pages."""
     if not settings.RKMOJO["SETUP_TOKEN_FILE"]:
         raise Http404("this appliance has no setup page; create an administrator with "
-                      "`rkmojo manage createsuperuser`")
-    if _closed():  # also once the next boot has removed the spent token
+                      "`python -m django createsuperuser` (settings: appliance.settings)")
+    if closed():  # also once the next boot has removed the spent token
         return render(request, "webui/setup.html", {"closed": True}, status=410)
     token = _token()
     if token is None:
-        raise Http404("this appliance has no setup token; create an administrator with "
-                      "`rkmojo manage createsuperuser`")
+        raise Http404("this appliance has no setup token; `rkmojo up` prints the setup URL with a new one "
+                      "while no administrator exists")
     if request.method == "GET":
-        return _page(request, SetupForm())
+        return _page(request, SetupForm(initial={"token": request.GET.get("token", "")}))
     form = SetupForm(request.POST)
     if not form.is_valid():
         return _page(request, form, 400)
@@ -78,7 +78,7 @@ def setup(request: HttpRequest) -> HttpResponse:
         form.add_error("token", "This is not the setup token shown on the board's console.")
         return _page(request, form, 403)
     with transaction.atomic():  # an IMMEDIATE transaction on SQLite: one of two racing requests wins
-        if _closed():
+        if closed():
             return render(request, "webui/setup.html", {"closed": True}, status=410)
         user = form.save(commit=False)
         user.is_staff = user.is_superuser = True

@@ -1,10 +1,11 @@
 from django.urls import path
 
 from . import setup_page
-from .api import ollama, openai
+from .api import ollama, openai, openapi
 
 urlpatterns = [
     path("setup/", setup_page.setup),
+    path("openapi.json", openapi.openapi_json),
     path("v1/chat/completions", openai.chat_completions),
     path("v1/completions", openai.completions),
     path("v1/embeddings", openai.embeddings),

@@ -8,8 +8,9 @@ the page cache; caches are also dropped first when we are allowed to (root).
 
 The engine's pattern drains the queue at the end of every layer step, and a prefetching engine keeps
 more reads in flight than that. So the disk is also measured with a queue kept full
-(`sustained_bandwidth`), and the IO bound uses the faster of the two: the bound is what the disk
-can do, not what one read pattern gets out of it.
+(`sustained_bandwidth`) at every depth from 1 to 64 reads in flight (`best_bandwidth`), and the IO
+bound uses the fastest of all: the bound is what the disk can do, not what one read pattern gets
+out of it. (A fixed depth of 16 gave a bound the engine beat by 1.47x on one disk.)
 """
 from __future__ import annotations
 
@@ -133,3 +134,20 @@ def warm(store) -> int:
             int(m[s : s + 256 * 2**20 : PAGE].sum())  # one byte per page
         n += len(m)
     return n
+
+
+SWEEP_DEPTHS = (1, 2, 4, 8, 16, 32, 64)  # reads in flight tried for the disk's best rate
+
+
+def best_bandwidth(store, *, seconds: float = 10.0, seed: int = 0, depths=SWEEP_DEPTHS, direct: bool = True) -> dict:
+    """The disk's best rate for random expert-sized reads: `sustained_bandwidth` at each depth of
+    `depths` (the time split evenly), the fastest kept. A bound must be what the disk can do, and the
+    depth that reaches it differs per disk (a prefetching engine keeps more than one layer's reads in flight).
+
+    Returns:
+        The fastest run's dict plus "sweep": [{"depth", "bytes_per_s"}] for every depth tried.
+    """
+    runs = [sustained_bandwidth(store, d, seconds=seconds / len(depths), seed=seed + i, direct=direct)
+            for i, d in enumerate(depths)]
+    best = max(runs, key=lambda r: r["bytes_per_s"] or 0.0)
+    return {**best, "sweep": [{"depth": r["depth"], "bytes_per_s": r["bytes_per_s"]} for r in runs]}

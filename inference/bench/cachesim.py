@@ -101,7 +101,7 @@ def belady(calls: list[Call], slots: int) -> dict[str, dict]:
             for e in ex:
                 future[e].append(i)
         cached: set[int] = set()
-        for i, (phase, ex) in enumerate(reqs):
+        for phase, ex in reqs:
             for e in ex:
                 future[e].popleft()
             miss = [e for e in ex if e not in cached]

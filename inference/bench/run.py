@@ -39,24 +39,24 @@ REQUIRED_FIELDS = (
     "env", "cgroup",
     "decode.tok_s", "decode.runs", "decode.others_cpu_max", "decode.hit_rate", "decode.expert_mb_per_token", "decode.io_wait_ms_per_token",
     "peak_rss_bytes", "bounds.read_bandwidth_bytes_per_s", "bounds.read", "bounds.miss_bytes_per_token",
-    "bounds.io_bound_tok_s", "bounds.compute_only_tok_s", "bounds.compute", "bounds.efficiency",
-    "bounds.efficiency_formula", "routing.share", "sweep.slots", "sweep.lfu", "sweep.lru", "sweep.belady",
+    "bounds.io_bound_tok_s", "bounds.compute_only_tok_s", "bounds.compute", "bounds.efficiency", "bounds.fault",
+    "bounds.efficiency_formula", "ttft_bounds", "routing.share", "sweep.slots", "sweep.lfu", "sweep.lru", "sweep.belady",
     "sweep.check",
 )
 GiB = 2**30
-SUSTAINED_DEPTH = 16  # reads in flight for the queue-kept-full bandwidth
 CHILD_ENV = {"OPENBLAS_NUM_THREADS": "1", "GOMP_SPINCOUNT": "10000"}
 
 
 @dataclass
 class BenchOptions:
-    memory_budget: str | None = None
+    memory_budget: int | str | None = None  # bytes, or text like "4G"
     expert_slots: int | None = None
     policy: str = "lfu"
     io: str = "auto"
     verify_experts: str = "first"
     prefetch: int = 0
     kv_dtype: str = "f16"
+    activations: str | None = None
     threads: int | None = None
     chunk: int = 128
     workload: Workload = field(default_factory=Workload)
@@ -70,7 +70,7 @@ class BenchOptions:
     def engine_kw(self) -> dict:
         return {"memory_budget": self.memory_budget, "expert_slots": self.expert_slots, "policy": self.policy,
                 "io": self.io, "verify_experts": self.verify_experts, "prefetch": self.prefetch, "threads": self.threads,
-                "chunk": self.chunk, "kv_dtype": self.kv_dtype}
+                "chunk": self.chunk, "kv_dtype": self.kv_dtype, "activations": self.activations}
 
     @classmethod
     def from_dict(cls, d: dict) -> "BenchOptions":
@@ -84,8 +84,8 @@ class BenchOptions:
 def child_streaming(store: Path, o: BenchOptions) -> dict:
     """Decode and prefill runs with the engine as configured; then the read bandwidth."""
     from ..engine import Engine
-    from ..kernels import get_threads
-    from .bounds import drop_caches, read_bandwidth, sustained_bandwidth
+    from ..kernels import BACKEND, get_activations, get_threads
+    from .bounds import best_bandwidth, drop_caches, read_bandwidth
 
     before = None
     if o.expert_slots is not None or o.memory_budget is not None:
@@ -95,8 +95,7 @@ def child_streaming(store: Path, o: BenchOptions) -> dict:
 
         if o.drop_caches:
             drop_caches()
-        before = sustained_bandwidth(Store(store), SUSTAINED_DEPTH, seconds=o.bandwidth_seconds,
-                                     seed=o.workload.seed + 4)
+        before = best_bandwidth(Store(store), seconds=o.bandwidth_seconds, seed=o.workload.seed + 4)
     engine = Engine.open(store, **o.engine_kw())
     rec = None
     if engine.slots is not None:
@@ -104,9 +103,10 @@ def child_streaming(store: Path, o: BenchOptions) -> dict:
     out = run_workload(engine, o.workload, rec)
     st = engine.expert_stats
     out["engine"] = {"slots": engine.slots, "policy": o.policy if rec else None, "io": st.get("io"),
-                     "verify_experts": o.verify_experts if rec else None, "threads": get_threads(),
+                     "verify_experts": o.verify_experts if rec else None, "threads": o.threads or get_threads(),
                      "memory_budget": engine.cfg.memory_budget, "chunk": o.chunk,
-                     "prefetch": o.prefetch if rec else None, "kv_dtype": o.kv_dtype}
+                     "prefetch": o.prefetch if rec else None, "kv_dtype": o.kv_dtype,
+                     "activations": o.activations or get_activations(), "kernels": BACKEND}
     out["peak_rss_bytes"] = peak_rss_bytes()
     if rec is not None:
         out["trace"] = [[c.phase, c.layer, list(c.experts), c.misses] for c in rec.calls]
@@ -117,8 +117,7 @@ def child_streaming(store: Path, o: BenchOptions) -> dict:
                                      seed=o.workload.seed + 2)
         if o.drop_caches:
             drop_caches()
-        after = sustained_bandwidth(engine.store, SUSTAINED_DEPTH, seconds=o.bandwidth_seconds,
-                                    seed=o.workload.seed + 3)
+        after = best_bandwidth(engine.store, seconds=o.bandwidth_seconds, seed=o.workload.seed + 3)
         runs = [r for r in (before, after) if r and r["bytes_per_s"]]
         best = max(runs, key=lambda r: r["bytes_per_s"]) if runs else after
         out["read"]["sustained"] = {**best, "runs_bytes_per_s": [r["bytes_per_s"] for r in runs],
@@ -140,16 +139,17 @@ def child_compute(store: Path, o: BenchOptions) -> dict:
     if avail < need:
         return {"mode": "skipped", "reason": f"needs {need / GiB:.1f} GiB of free RAM for the whole store, "
                                              f"{avail / GiB:.1f} GiB available"}
-    engine = Engine.open(store, threads=o.threads, chunk=o.chunk, kv_dtype=o.kv_dtype)
+    engine = Engine.open(store, threads=o.threads, chunk=o.chunk, kv_dtype=o.kv_dtype, activations=o.activations)
     t = time.perf_counter()
     warm(engine.store)
     warm_s = time.perf_counter() - t
     w = dataclasses.replace(o.workload, runs=1, decode_tokens=o.compute_tokens,
-                            prefill_tokens=(o.workload.prompt_tokens,))
+                            prefill_tokens=tuple(sorted({o.workload.prompt_tokens, *o.workload.prefill_tokens})))
     majflt = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
     r = run_workload(engine, w)
     return {"mode": "resident", "tok_s": r["decode"]["tok_s"], "tokens": o.compute_tokens,
             "prefill_tok_s": r["prefill"][str(w.prompt_tokens)]["tok_s"], "warm_s": warm_s,
+            "prefill_ttft_s": {n: p["ttft_s"] for n, p in r["prefill"].items()},
             "others_cpu": r["decode"]["others_cpu_max"],
             "major_faults": resource.getrusage(resource.RUSAGE_SELF).ru_majflt - majflt}
 
@@ -194,8 +194,9 @@ def run_bench(store: Path, o: BenchOptions, *, json_out: str | None = None, trac
     from .cgroup import MemoryCgroup
 
     st = Store(store)
-    if o.cgroup_memory and o.memory_budget and parse_size(o.memory_budget) > parse_size(o.cgroup_memory):
-        raise RkmojoError(f"--memory-budget {o.memory_budget} is more than --cgroup-memory {o.cgroup_memory}; "
+    budget = parse_size(o.memory_budget) if isinstance(o.memory_budget, str) else o.memory_budget
+    if o.cgroup_memory and budget and budget > parse_size(o.cgroup_memory):
+        raise RkmojoError(f"--memory-budget {budget / 2**30:.2f} GiB is more than --cgroup-memory {o.cgroup_memory}; "
                           "the engine would be OOM-killed: give it a budget within the limit")
     load_before, busy_before = os.getloadavg(), cpu_busy()
     with tempfile.TemporaryDirectory(prefix="rkmojo-bench-") as tmp:
@@ -248,8 +249,11 @@ def combine(st, o: BenchOptions, s: dict, c: dict | None, calls: list[Call], use
             "miss_bytes_per_token": miss, "io_bound_tok_s": io_bound, "compute_only_tok_s": compute,
             "compute": c, "efficiency": dec["tok_s"] / min(bounds) if bounds else None,
             "efficiency_formula": _formula(io_bound, compute),
+            # above 1.0 the engine beat a bound: the bound was mismeasured, never a result
+            "fault": (dec["tok_s"] / min(bounds) > 1.0) if bounds else None,
         },
         "routing": popularity(calls, n_experts) if calls else {"share": None},
+        "ttft_bounds": ttft_bounds(st, s["prefill"], bw, c) if s["engine"]["slots"] else {},
         "sweep": {"slots": [], "lfu": [], "lru": [], "belady": [], "check": None},
     }
     if calls:
@@ -260,6 +264,21 @@ def combine(st, o: BenchOptions, s: dict, c: dict | None, calls: list[Call], use
         r["sweep"]["check"] = {"slots": eng["slots"], "policy": eng["policy"],
                                "simulated": hit_rate(sim), "measured": dec["hit_rate"]}
     return r
+
+
+def ttft_bounds(st, prefill: dict, bw: float | None, c: dict | None) -> dict:
+    """Per prompt length: the streamed first token's bound, the larger of reading every expert once at
+    the disk's best rate and the same prefill with every expert resident, and the measured TTFT / bound."""
+    expert_bytes = sum(lay.n_experts * lay.blob_size for lay in st.expert_layers.values())
+    out = {}
+    for n, p in prefill.items():
+        read_s = expert_bytes / bw if bw else None
+        resident_s = ((c or {}).get("prefill_ttft_s") or {}).get(n)
+        parts = [x for x in (read_s, resident_s) if x]
+        bound = max(parts) if parts else None
+        out[n] = {"bound_s": bound, "read_all_experts_s": read_s, "resident_s": resident_s,
+                  "ratio": p["ttft_s"] / bound if bound else None}
+    return out
 
 
 def _formula(io_bound, compute) -> str | None:
@@ -281,9 +300,11 @@ def table(r: dict) -> list[str]:
     if e["slots"]:
         rd = b["read"]
         out.append(f"{'engine':<14}{e['slots']} slots/layer · {e['policy']} · io {e['io']}"
-                   f"{' (O_DIRECT)' if rd.get('direct') else ''} · verify {e['verify_experts']} · {e['threads']} threads")
+                   f"{' (O_DIRECT)' if rd.get('direct') else ''} · verify {e['verify_experts']} · {e['threads']} threads"
+                   f" · {e.get('kernels', '?')} kernels, {e.get('activations', 'f32')} activations")
     else:
-        out.append(f"{'engine':<14}every expert resident (no --expert-slots/--memory-budget) · {e['threads']} threads")
+        out.append(f"{'engine':<14}every expert resident (no --expert-slots/--memory-budget) · {e['threads']} threads"
+                   f" · {e.get('kernels', '?')} kernels, {e.get('activations', 'f32')} activations")
     if r.get("load"):
         ld = r["load"]
         out.append(f"{'load':<14}other processes used {100 * ld['cpu_busy_before']:.0f} % of the {ld['cpus']} CPUs "
@@ -296,7 +317,9 @@ def table(r: dict) -> list[str]:
     out.append(f"{'decode':<14}{d['tok_s']:.2f} tok/s  median of {len(d['runs'])} × {w['decode_tokens']} tokens "
                f"after a {w['prompt_tokens']}-token prompt, {w['feed']} ids ({runs})")
     for n, p in r["prefill"].items():
-        out.append(f"{'prefill ' + n:<14}{p['tok_s']:.1f} tok/s  time to first token {p['ttft_s']:.2f} s")
+        each = ", ".join(f"{x['ttft_s']:.2f}" for x in p["runs"])
+        out.append(f"{'prefill ' + n:<14}time to first token {p['ttft_s']:.2f} s (median of {len(p['runs'])}: {each} s)"
+                   f" = {p['tok_s']:.1f} tok/s")
     if e["slots"]:
         out.append(f"{'experts':<14}hit rate {_pct(d['hit_rate']).strip()} · {d['expert_mb_per_token']:.0f} MB read "
                    f"per token · IO wait {d['io_wait_ms_per_token']:.0f} ms per token")
@@ -318,17 +341,28 @@ def table(r: dict) -> list[str]:
         out.append(f"{'IO bound':<14}{b['io_bound_tok_s']:.2f} tok/s = {b['read_bandwidth_bytes_per_s'] / 1e9:.2f} GB/s "
                    f"/ {b['miss_bytes_per_token'] / 1e6:.0f} MB per token; the faster of: {rd['bytes_per_s'] / 1e9:.2f} "
                    f"GB/s ({rd['io']}, {rd['mean_batch']:.1f} random blobs per batch as in decode) and "
-                   + (f"{su['bytes_per_s'] / 1e9:.2f} GB/s ({su['depth']} reads always in flight, the faster of "
-                      f"{len(su.get('runs_bytes_per_s', [1]))} measurements before and after the runs)" if su.get("bytes_per_s")
+                   + (f"{su['bytes_per_s'] / 1e9:.2f} GB/s (random expert-sized O_DIRECT reads, the best of 1-64 "
+                      f"in flight: {su['depth']}; the faster of {len(su.get('runs_bytes_per_s', [1]))} sweeps before "
+                      "and after the runs)" if su.get("bytes_per_s")
                       else "no sustained measurement")
                    + f"; caches {'dropped' if rd.get('drop_caches') else 'not dropped'}")
+    for n, t in r.get("ttft_bounds", {}).items():
+        if t["bound_s"]:
+            read = f"{t['read_all_experts_s']:.2f} s" if t["read_all_experts_s"] else "not measured"
+            res = f"{t['resident_s']:.2f} s" if t["resident_s"] else "not measured"
+            out.append(f"{'TTFT bound ' + n:<14}{t['bound_s']:.2f} s = max(read every expert once at the disk's best "
+                       f"rate: {read}, the same prefill all-resident: {res}); measured / bound = {t['ratio']:.2f}")
     c = b["compute"] or {}
     if c.get("mode") == "resident":
         out.append(f"{'compute bound':<14}{c['tok_s']:.2f} tok/s (every expert resident, page cache warm; "
                    f"{c['tokens']} tokens, {c['major_faults']} major faults, others used {100 * c['others_cpu']:.0f} % of the CPUs)")
     elif c:
         out.append(f"{'compute bound':<14}not measured: {c['reason']}")
-    if b["efficiency"] is not None:
+    if b["efficiency"] is not None and b["efficiency"] > 1.0:
+        out.append(f"{'efficiency':<14}MEASUREMENT FAULT: decode beat its bound ({b['efficiency']:.2f} = "
+                   f"{b['efficiency_formula']}); a bound the engine beats was not measured right, so no efficiency "
+                   "is reported")
+    elif b["efficiency"] is not None:
         out.append(f"{'efficiency':<14}{b['efficiency']:.2f} = {b['efficiency_formula']}")
     ro = r["routing"]
     out.append(f"{'routing':<14}the {ro['top']} most used experts of a layer take {_pct(ro['share']).strip()} "

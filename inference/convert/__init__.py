@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import ConvertError
+from ..errors import ConvertError, DiskFullError, disk_full
 
 
 def convert(src, out, quant: str = "q4", *, progress: bool = True) -> Path:
@@ -12,10 +12,16 @@ def convert(src, out, quant: str = "q4", *, progress: bool = True) -> Path:
     GGUF tensors keep their own types; `quant` applies to safetensors checkpoints.
     """
     src = Path(src)
-    if src.is_dir():
-        from .hf import convert_hf
-        return convert_hf(src, Path(out), quant, progress=progress)
-    if src.is_file():
-        from .gguf import convert_gguf
-        return convert_gguf(src, Path(out), progress=progress)
+    try:
+        if src.is_dir():
+            from .hf import convert_hf
+            return convert_hf(src, Path(out), quant, progress=progress)
+        if src.is_file():
+            from .gguf import convert_gguf
+            return convert_gguf(src, Path(out), progress=progress)
+    except OSError as e:
+        if disk_full(e):  # the store writer removed its work directory on the way out
+            raise DiskFullError(f"{out}: the disk filled up while converting {src.name}; nothing was left behind; "
+                                f"free space in {Path(out).parent} or convert into another directory") from e
+        raise
     raise ConvertError(f"{src}: no such file or directory; give a checkpoint directory or a .gguf file")

@@ -228,7 +228,7 @@ def _open(src: Path) -> GGUFReader:
     with open(src, "rb") as f:
         magic = f.read(4)
     if magic != GGUF_MAGIC:
-        raise ModelFormatError(f"{src}: not a GGUF file (starts with {magic!r}, expected b'GGUF'); pass a .gguf model file")
+        raise ModelFormatError(f"{src}: not a GGUF file (no GGUF magic at its start); pass a .gguf model file")
     size = src.stat().st_size
     try:
         reader = GGUFReader(src)

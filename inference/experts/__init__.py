@@ -12,9 +12,9 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-import numpy as np
 
-from ..errors import ModelFormatError, RkmojoError
+from ..errors import ModelFormatError
+from ..options import OptionError
 from ..store.format import digest_bytes
 from .cache import PAGE, LayerCache, LayerStats, SlotPool
 from .io import LayerFiles, ReadRequest, ThreadReader, open_reader
@@ -32,12 +32,14 @@ class ResidentExperts:
 
     def run(self, layer: int, experts, compute: Callable, during_io: Callable | None = None):
         extra = during_io() if during_io else None
+        batch = []
         for e in experts:
             e = int(e)
             w = self._views.get((layer, e))
             if w is None:
                 w = self._views[(layer, e)] = self.store.expert(layer, e)
-            compute(e, w)
+            batch.append((e, w))
+        compute(batch)  # all at hand: one batch
         return extra
 
     def stats(self) -> dict:
@@ -61,9 +63,9 @@ class StreamingExperts:
     def __init__(self, store, slots: int, *, policy: str = "lfu", io: str = "auto", verify: str = "first",
                  direct: bool = True, prefetch: int = 0):
         if verify not in VERIFY_MODES:
-            raise RkmojoError(f"--verify-experts {verify}: choose one of {', '.join(VERIFY_MODES)}")
+            raise OptionError("verify_experts", verify, f"one of {', '.join(VERIFY_MODES)}")
         if slots < 1:
-            raise RkmojoError(f"--expert-slots {slots}: at least 1 slot per layer is needed")
+            raise OptionError("expert_slots", slots, "at least 1 slot per layer")
         self.store = store
         self.verify = verify
         self.layouts = store.expert_layers
@@ -107,7 +109,7 @@ class StreamingExperts:
         """Forget the layer's unused prefetches: the queued ones are cancelled; one still running is
         waited for only when its slot is about to be reused (`wait`), i.e. at the next prefetch."""
         running = self.pf_running.setdefault(layer, [])
-        for r, batch in self.pf_pending[layer].values():
+        for _, batch in self.pf_pending[layer].values():
             self.caches[layer].stats.prefetch_cancelled += batch.cancel()
             if batch.pending:
                 running.append(batch)
@@ -135,7 +137,7 @@ class StreamingExperts:
             self._check(r)
             stats.bytes_read += r.length
             stats.prefetch_hits += 1
-            compute(e, lay.view(self.pf_pools[layer].view(r.slot)))
+            compute([(e, lay.view(self.pf_pools[layer].view(r.slot)))])
         self._settle_prefetch(layer)
         return rest
 
@@ -172,11 +174,12 @@ class StreamingExperts:
             self._check(r)
             cache.fill(r.expert, r.slot)
             stats.bytes_read += r.length
-            compute(r.expert, lay.view(cache.pool.view(r.slot)))
+            compute([(r.expert, lay.view(cache.pool.view(r.slot)))])
             t = time.perf_counter()
 
     def run(self, layer: int, experts, compute: Callable, during_io: Callable | None = None):
-        """Call compute(e, weights) once for every expert in `experts`; returns during_io()'s result."""
+        """Call compute([(e, weights), ...]) so that every expert in `experts` is in exactly one batch (the
+        cached ones together, the others as their reads land); returns during_io()'s result."""
         cache, lay = self.caches[layer], self.layouts[layer]
         hits, misses = cache.request(experts)
         cache.pin(hits.values())
@@ -188,8 +191,8 @@ class StreamingExperts:
             first, rest = demand[:free], demand[free:]
             batch = self.reader.submit(self._requests(layer, first)) if first else None
             extra = during_io() if during_io else None
-            for e, s in hits.items():
-                compute(e, lay.view(cache.pool.view(s)))
+            if hits:
+                compute([(e, lay.view(cache.pool.view(s))) for e, s in hits.items()])
             self._take_prefetched(layer, [e for e in misses if e in prefetched], compute)
             cache.unpin_all()
             if batch is not None:

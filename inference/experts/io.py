@@ -20,6 +20,7 @@ import sys
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
+from ..options import OptionError
 from ..errors import RkmojoError
 from .cache import PAGE
 
@@ -243,10 +244,10 @@ def open_reader(store, mode: str = "auto", *, direct: bool = True):
         RkmojoError: `uring` was asked for and is not available here.
     """
     if mode not in IO_MODES:
-        raise RkmojoError(f"--io {mode}: choose one of {', '.join(IO_MODES)}")
+        raise OptionError("io", mode, f"one of {', '.join(IO_MODES)}")
     problem = uring_problem() if mode in ("auto", "uring") else None
     if mode == "uring" and problem:
-        raise RkmojoError(f"io_uring is not available here ({problem}); use --io threads")
+        raise OptionError("io", mode, f"auto or threads: io_uring is not available here ({problem})")
     files = LayerFiles(store, direct)
     if mode in ("auto", "uring") and not problem:
         try:
@@ -254,5 +255,5 @@ def open_reader(store, mode: str = "auto", *, direct: bool = True):
         except (ImportError, OSError) as e:
             if mode == "uring":
                 files.close()
-                raise RkmojoError(f"io_uring is not available here ({e}); use --io threads") from None
+                raise OptionError("io", mode, f"auto or threads: io_uring is not available here ({e})") from None
     return ThreadReader(files)

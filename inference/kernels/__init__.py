@@ -2,26 +2,37 @@
 
 Every weight kind of `inference.quant` is multiplied in its stored form: each block of weights is
 dequantized into registers and applied to up to 6 activation rows, never to a dense copy. Activations
-stay float32. Results are deterministic: the same inputs give bit-identical outputs whatever the thread
-count and whatever other rows share the batch.
+are float32 ("f32", the exact path), or for q4, q4_0, q4_1 and q8_0 weights quantized to int8 per block
+of 32 and multiplied by integer dot products ("q8", as llama.cpp does), or int8 only in the grouped
+calls of MoE experts ("experts", the default; `set_activations`). Results are
+deterministic in either mode: the same inputs give bit-identical outputs whatever the thread count and
+whatever other rows share the batch.
+
+Environment: RKMOJO_KERNELS picks the build (native, the default; avx2 or scalar, built beside it on
+x86 so one machine times each path); RKMOJO_ACTIVATIONS the starting activation mode.
 
 Raises:
     ImportError: at import, when the compiled library has not been built (`pip install -e .`).
 """
 from __future__ import annotations
 
-import importlib
+import contextlib
 import os
 
 import numpy as np
 
 from ..quant import QTensor, dequantize
-from ._lib import EXTENSION, KernelLib, default_library_path
+from ._lib import ACTIVATIONS, DEFAULT_ACTIVATIONS, KernelLib, load_build
 
-_LIB = KernelLib(default_library_path(), importlib.import_module(EXTENSION))
+__all__ = ["ACTIVATIONS", "BACKEND", "DOT", "attention", "embed_rows", "get_activations", "get_threads", "linear",
+           "configured", "linear_grouped", "linear_many", "pool_stats", "set_activations", "set_threads"]
+
+_LIB = KernelLib(*load_build(os.environ.get("RKMOJO_KERNELS", "")))
 _LIB.set_threads(os.cpu_count() or 1)
+_LIB.set_activations(os.environ.get("RKMOJO_ACTIVATIONS", "").strip() or DEFAULT_ACTIVATIONS)
 
 BACKEND = _LIB.backend  # "avx512", "avx2", "neon" or "scalar": the instruction set the library was built for
+DOT = _LIB.dot  # the int8 dot product of the "q8" activations: "vnni", "maddubs", "sdot", "smull", "scalar"
 
 
 def linear(x: np.ndarray, w: QTensor) -> np.ndarray:
@@ -59,6 +70,23 @@ def linear_many(x: np.ndarray, ws) -> list[np.ndarray]:
     return _LIB.linear_many(x, ws)
 
 
+def linear_grouped(pairs) -> list[np.ndarray]:
+    """[x_j @ W_j.T for (x_j, W_j) in pairs] in float32 as one job: every matrix with its own
+    activations, e.g. all experts of an MoE block. Each result is bit-identical to `linear(x_j, W_j)`.
+
+    Args:
+        pairs: (x_j [T_j, in], W_j [out_j, in]) of any kinds, all with the same `in`; matrices with more
+            than 128 rows run as calls of their own, more than 64 matrices as several jobs.
+
+    Returns:
+        A list of new float32 arrays [T_j, out_j], in the order of `pairs`.
+
+    Raises:
+        ValueError: shapes do not match, or a weight's parts are not laid out as its kind says.
+    """
+    return _LIB.linear_grouped(pairs)
+
+
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, kpos: np.ndarray, qpos: np.ndarray,
               window: int | None, scale: float) -> np.ndarray:
     """Causal, optionally windowed, grouped-query attention in float32.
@@ -87,6 +115,21 @@ def embed_rows(w: QTensor, ids) -> np.ndarray:
     return dequantize(w.rows(np.asarray(ids).reshape(-1)))
 
 
+def set_activations(mode: str) -> None:
+    """The activations of every following call: "f32" (exact float path), "q8" (int8) or "experts"
+    (int8 in `linear_grouped` only); see above.
+
+    Raises:
+        ValueError: an unknown mode.
+    """
+    _LIB.set_activations(mode)
+
+
+def get_activations() -> str:
+    """The mode set by `set_activations` (or RKMOJO_ACTIVATIONS)."""
+    return _LIB.get_activations()
+
+
 def set_threads(n: int) -> None:
     """Threads the kernels split output rows over (default: os.cpu_count()).
 
@@ -94,6 +137,27 @@ def set_threads(n: int) -> None:
         ValueError: `n` is not a positive integer.
     """
     _LIB.set_threads(n)
+
+
+@contextlib.contextmanager
+def configured(threads: int | None = None, activations: str | None = None):
+    """Run the block with the kernels split over `threads` and in the `activations` mode (None: as they
+    are), the previous settings after: an engine applies its own to its own compute instead of setting
+    them for the whole process.
+
+    Raises:
+        ValueError: a thread count that is not positive, or an unknown mode.
+    """
+    before = (_LIB.get_threads(), _LIB.get_activations())
+    try:
+        if threads:
+            _LIB.set_threads(threads)
+        if activations:
+            _LIB.set_activations(activations)
+        yield
+    finally:
+        _LIB.set_threads(before[0])
+        _LIB.set_activations(before[1])
 
 
 def get_threads() -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib
 import importlib.util
 import math
 import operator
@@ -26,9 +27,14 @@ BUILD_HINT = "build it with `pip install -e .` (or `python setup.py build_ext --
 # kind → its code in rkkernels.c
 _KIND_CODES = {kind: code for code, kind in enumerate(KINDS)}
 _ERRORS = {1: "invalid kind or shape", 2: "out of memory for the activation scratch"}
+Q8A = 16  # RK_Q8A in rkkernels.c: a kind code's flag for int8 activations
+# float activations (the exact path); int8 per block of 32 (q4, q4_0, q4_1, q8_0 weights) everywhere; or int8
+# only in the MoE experts' grouped calls (linear_grouped), the bulk of an MoE model's compute
+ACTIVATIONS = ("f32", "q8", "experts")
 _F32 = np.dtype(np.float32)
 _F16 = np.dtype(np.float16)
 MAX_MATRICES = 16  # per linear_many call (MAX_MATRICES in rkkernels.c)
+MAX_GROUPED, GROUP_ROWS = 64, 128  # per linear_grouped call, and rows per matrix (MAX_GROUPED, TILE_T)
 
 # An ndarray's data pointer sits right after the object header (PyArrayObject: PyObject_HEAD, then
 # `char *data`, numpy's stable C ABI). Reading it there takes 0.1 µs where `.ctypes.data` takes 1.2 µs,
@@ -56,6 +62,35 @@ def _check_data_offset():
 
 
 _data = _check_data_offset()
+
+
+# RKMOJO_KERNELS value → the build's module; "native" is whatever the machine's best backend is
+BUILDS = {"native": EXTENSION, "avx2": EXTENSION + "_avx2", "scalar": EXTENSION + "_scalar"}
+# int8 in the experts only: their matmuls are most of an MoE model's time (prefill 1.6-1.8x, decode
+# 1.1-1.3x faster with int8), while a dense model's attention inputs carry outlier channels: on SmolLM2
+# q8 everywhere agrees with f32 on 97% of top-1 at equal perplexity, yet flips the demo question's
+# greedy answer (benchmarks/README.md, activation_agreement.py)
+DEFAULT_ACTIVATIONS = "experts"
+
+
+def load_build(name: str) -> tuple[Path, object]:
+    """The library path and extension module of build `name` (RKMOJO_KERNELS; "" or "avx512" is native).
+
+    Raises:
+        ImportError: an unknown name, or that build is missing (it is built only on x86).
+    """
+    name = name.strip().lower() or "native"
+    module = BUILDS.get("native" if name == "avx512" else name)
+    if module is None:
+        raise ImportError(f"RKMOJO_KERNELS={name!r}: choose one of native, avx512, avx2, scalar")
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise ImportError(f"RKMOJO_KERNELS={name}: the build {module} is missing (x86 only); {BUILD_HINT}")
+    mod = importlib.import_module(module)
+    lib = Path(spec.origin)
+    if name == "avx512" and ctypes.CDLL(str(lib)).rk_backend() != b"avx512":
+        raise ImportError("RKMOJO_KERNELS=avx512: this machine's native build is not AVX-512; use native or avx2")
+    return lib, mod
 
 
 def default_library_path() -> Path:
@@ -137,12 +172,16 @@ class KernelLib:
         lib.rk_linear.restype = ctypes.c_int
         lib.rk_linear_many.argtypes = [ctypes.c_int, i64, i64, vp, vp]
         lib.rk_linear_many.restype = ctypes.c_int
+        lib.rk_linear_grouped.argtypes = [ctypes.c_int, i64, vp]
+        lib.rk_linear_grouped.restype = ctypes.c_int
         lib.rk_set_threads.argtypes = [ctypes.c_int]
         lib.rk_set_threads.restype = None
         lib.rk_get_threads.argtypes = []
         lib.rk_get_threads.restype = ctypes.c_int
         lib.rk_backend.argtypes = []
         lib.rk_backend.restype = ctypes.c_char_p
+        lib.rk_dot.argtypes = []
+        lib.rk_dot.restype = ctypes.c_char_p
         lib.rk_attention.argtypes = [i64, i64, i64, i64, i64, i64, vp, ctypes.c_int, vp, i64, vp, i64, vp, vp, i64,
                                      ctypes.c_float, vp]
         lib.rk_attention.restype = ctypes.c_int
@@ -152,6 +191,25 @@ class KernelLib:
         self._fast = getattr(module, "linear_many", None)
         self.path = Path(path)
         self.backend = lib.rk_backend().decode()
+        self.dot = lib.rk_dot().decode()  # the int8 dot product: vnni, maddubs, sdot, smull or scalar
+        self._mode = "f32"
+        self._flag = self._group_flag = 0  # kind-code flags of linear/linear_many and of linear_grouped
+
+    def set_activations(self, mode: str) -> None:
+        """"f32" (float activations), "q8" (int8 per block of 32 for the q4/q4_0/q4_1/q8_0 weights) or
+        "experts" (int8 in linear_grouped calls only).
+
+        Raises:
+            ValueError: an unknown mode.
+        """
+        if mode not in ACTIVATIONS:
+            raise ValueError(f"activations {mode!r}: choose one of {', '.join(ACTIVATIONS)}")
+        self._mode = mode
+        self._flag = Q8A if mode == "q8" else 0
+        self._group_flag = 0 if mode == "f32" else Q8A
+
+    def get_activations(self) -> str:
+        return self._mode
 
     def set_threads(self, n: int) -> None:
         """Threads the kernels split output rows over (results do not depend on it).
@@ -175,6 +233,7 @@ class KernelLib:
     def linear(self, x: np.ndarray, w: QTensor) -> np.ndarray:
         """y[..., out] = x[..., in] @ W.T in float32 (see `inference.kernels.linear`)."""
         code, get_parts, _ = _plan(w.kind, tuple(w.shape))
+        code |= self._flag
         out, inn = w.shape
         x, T = _activations(x, inn, f"the {w.kind} weight {w.shape}")
         y = np.empty(x.shape[:-1] + (out,), _F32)
@@ -185,7 +244,7 @@ class KernelLib:
                 self._explain(e, x, (w,))
             return y
         code, p0, p1, p2 = _part_pointers(w)
-        rc = self._lib.rk_linear(code, T, out, inn, _data(x), _data(y), p0, p1, p2)
+        rc = self._lib.rk_linear(code | self._flag, T, out, inn, _data(x), _data(y), p0, p1, p2)
         if rc:
             raise ValueError(f"linear: the kernel rejected {w.kind} {w.shape} with x {x.shape}: {_ERRORS.get(rc, rc)}")
         return y
@@ -206,7 +265,7 @@ class KernelLib:
             items = []
             for w, y in zip(ws, ys):
                 code, get_parts, _ = _plan(w.kind, tuple(w.shape))
-                items.append((code, w.shape[0], y) + get_parts(w.parts))
+                items.append((code | self._flag, w.shape[0], y) + get_parts(w.parts))
             try:
                 self._fast(T, inn, x, tuple(items))
             except (ValueError, BufferError) as e:
@@ -215,12 +274,46 @@ class KernelLib:
         desc = []
         for w, y in zip(ws, ys):
             code, p0, p1, p2 = _part_pointers(w)
-            desc += (code, w.shape[0], _data(y), p0, p1, p2)
-        rc = self._lib.rk_linear_many(len(ws), T, inn, _data(x), _data(np.array(desc, dtype=np.int64)))
+            desc += (code | self._flag, w.shape[0], _data(y), p0, p1, p2)
+        desc = np.array(desc, dtype=np.int64)  # held until the call returns: _data() takes no reference
+        rc = self._lib.rk_linear_many(len(ws), T, inn, _data(x), _data(desc))
         if rc:
             shapes = ", ".join(f"{w.kind} {w.shape}" for w in ws)
             raise ValueError(f"linear_many: the kernel rejected {shapes} with x {x.shape}: {_ERRORS.get(rc, rc)}")
         return ys
+
+    def linear_grouped(self, pairs) -> list[np.ndarray]:
+        """[x_j @ W_j.T for (x_j, W_j) in pairs] as one job (see `inference.kernels.linear_grouped`)."""
+        pairs = list(pairs)
+        if not pairs:
+            return []
+        inn = pairs[0][1].shape[-1]
+        xs, ys, desc = [], [], []
+        for x, w in pairs:
+            if len(w.shape) != 2 or w.shape[1] != inn:
+                raise ValueError(f"linear_grouped: all weights need input size {inn}, got {w.kind} {w.shape}")
+            x, T = _activations(x, inn, f"the {w.kind} weight {w.shape}")
+            y = np.empty(x.shape[:-1] + (w.shape[0],), _F32)
+            xs.append(x)
+            ys.append(y)
+            if T > GROUP_ROWS:  # more than one activation tile: a call of its own
+                self._lib_linear_into(x, T, w, y)
+                continue
+            code, p0, p1, p2 = _part_pointers(w)
+            desc.append((code | self._group_flag, w.shape[0], _data(y), p0, p1, p2, _data(x), T))
+        for i in range(0, len(desc), MAX_GROUPED):
+            chunk = np.array(desc[i : i + MAX_GROUPED], dtype=np.int64)  # held: _data() takes no reference
+            rc = self._lib.rk_linear_grouped(len(chunk), inn, _data(chunk))
+            if rc:
+                raise ValueError(f"linear_grouped: the kernel rejected {len(chunk)} matrices of input size {inn}: "
+                                 f"{_ERRORS.get(rc, rc)}")
+        return ys
+
+    def _lib_linear_into(self, x: np.ndarray, T: int, w: QTensor, y: np.ndarray) -> None:
+        code, p0, p1, p2 = _part_pointers(w)
+        rc = self._lib.rk_linear(code | self._group_flag, T, w.shape[0], w.shape[1], _data(x), _data(y), p0, p1, p2)
+        if rc:
+            raise ValueError(f"linear: the kernel rejected {w.kind} {w.shape} with x {x.shape}: {_ERRORS.get(rc, rc)}")
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, kpos: np.ndarray, qpos: np.ndarray,
                   window: int | None, scale: float) -> np.ndarray:

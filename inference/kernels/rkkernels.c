@@ -20,6 +20,12 @@
  * so the kernel only masks the low nibble and converts the whole byte (no shift), against activations
  * rewritten that way. That rewrite and the group sums of x are made once per activation row and
  * shared by all output rows (and by all matrices of one rk_linear_many call).
+ *
+ * Int8 activations (a kind code | RK_Q8A; q4, q4_0, q4_1, q8_0 only, other kinds ignore the flag): each
+ * activation row is rounded per block of 32 to xq (int8) times dx (f32), once per call as above, and
+ *   y = sum_b (s_g dx_b) * dot(q_b, xq_b) + sum_g m_g * xs_g,   xs_g = sum_{b in g} dx_b sum(xq_b)
+ * with dot exact in int32 (VNNI, AVX2 maddubs, NEON sdot or widening multiplies, scalar C: the same
+ * integers) and the float steps in a fixed order, so the determinism above holds in this mode too.
  */
 #ifndef RK_NO_PYTHON
 #define PY_SSIZE_T_CLEAN
@@ -28,6 +34,7 @@
 #define _POSIX_C_SOURCE 200809L /* clock_gettime and pthreads under -std=c11 */
 #endif
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,9 +69,11 @@ typedef struct {
 } wmat;
 
 typedef struct {
-    const float *x;  /* [T, in]; nibble kinds: rewritten per byte pair (see prep_row) */
-    const float *xs; /* [T, ngp] per-group sums of x, zero-padded (nibble kinds) */
-    float *y;        /* [T, out] */
+    const float *x;   /* [T, in]; nibble kinds: rewritten per byte pair (see prep_row) */
+    const float *xs;  /* [T, ngp] per-group sums of x, zero-padded (nibble kinds; q8a: of the int8 x) */
+    const int8_t *xq; /* q8a: [T, in] x quantized per block of 32 (q4: in nibble order, see prep_q8a_row) */
+    const float *dx;  /* q8a: [T, in / 32] the blocks' scales */
+    float *y;         /* [T, out] */
     int64_t T;
 } acts;
 
@@ -324,6 +333,109 @@ RK_INLINE void nib_tile(const int kind, const int MR, const int NR, const wmat *
         for (int r = 0; r < NR; r++) a->y[(t + r) * w->out + o + i] = vf_hsum(acc[i][r][0]);
 }
 
+/* ------------------------------------------------------------------ int8 activations (q8a) */
+
+/* q4, q4_0, q4_1, q8_0 against x quantized to int8 per block of 32 (x ~ dx * xq):
+ *   y = sum_b (s_g * dx_b) * dot(q_b, xq_b)  +  sum_g m_g * xs_g,   xs_g = sum_{b in g} dx_b * sum(xq_b)
+ * dot exact in int32, then scaled into float lanes in block order; the bias part as in nib_tile. Using
+ * the int8 x's own sums makes the error sum(w * (x - dx xq)), that of the activations' rounding alone.
+ * Whole rows: int8 activation rows are small enough to stay in L1 without K blocks. */
+RK_INLINE void q8a_tile(const int kind, const int MR, const int NR, const wmat *w, const acts *a, int64_t o,
+                        int64_t t)
+{
+    const int64_t in = w->in, nb = in / 32;
+    const int bpg = kind == K_Q4 ? 2 : 1; /* blocks of 32 per group */
+    const int8_t *xq[MAXR];
+    const float *dx[MAXR], *xs[MAXR];
+    vs acc[MAXR][MAXR];
+    vf bacc[MAXR][MAXR], gacc[MAXR][MAXR]; /* gacc: q4 groups whole (RK_GROUP64), else zero */
+    for (int r = 0; r < NR; r++) {
+        xq[r] = a->xq + (t + r) * in;
+        dx[r] = a->dx + (t + r) * nb;
+        xs[r] = a->xs + (t + r) * w->ngp;
+    }
+    for (int i = 0; i < MR; i++)
+        for (int r = 0; r < NR; r++) {
+            acc[i][r] = vs_zero();
+            bacc[i][r] = gacc[i][r] = vf_zero();
+        }
+    for (int64_t g0 = 0; g0 < w->ng; g0 += DU) {
+        const int n = w->ng - g0 < DU ? (int)(w->ng - g0) : DU;
+        float sc[MAXR][DU], mb[MAXR][DU];
+        for (int i = 0; i < MR; i++) {
+            if (kind == K_Q8_0) {
+                vf d[NU], unused[NU];
+                decu_f16x2_strided(w->p0 + (o + i) * w->row_bytes + 34 * g0, 34, n, d, unused);
+                for (int u = 0; u < NU; u++) vf_store(sc[i] + u * VL, d[u]);
+            } else {
+                nib_params(kind, w, o + i, g0, n, sc[i], mb[i]);
+            }
+        }
+        for (int j = 0; j < n; j++) {
+            const int64_t g = g0 + j;
+            for (int i = 0; i < MR; i++) {
+                const uint8_t *q = kind == K_Q8_0 ? w->p0 + (o + i) * w->row_bytes + 34 * g + 2
+                                                  : nib_bytes(kind, w, o + i, g);
+                if (NR == 1) prefetch_ahead(q);
+#ifdef RK_GROUP64
+                if (kind == K_Q4) {
+                    const __m512i wv = vg_nib(q);
+                    for (int r = 0; r < NR; r++) gacc[i][r] = vg_fma(wv, xq[r] + 64 * g, dx[r] + 2 * g, sc[i][j], gacc[i][r]);
+                    continue;
+                }
+#endif
+                for (int h = 0; h < bpg; h++) {
+                    const int64_t b = g * bpg + h;
+                    const vb wv = kind == K_Q8_0 ? vb_s8((const int8_t *)q) : vb_nib(q + 16 * h);
+                    for (int r = 0; r < NR; r++) {
+                        const vi d = kind == K_Q8_0 ? vi_dot_s(wv, xq[r] + 32 * b) : vi_dot_u(wv, xq[r] + 32 * b);
+                        acc[i][r] = vs_fma_i(d, sc[i][j] * dx[r][b], acc[i][r]);
+                    }
+                }
+            }
+        }
+        if (kind != K_Q8_0)
+            for (int i = 0; i < MR; i++) {
+                vf m[NU];
+                decu_f32(mb[i], m);
+                for (int u = 0; u < NU; u++)
+                    for (int r = 0; r < NR; r++)
+                        bacc[i][r] = vf_fma(m[u], vf_load(xs[r] + g0 + u * VL), bacc[i][r]);
+            }
+    }
+    for (int i = 0; i < MR; i++)
+        for (int r = 0; r < NR; r++)
+            a->y[(t + r) * w->out + o + i] = (vs_hsum(acc[i][r]) + vf_hsum(gacc[i][r])) + vf_hsum(bacc[i][r]);
+}
+
+/* Output rows [o0, o1) for all T activation rows, q8a: as run_rows, without K blocks. */
+RK_INLINE void run_rows_q8a(const int kind, const wmat *w, const acts *a, int64_t o0, int64_t o1)
+{
+    int64_t o = o0;
+    if (a->T == 1) {
+        for (; o + DECODE_MR <= o1; o += DECODE_MR) q8a_tile(kind, DECODE_MR, 1, w, a, o, 0);
+        for (; o < o1; o++) q8a_tile(kind, 1, 1, w, a, o, 0);
+        return;
+    }
+    for (int64_t t = 0; t < a->T; t += PREFILL_NR) {
+        const int64_t nr = a->T - t < PREFILL_NR ? a->T - t : PREFILL_NR;
+        for (o = o0; o < o1; o++) {
+            if (nr == 6)
+                q8a_tile(kind, 1, 6, w, a, o, t);
+            else if (nr == 5)
+                q8a_tile(kind, 1, 5, w, a, o, t);
+            else if (nr == 4)
+                q8a_tile(kind, 1, 4, w, a, o, t);
+            else if (nr == 3)
+                q8a_tile(kind, 1, 3, w, a, o, t);
+            else if (nr == 2)
+                q8a_tile(kind, 1, 2, w, a, o, t);
+            else
+                q8a_tile(kind, 1, 1, w, a, o, t);
+        }
+    }
+}
+
 /* ------------------------------------------------------------------ tiling */
 
 RK_INLINE void tile(const int kind, const int MR, const int NR, const wmat *w, const acts *a, int64_t o,
@@ -394,6 +506,14 @@ RUNNER(run_q4_0, K_Q4_0)
 RUNNER(run_q4_1, K_Q4_1)
 RUNNER(run_q8_0, K_Q8_0)
 static const runner_fn RUNNERS[K_COUNT] = {run_f32, run_f16, run_q8, run_q4, run_q4_0, run_q4_1, run_q8_0};
+#define RUNNER_Q8A(name, kind) \
+    static void name(const wmat *w, const acts *a, int64_t o0, int64_t o1) { run_rows_q8a(kind, w, a, o0, o1); }
+RUNNER_Q8A(run_q8a_q4, K_Q4)
+RUNNER_Q8A(run_q8a_q4_0, K_Q4_0)
+RUNNER_Q8A(run_q8a_q4_1, K_Q4_1)
+RUNNER_Q8A(run_q8a_q8_0, K_Q8_0)
+/* q8a runners by kind; NULL: the kind has no int8 path and runs its float one */
+static const runner_fn RUNNERS_Q8A[K_COUNT] = {NULL, NULL, NULL, run_q8a_q4, run_q8a_q4_0, run_q8a_q4_1, run_q8a_q8_0};
 
 /* ------------------------------------------------------------------ activations */
 
@@ -426,17 +546,50 @@ static void prep_row(int kind, const wmat *w, const float *x, float *xp, float *
     for (int64_t g = w->ng; g < w->ngp; g++) xs[g] = 0.0f;
 }
 
+/* q8a: x rounded to int8 per block of 32 (scale max|x| / 127, round half away from zero), in the order
+ * vb_nib unpacks the weights: GGUF blocks as they are, q4's 32-element halves of a group as their even
+ * then odd elements; the blocks' scales, and per weight group the sum of the int8 x times its scale. */
+static void prep_q8a_row(int kind, const wmat *w, const float *x, int8_t *xq, float *dx, float *xs)
+{
+    const int64_t nb = w->in / 32;
+    const int bpg = kind == K_Q4 ? 2 : 1;
+    for (int64_t g = 0; g < w->ngp; g++) xs[g] = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        const float *xb = x + 32 * b;
+        float v[32], amax = 0.0f;
+        for (int j = 0; j < 32; j++) {
+            v[j] = kind == K_Q4 ? xb[j < 16 ? 2 * j : 2 * (j - 16) + 1] : xb[j];
+            const float m = v[j] < 0 ? -v[j] : v[j];
+            if (m > amax) amax = m;
+        }
+        const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int32_t sum = 0;
+        for (int j = 0; j < 32; j++) {
+            const int q = (int)roundf(v[j] * id);
+            xq[32 * b + j] = (int8_t)(q > 127 ? 127 : q < -127 ? -127 : q);
+            sum += xq[32 * b + j];
+        }
+        dx[b] = d;
+        xs[b / bpg] += d * (float)sum;
+    }
+}
+
 typedef struct {
-    int kind;
+    int kind, q8a;
     const wmat *w;
     const float *x;
-    float *xp, *xs;
+    float *xp, *xs, *dx;
+    int8_t *xq;
 } prep_job;
 
 static void prep_task(const void *ctx, int64_t t)
 {
     const prep_job *p = ctx;
-    prep_row(p->kind, p->w, p->x + t * p->w->in, p->xp + t * p->w->in, p->xs + t * p->w->ngp);
+    const int64_t in = p->w->in;
+    if (p->q8a)
+        prep_q8a_row(p->kind, p->w, p->x + t * in, p->xq + t * in, p->dx + t * (in / 32), p->xs + t * p->w->ngp);
+    else
+        prep_row(p->kind, p->w, p->x + t * in, p->xp + t * in, p->xs + t * p->w->ngp);
 }
 
 /* ------------------------------------------------------------------ calls */
@@ -444,6 +597,7 @@ static void prep_task(const void *ctx, int64_t t)
 /* One matrix of a call and the tasks (runs of output rows) it is split into. */
 typedef struct {
     int kind;
+    int q8a;       /* int8 activations (RK_Q8A asked and the kind has them) */
     wmat w;
     float *y;      /* [T, out] */
     acts a;        /* the current T tile */
@@ -463,7 +617,7 @@ static void run_task(const void *ctx, int64_t task)
     while (j + 1 < jb->n && jb->parts[j + 1].task0 <= task) j++;
     const part *p = &jb->parts[j];
     const int64_t o0 = (task - p->task0) * p->rows, o1 = o0 + p->rows < p->w.out ? o0 + p->rows : p->w.out;
-    RUNNERS[p->kind](&p->w, &p->a, o0, o1);
+    (p->q8a ? RUNNERS_Q8A : RUNNERS)[p->kind](&p->w, &p->a, o0, o1);
 }
 
 static int wmat_init(wmat *w, int kind, int64_t out, int64_t in, const void *p0, const void *p1, const void *p2)
@@ -489,6 +643,7 @@ static int g_threads = 1;
 RK_API void rk_set_threads(int n) { g_threads = n < 1 ? 1 : n; }
 RK_API int rk_get_threads(void) { return g_threads; }
 RK_API const char *rk_backend(void) { return RK_BACKEND; }
+RK_API const char *rk_dot(void) { return RK_DOT; } /* the int8 dot product of the q8a path */
 
 /* Counters since load, for benchmarks: multi-threaded jobs shared with helpers, those run alone in a
  * solo period, stalls, the nanoseconds spent in them, the tasks of shared jobs and those of them
@@ -505,26 +660,60 @@ RK_API void rk_pool_stats(int64_t out[6])
 #define MAX_MATRICES 16
 #define DECODE_TASKS_PER_THREAD 4 /* balances late helpers and big.LITTLE cores; each claim moves a cache line */
 
+/* Flag on a kind code: multiply with int8 activations where the kind has that path (q4, q4_0, q4_1,
+ * q8_0; see q8a_tile); other kinds ignore it. */
+#define RK_Q8A 16
+
+/* Preparations of x a call may need, shared by its matrices: nibble rewrites for q4 and for GGUF
+ * kinds, and int8 activations in q4's order and in the GGUF blocks' one. */
+enum { F_NIB_Q4, F_NIB_GGUF, F_Q8A_Q4, F_Q8A_GGUF, F_COUNT };
+
+RK_INLINE int family(const part *p)
+{
+    if (p->q8a) return p->kind == K_Q4 ? F_Q8A_Q4 : F_Q8A_GGUF;
+    if (is_nibble_kind(p->kind)) return p->kind == K_Q4 ? F_NIB_Q4 : F_NIB_GGUF;
+    return -1;
+}
+
+/* Output rows per task of a matrix with `out` rows, T activation rows, among matrices of `outs` rows
+ * in all: decode, tasks of whole micro-tiles, a few per thread, sized by this matrix's share;
+ * prefill, PREFILL_ROWS rows, whose weights stay in cache across x tiles. */
+static int64_t task_rows(int64_t out, int64_t T, int nth, int64_t outs)
+{
+    int64_t rows = PREFILL_ROWS;
+    if (T == 1) {
+        const int64_t tasks = nth == 1 ? 1 : (DECODE_TASKS_PER_THREAD * nth * out + outs - 1) / outs;
+        rows = (out + tasks - 1) / tasks;
+        rows = (rows + DECODE_MR - 1) / DECODE_MR * DECODE_MR;
+    }
+    return rows < 1 ? 1 : rows;
+}
+
 /* y_j[T, out_j] = x[T, in] @ W_j.T for the n matrices described by `desc`, 6 int64 each:
- * kind, out, y (pointer), then the parts by kind: f32/f16 (w); q8 (q, scales); q4 (q, scales, biases);
- * q4_0/q4_1/q8_0 (blocks); unused parts 0. All C-contiguous as in inference.quant.part_layout. The
- * matrices run as one job (one wake-up of the helpers), and nibble kinds share the rewritten x.
+ * kind (| RK_Q8A), out, y (pointer), then the parts by kind: f32/f16 (w); q8 (q, scales); q4 (q, scales,
+ * biases); q4_0/q4_1/q8_0 (blocks); unused parts 0. All C-contiguous as in inference.quant.part_layout.
+ * The matrices run as one job (one wake-up of the helpers), and share each preparation of x.
  * Returns RK_OK, or RK_EINVAL (bad count, kind or shape) / RK_ENOMEM (scratch for the activations). */
 RK_API int rk_linear_many(int n, int64_t T, int64_t in, const float *x, const int64_t *desc)
 {
     if (n < 1 || n > MAX_MATRICES || T < 0 || in < 0) return RK_EINVAL;
     part parts[MAX_MATRICES];
     int64_t ngp_max = 0, work = 0;
-    int want[2] = {0, 0}; /* nibble preparations needed: q4, GGUF */
+    int want[F_COUNT] = {0}, first[F_COUNT];
     for (int j = 0; j < n; j++) {
         const int64_t *d = desc + 6 * j;
         part *p = &parts[j];
-        p->kind = (int)d[0];
+        p->kind = (int)(d[0] & ~(int64_t)RK_Q8A);
         const int rc = wmat_init(&p->w, p->kind, d[1], in, (const void *)(intptr_t)d[3],
                                  (const void *)(intptr_t)d[4], (const void *)(intptr_t)d[5]);
         if (rc) return rc;
+        p->q8a = (d[0] & RK_Q8A) && RUNNERS_Q8A[p->kind] != NULL;
         p->y = (float *)(intptr_t)d[2];
-        if (is_nibble_kind(p->kind)) want[p->kind != K_Q4] = 1;
+        const int f = family(p);
+        if (f >= 0 && !want[f]) {
+            want[f] = 1;
+            first[f] = j;
+        }
         if (p->w.ngp > ngp_max) ngp_max = p->w.ngp;
         work += p->w.out;
     }
@@ -535,12 +724,17 @@ RK_API int rk_linear_many(int n, int64_t T, int64_t in, const float *x, const in
     }
 
     const int64_t tt_max = T < TILE_T ? T : TILE_T;
-    float *xp[2] = {NULL, NULL}, *xs[2] = {NULL, NULL};
+    float *xp[F_COUNT] = {NULL}, *xs[F_COUNT] = {NULL}, *dx[F_COUNT] = {NULL};
+    int8_t *xq[F_COUNT] = {NULL};
     int rc = RK_OK;
-    for (int f = 0; f < 2; f++)
-        if (want[f] && (!(xp[f] = malloc(sizeof(float) * tt_max * in)) ||
-                        !(xs[f] = malloc(sizeof(float) * tt_max * ngp_max))))
+    for (int f = 0; f < F_COUNT; f++) {
+        if (!want[f]) continue;
+        const int q8a = f >= F_Q8A_Q4;
+        if (!(xs[f] = malloc(sizeof(float) * tt_max * ngp_max))) rc = RK_ENOMEM;
+        if (!q8a && !(xp[f] = malloc(sizeof(float) * tt_max * in))) rc = RK_ENOMEM;
+        if (q8a && (!(xq[f] = malloc(tt_max * in)) || !(dx[f] = malloc(sizeof(float) * tt_max * (in / 32)))))
             rc = RK_ENOMEM;
+    }
 
     for (int64_t t0 = 0; t0 < T && rc == RK_OK; t0 += TILE_T) {
         const int64_t tt = T - t0 < TILE_T ? T - t0 : TILE_T;
@@ -548,40 +742,133 @@ RK_API int rk_linear_many(int n, int64_t T, int64_t in, const float *x, const in
         const int64_t tile_work = work * in * tt;
         if ((int64_t)nth * MIN_WORK_PER_THREAD > tile_work) nth = (int)(tile_work / MIN_WORK_PER_THREAD) + 1;
         if (nth > g_threads) nth = g_threads;
-        for (int f = 0; f < 2; f++) {
+        for (int f = 0; f < F_COUNT; f++) {
             if (!want[f]) continue;
-            for (int j = 0; j < n; j++) /* any matrix of the family: prep only reads its in and ng */
-                if (is_nibble_kind(parts[j].kind) && (parts[j].kind != K_Q4) == f) {
-                    const prep_job pj = {parts[j].kind, &parts[j].w, x + t0 * in, xp[f], xs[f]};
-                    pool_run(prep_task, &pj, tt, nth);
-                    break;
-                }
+            /* any matrix of the family: prep only reads its kind's order, in and ngp */
+            const part *p = &parts[first[f]];
+            const prep_job pj = {p->kind, p->q8a, &p->w, x + t0 * in, xp[f], xs[f], dx[f], xq[f]};
+            pool_run(prep_task, &pj, tt, nth);
         }
         int64_t ntask = 0;
         for (int j = 0; j < n; j++) {
             part *p = &parts[j];
-            const int nib = is_nibble_kind(p->kind), f = p->kind != K_Q4;
-            p->a = (acts){nib ? xp[f] : x + t0 * in, nib ? xs[f] : NULL, p->y + t0 * p->w.out, tt};
-            /* decode: tasks of whole micro-tiles, a few per thread, sized by this matrix's share of the
-             * work; prefill: PREFILL_ROWS rows, whose weights stay in cache across x tiles */
-            int64_t rows = PREFILL_ROWS;
-            if (tt == 1) {
-                const int64_t tasks = nth == 1 ? 1 : (DECODE_TASKS_PER_THREAD * nth * p->w.out + work - 1) / work;
-                rows = (p->w.out + tasks - 1) / tasks;
-                rows = (rows + DECODE_MR - 1) / DECODE_MR * DECODE_MR;
-            }
-            if (rows < 1) rows = 1;
-            p->rows = rows;
+            const int f = family(p);
+            p->a = (acts){f >= 0 && xp[f] ? xp[f] : x + t0 * in, f >= 0 ? xs[f] : NULL, f >= 0 ? xq[f] : NULL,
+                          f >= 0 ? dx[f] : NULL, p->y + t0 * p->w.out, tt};
+            p->rows = task_rows(p->w.out, tt, nth, work);
             p->task0 = ntask;
-            ntask += (p->w.out + rows - 1) / rows;
+            ntask += (p->w.out + p->rows - 1) / p->rows;
         }
         const job jb = {parts, n};
         pool_run(run_task, &jb, ntask, nth);
     }
-    for (int f = 0; f < 2; f++) {
+    for (int f = 0; f < F_COUNT; f++) {
         free(xp[f]);
         free(xs[f]);
+        free(dx[f]);
+        free(xq[f]);
     }
+    return rc;
+}
+
+/* Prep tasks of a grouped call: row t of the part whose rows start at prefix[j]. */
+typedef struct {
+    const prep_job *jobs;
+    const int64_t *prefix;
+    int n;
+} grouped_prep;
+
+static void grouped_prep_task(const void *ctx, int64_t task)
+{
+    const grouped_prep *g = ctx;
+    int j = 0;
+    while (j + 1 < g->n && g->prefix[j + 1] <= task) j++;
+    if (g->jobs[j].w) prep_task(&g->jobs[j], task - g->prefix[j]);
+}
+
+#define MAX_GROUPED 64
+
+/* y_j[T_j, out_j] = x_j[T_j, in] @ W_j.T for n matrices that each have their own activations: one MoE
+ * block's experts (gate and up of every expert, then every down) as one job instead of one call each.
+ * `desc` holds 8 int64 per matrix: the 6 of rk_linear_many, then x_j (pointer) and T_j <= 128 (one
+ * activation tile). Each y_j gets the bits rk_linear_many gives it alone. Returns as rk_linear_many. */
+RK_API int rk_linear_grouped(int n, int64_t in, const int64_t *desc)
+{
+    if (n < 1 || n > MAX_GROUPED || in < 1) return RK_EINVAL;
+    part parts[MAX_GROUPED];
+    prep_job jobs[MAX_GROUPED];
+    int64_t prefix[MAX_GROUPED + 1], work = 0, ntask = 0;
+    void *scratch[MAX_GROUPED];
+    int rc = RK_OK;
+    prefix[0] = 0;
+    for (int j = 0; j < n; j++) {
+        const int64_t *d = desc + 8 * j;
+        part *p = &parts[j];
+        scratch[j] = NULL;
+        p->kind = (int)(d[0] & ~(int64_t)RK_Q8A);
+        const int64_t T = d[7];
+        if (T < 0 || T > TILE_T) rc = RK_EINVAL;
+        if (rc || (rc = wmat_init(&p->w, p->kind, d[1], in, (const void *)(intptr_t)d[3],
+                                  (const void *)(intptr_t)d[4], (const void *)(intptr_t)d[5]))) {
+            n = j;
+            break;
+        }
+        p->q8a = (d[0] & RK_Q8A) && RUNNERS_Q8A[p->kind] != NULL;
+        p->y = (float *)(intptr_t)d[2];
+        const float *x = (const float *)(intptr_t)d[6];
+        const int f = family(p);
+        float *xp = NULL, *xs = NULL, *dx = NULL;
+        int8_t *xq = NULL;
+        int shared = -1; /* an earlier matrix of the same activations and preparation (decode: every gate and up) */
+        for (int k = 0; k < j && f >= 0 && shared < 0; k++)
+            if (jobs[k].x == x && parts[k].a.T == T && family(&parts[k]) == f && parts[k].w.ngp == p->w.ngp) shared = k;
+        if (shared >= 0) {
+            p->a = parts[shared].a;
+            p->a.y = p->y;
+            jobs[j] = (prep_job){p->kind, p->q8a, NULL, x, NULL, NULL, NULL, NULL};
+            prefix[j + 1] = prefix[j];
+            work += p->w.out * T;
+            continue;
+        }
+        if (f >= 0) { /* one block per matrix: [xs | xp or dx | xq] */
+            const int64_t fl = T * p->w.ngp + (p->q8a ? T * (in / 32) : T * in);
+            uint8_t *buf = scratch[j] = malloc(sizeof(float) * fl + (p->q8a ? T * in : 0) + 1);
+            if (!buf) {
+                rc = RK_ENOMEM;
+                n = j + 1;
+                break;
+            }
+            xs = (float *)buf;
+            if (p->q8a) {
+                dx = xs + T * p->w.ngp;
+                xq = (int8_t *)(dx + T * (in / 32));
+            } else {
+                xp = xs + T * p->w.ngp;
+            }
+        }
+        jobs[j] = (prep_job){p->kind, p->q8a, f >= 0 ? &p->w : NULL, x, xp, xs, dx, xq};
+        p->a = (acts){xp ? xp : x, xs, xq, dx, p->y, T};
+        prefix[j + 1] = prefix[j] + (f >= 0 ? T : 0);
+        work += p->w.out * T;
+    }
+    if (rc == RK_OK) {
+        int64_t outs = 0;
+        for (int k = 0; k < n; k++) outs += parts[k].w.out;
+        int nth = g_threads;
+        if ((int64_t)nth * MIN_WORK_PER_THREAD > work * in) nth = (int)(work * in / MIN_WORK_PER_THREAD) + 1;
+        if (nth > g_threads) nth = g_threads;
+        const grouped_prep gp = {jobs, prefix, n};
+        if (prefix[n]) pool_run(grouped_prep_task, &gp, prefix[n], nth);
+        for (int j = 0; j < n; j++) {
+            part *p = &parts[j];
+            p->rows = task_rows(p->w.out, p->a.T, nth, outs);
+            p->task0 = ntask;
+            ntask += p->a.T ? (p->w.out + p->rows - 1) / p->rows : 0;
+        }
+        const job jb = {parts, n};
+        if (ntask) pool_run(run_task, &jb, ntask, nth);
+    }
+    for (int j = 0; j < n; j++) free(scratch[j]);
     return rc;
 }
 

@@ -23,11 +23,15 @@
 #include <string.h>
 
 #define RK_INLINE static inline __attribute__((always_inline))
+#define RK_SIMD_X86 0
+#define RK_SIMD_NEON 0
 
 #if !defined(RK_NO_SIMD) && !defined(RK_NO_AVX512) && defined(__AVX512F__) && defined(__AVX512BW__)
 /* ---------------------------------------------------------------- AVX-512 (F, BW) */
 #include <immintrin.h>
 #define RK_BACKEND "avx512"
+#undef RK_SIMD_X86
+#define RK_SIMD_X86 1
 #define VL 16
 #define NU 1
 typedef __m512 vf;
@@ -76,6 +80,8 @@ RK_INLINE float f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
 /* ---------------------------------------------------------------- AVX2 + FMA + F16C */
 #include <immintrin.h>
 #define RK_BACKEND "avx2"
+#undef RK_SIMD_X86
+#define RK_SIMD_X86 1
 #define VL 8
 #define NU 1
 typedef __m256 vf;
@@ -125,6 +131,8 @@ RK_INLINE float f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
 /* ---------------------------------------------------------------- NEON (aarch64) */
 #include <arm_neon.h>
 #define RK_BACKEND "neon"
+#undef RK_SIMD_NEON
+#define RK_SIMD_NEON 1
 #define VL 4
 #define NU 2
 typedef float32x4_t vf;
@@ -285,5 +293,153 @@ RK_INLINE void decu_f16x2_strided(const uint8_t *p, int64_t stride, int n, vf *a
 #endif
 
 #define DU (NU * VL)
+
+/* ---------------------------------------------------------------- int8 activations (all backends)
+ * The vocabulary of the int8-activation path (rkkernels.c, "q8a"): 32 weights of one block meet 32
+ * int8 activations in an exact integer dot product, which is then scaled into a float accumulator.
+ *   vb                        32 int8 weights of one block
+ *   vb_nib(p)                 16 bytes of nibbles at p as 32 values 0..15: the low nibbles, then the high
+ *   vb_s8(p)                  32 int8 at p
+ *   vi_dot_u(w, x)            lanes of int32 partial sums of w * x (w from vb_nib: 0..15), exact
+ *   vi_dot_s(w, x)            the same for signed w (vb_s8; -127..127, as every quantizer writes)
+ *   vs, vs_zero, vs_fma_i(i, s, acc)  acc + float(i) * s lane by lane (fused or not, fixed per backend)
+ *   vs_hsum(acc)              sum of the lanes in a fixed order
+ */
+#if RK_SIMD_X86
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && !defined(RK_NO_AVX512)
+#define RK_DOT "vnni"
+RK_INLINE __m256i rk_dot_u8s8(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+/* q4's groups of 64 (two blocks) in one 512-bit dot, half the instructions per weight of two 256-bit ones:
+ *   vg_nib(p)                   32 bytes of nibbles as vb_nib(p) | vb_nib(p + 16)
+ *   vg_fma(w, x, dx2, s, acc)   acc + float(dot(w, x) per block) * (dx2[block] * s), 16 lanes (vf) */
+#define RK_GROUP64 1
+RK_INLINE __m512i vg_nib(const uint8_t *p)
+{
+    const __m256i v = _mm256_loadu_si256((const __m256i *)p), m = _mm256_set1_epi8(15);
+    const __m256i lo = _mm256_and_si256(v, m), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_permute2x128_si256(lo, hi, 0x20)),
+                              _mm256_permute2x128_si256(lo, hi, 0x31), 1);
+}
+RK_INLINE __m512 vg_fma(__m512i w, const int8_t *x, const float *dx2, float s, __m512 acc)
+{
+    const __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512((const void *)x));
+    const __m512i half = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512 dx = _mm512_permutexvar_ps(half, _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd((const double *)dx2))));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(dx, _mm512_set1_ps(s)), acc);
+}
+#endif
+#else
+#define RK_DOT "maddubs"
+/* u <= 15 (nibbles) or <= 128 (|q8_0|) against |s| <= 127: a pair never saturates the int16 */
+RK_INLINE __m256i rk_dot_u8s8(__m256i u, __m256i s)
+{
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+#endif
+typedef __m256i vb;
+typedef __m256i vi;
+typedef __m256 vs;
+RK_INLINE vb vb_nib(const uint8_t *p)
+{
+    const __m128i v = _mm_loadu_si128((const __m128i *)p), m = _mm_set1_epi8(15);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+}
+RK_INLINE vb vb_s8(const int8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+RK_INLINE vi vi_dot_u(vb w, const int8_t *x) { return rk_dot_u8s8(w, _mm256_loadu_si256((const __m256i *)x)); }
+RK_INLINE vi vi_dot_s(vb w, const int8_t *x)
+{
+    const __m256i xv = _mm256_loadu_si256((const __m256i *)x);
+    return rk_dot_u8s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xv, w));
+}
+RK_INLINE vs vs_zero(void) { return _mm256_setzero_ps(); }
+RK_INLINE vs vs_fma_i(vi i, float s, vs acc) { return _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(s), acc); }
+RK_INLINE float vs_hsum(vs a)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+#elif RK_SIMD_NEON
+typedef int8x16x2_t vb;
+typedef int32x4_t vi;
+typedef float32x4_t vs;
+RK_INLINE vb vb_nib(const uint8_t *p)
+{
+    const uint8x16_t v = vld1q_u8(p);
+    vb r = {{vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(15))), vreinterpretq_s8_u8(vshrq_n_u8(v, 4))}};
+    return r;
+}
+RK_INLINE vb vb_s8(const int8_t *p)
+{
+    vb r = {{vld1q_s8(p), vld1q_s8(p + 16)}};
+    return r;
+}
+#if defined(__ARM_FEATURE_DOTPROD)
+#define RK_DOT "sdot"
+RK_INLINE vi vi_dot_s(vb w, const int8_t *x)
+{
+    return vdotq_s32(vdotq_s32(vdupq_n_s32(0), w.val[0], vld1q_s8(x)), w.val[1], vld1q_s8(x + 16));
+}
+#else
+#define RK_DOT "smull"
+/* ARMv8.0 (the A55 alone has dotprod too, but not every aarch64 does): widening multiplies */
+RK_INLINE vi vi_dot_s(vb w, const int8_t *x)
+{
+    const int8x16_t x0 = vld1q_s8(x), x1 = vld1q_s8(x + 16);
+    int16x8_t p = vmull_s8(vget_low_s8(w.val[0]), vget_low_s8(x0));
+    int32x4_t acc = vpaddlq_s16(p);
+    p = vmull_high_s8(w.val[0], x0);
+    acc = vpadalq_s16(acc, p);
+    p = vmull_s8(vget_low_s8(w.val[1]), vget_low_s8(x1));
+    acc = vpadalq_s16(acc, p);
+    p = vmull_high_s8(w.val[1], x1);
+    return vpadalq_s16(acc, p);
+}
+#endif
+RK_INLINE vi vi_dot_u(vb w, const int8_t *x) { return vi_dot_s(w, x); } /* 0..15 is a signed int8 too */
+RK_INLINE vs vs_zero(void) { return vdupq_n_f32(0.0f); }
+RK_INLINE vs vs_fma_i(vi i, float s, vs acc) { return vfmaq_n_f32(acc, vcvtq_f32_s32(i), s); }
+RK_INLINE float vs_hsum(vs a) { return vf_hsum(a); }
+
+#else
+#define RK_DOT "scalar"
+typedef struct {
+    int8_t v[32];
+} vb;
+typedef int32_t vi;
+typedef float vs;
+RK_INLINE vb vb_nib(const uint8_t *p)
+{
+    vb r;
+    for (int j = 0; j < 16; j++) {
+        r.v[j] = (int8_t)(p[j] & 15);
+        r.v[16 + j] = (int8_t)(p[j] >> 4);
+    }
+    return r;
+}
+RK_INLINE vb vb_s8(const int8_t *p)
+{
+    vb r;
+    memcpy(r.v, p, 32);
+    return r;
+}
+RK_INLINE vi vi_dot_s(vb w, const int8_t *x)
+{
+    int32_t s = 0;
+    for (int j = 0; j < 32; j++) s += (int32_t)w.v[j] * x[j];
+    return s;
+}
+RK_INLINE vi vi_dot_u(vb w, const int8_t *x) { return vi_dot_s(w, x); }
+RK_INLINE vs vs_zero(void) { return 0.0f; }
+RK_INLINE vs vs_fma_i(vi i, float s, vs acc)
+{
+    float p = (float)i * s;
+    return acc + p;
+}
+RK_INLINE float vs_hsum(vs a) { return a; }
+#endif
 
 #endif /* RKKERNELS_SIMD_H */

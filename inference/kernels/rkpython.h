@@ -55,7 +55,8 @@ static PyObject *py_linear_many(PyObject *self, PyObject *const *args, Py_ssize_
     for (Py_ssize_t j = 0; j < n && rc == 0; j++) {
         PyObject *item = PyTuple_GET_ITEM(args[3], j);
         const Py_ssize_t len = PyTuple_Check(item) ? PyTuple_GET_SIZE(item) : 0;
-        const int kind = len >= 4 ? (int)PyLong_AsLong(PyTuple_GET_ITEM(item, 0)) : -1;
+        const int code = len >= 4 ? (int)PyLong_AsLong(PyTuple_GET_ITEM(item, 0)) : -1;
+        const int kind = code & ~RK_Q8A;
         const int64_t out = len >= 4 ? PyLong_AsLongLong(PyTuple_GET_ITEM(item, 1)) : -1;
         wmat w;
         if (PyErr_Occurred() || wmat_init(&w, kind, out, in, NULL, NULL, NULL) ||
@@ -64,7 +65,7 @@ static PyObject *py_linear_many(PyObject *self, PyObject *const *args, Py_ssize_
             rc = -1;
             break;
         }
-        desc[6 * j] = kind;
+        desc[6 * j] = code;
         desc[6 * j + 1] = out;
         for (Py_ssize_t a = 2; a < len && rc == 0; a++) {
             const int part = (int)a - 3; /* -1: y */
@@ -94,15 +95,24 @@ static PyMethodDef rk_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* One source, several builds (setup.py): each its own module name, e.g. _rkkernels_avx2 */
+#ifndef RK_MODULE
+#define RK_MODULE _rkkernels
+#endif
+#define RK_STR_(a) #a
+#define RK_STR(a) RK_STR_(a)
+#define RK_CAT_(a, b) a##b
+#define RK_CAT(a, b) RK_CAT_(a, b)
+
 static struct PyModuleDef rk_module = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "_rkkernels",
+    .m_name = RK_STR(RK_MODULE),
     .m_doc = "rkmojo kernels: plain C functions (loaded with ctypes by inference.kernels._lib) and a fast "
              "entry point for the installed build.",
     .m_size = -1,
     .m_methods = rk_methods,
 };
 
-PyMODINIT_FUNC PyInit__rkkernels(void) { return PyModule_Create(&rk_module); }
+PyMODINIT_FUNC RK_CAT(PyInit_, RK_MODULE)(void) { return PyModule_Create(&rk_module); }
 
 #endif /* RKPYTHON_H */

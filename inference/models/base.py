@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..backends import CPU
 from ..kernels import attention as kernel_attention
 from ..kernels import embed_rows, linear
 from ..quant import QTensor
@@ -192,7 +193,7 @@ def attention(q: np.ndarray, kv: LayerKV, positions: np.ndarray, scale: float) -
 class Transformer:
     """Embedding → decoder layers (in prefill chunks) → final norm → LM head.
 
-    Subclasses set `args`, implement `layer(i, h, cache, positions)` and `new_cache`, and may
+    Subclasses set `args`, implement `layer(i, h, cache, positions)` and `cache_for`, and may
     override `embed_scale`, `final_softcap`, `norm_plus_one`.
     """
 
@@ -210,6 +211,7 @@ class Transformer:
         self.embed = store.dense("embed")
         self.lm_head = store.dense("lm_head") if store.has("lm_head") else self.embed
         self.norm = self.vec("norm")
+        self.ops = CPU  # the backend of the dense matmuls that an NPU can take (Engine sets it)
         self._rope_memo: dict = {}
 
     def rope(self, positions: np.ndarray, inv_freq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -227,6 +229,12 @@ class Transformer:
         return self.store.dense(name)
 
     def new_cache(self) -> KVCache:
+        return self.cache_for(self.args, self.chunk, self.kv_dtype)
+
+    @staticmethod
+    def cache_for(args, chunk: int, dtype: np.dtype) -> KVCache:
+        """An empty KV cache for `args` (known before the model is built: the engine sizes its expert slots
+        by it, so the model is built with the expert provider it will use)."""
         raise NotImplementedError
 
     def layer(self, i: int, h: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:

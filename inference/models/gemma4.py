@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..kernels import linear, linear_many
+from ..kernels import linear
 from .base import (ACTIVATIONS, BaseArgs, KVCache, LayerKV, Transformer, apply_rope, attention, rms_norm,
                    rope_inv_freq)
 from ..experts import ResidentExperts
@@ -165,10 +165,10 @@ class Model(Transformer):
             d["router_in"] = d["router_scale"] * np.float32(self.args.hidden_size**-0.5)
         return d
 
-    def new_cache(self) -> KVCache:
-        a = self.args
+    @staticmethod
+    def cache_for(a: Args, chunk: int, dtype) -> KVCache:
         return KVCache([LayerKV(a.attn_dims(i)[1], a.attn_dims(i)[0],
-                                a.sliding_window if a.is_sliding(i) else None, self.chunk, dtype=self.kv_dtype)
+                                a.sliding_window if a.is_sliding(i) else None, chunk, dtype=dtype)
                         for i in range(a.num_hidden_layers)])
 
     def route(self, i: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -186,7 +186,7 @@ class Model(Transformer):
         D = a.attn_dims(i)[0]
         x = rms_norm(h, Lw["attn_norm"], eps)
         cos, sin = self.rope(positions, self.inv_freq[a.layer_types[i]])
-        qkv = linear_many(x, [w for w in (Lw["q"], Lw["k"], Lw["v"]) if w is not None])  # one call: shared x
+        qkv = self.ops.linear_many(x, [w for w in (Lw["q"], Lw["k"], Lw["v"]) if w is not None])  # shared x
         q = rms_norm(qkv[0].reshape(T, -1, D), Lw["attn.q_norm"], eps)  # [T, Hq, D]
         k_raw = qkv[1].reshape(T, -1, D)  # [T, Hkv, D]
         v = k_raw if Lw["v"] is None else qkv[2].reshape(T, -1, D)
@@ -194,10 +194,10 @@ class Model(Transformer):
         v = rms_norm(v, None, eps)
         cache.layers[i].append(k, v, positions)
         o = attention(apply_rope(q, cos, sin), cache.layers[i], positions, 1.0).reshape(T, -1)
-        h = h + rms_norm(linear(o, Lw["o"]), Lw["post_attn_norm"], eps)
+        h = h + rms_norm(self.ops.linear(o, Lw["o"]), Lw["post_attn_norm"], eps)
 
         def shared() -> np.ndarray:  # the dense MLP: computed while missing experts are read
-            return expert_mlp(rms_norm(h, Lw["mlp_norm"], eps), Lw["mlp"], self.act)
+            return expert_mlp(rms_norm(h, Lw["mlp_norm"], eps), Lw["mlp"], self.act, self.ops)
 
         if "router" in Lw:
             idx, w = self.route(i, h)

@@ -5,7 +5,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..kernels import linear, linear_many
 from .base import (BaseArgs, KVCache, LayerKV, Transformer, apply_rope, attention, rms_norm,
                    rope_inv_freq, silu)
 from .moe import expert_mlp
@@ -76,21 +75,32 @@ class Model(Transformer):
             "mlp": {n: self.w(p + "mlp." + n) for n in ("gate", "up", "down")},
         }
 
-    def new_cache(self) -> KVCache:
-        a = self.args
-        return KVCache([LayerKV(a.num_key_value_heads, a.head_dim, None, self.chunk, dtype=self.kv_dtype)
+    @staticmethod
+    def cache_for(a: Args, chunk: int, dtype) -> KVCache:
+        return KVCache([LayerKV(a.num_key_value_heads, a.head_dim, None, chunk, dtype=dtype)
                         for _ in range(a.num_hidden_layers)])
 
     def layer(self, i: int, h: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:
         a, L = self.args, self.layers[i]
         T, D = h.shape[0], a.head_dim
-        x = rms_norm(h, L["attn_norm"], a.rms_norm_eps)
         cos, sin = self.rope(positions, self.inv_freq)
-        q, k, v = linear_many(x, (L["q"], L["k"], L["v"]))  # one kernel call: they share x
+        q, k, v = self.qkv(i, rms_norm(h, L["attn_norm"], a.rms_norm_eps))
         q = apply_rope(q.reshape(T, -1, D), cos, sin)  # [T, Hq, D]
         k = apply_rope(k.reshape(T, -1, D), cos, sin)  # [T, Hkv, D]
         v = v.reshape(T, -1, D)
         cache.layers[i].append(k, v, positions)
         o = attention(q, cache.layers[i], positions, D**-0.5).reshape(T, -1)
-        h = h + linear(o, L["o"])
-        return h + expert_mlp(rms_norm(h, L["mlp_norm"], a.rms_norm_eps), L["mlp"], silu)
+        return self.o_mlp(i, o, h)
+
+    # The layer's dense block, in the two halves around attention that an NPU graph can take over
+    # (inference/backends/rknpu/graphs.py builds the same math as ONNX).
+    def qkv(self, i: int, x: np.ndarray) -> list[np.ndarray]:
+        """x [T, H] (attention-normed) → q [T, Hq·D], k, v [T, Hkv·D]."""
+        L = self.layers[i]
+        return self.ops.linear_many(x, (L["q"], L["k"], L["v"]))  # one kernel call on the CPU: they share x
+
+    def o_mlp(self, i: int, o: np.ndarray, h: np.ndarray) -> np.ndarray:
+        """o [T, Hq·D] (attention output), h [T, H] (residual) → the layer's output [T, H]."""
+        L, eps = self.layers[i], self.args.rms_norm_eps
+        h = h + self.ops.linear(o, L["o"])
+        return h + expert_mlp(rms_norm(h, L["mlp_norm"], eps), L["mlp"], silu, self.ops)

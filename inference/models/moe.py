@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..kernels import linear, linear_many
+from ..kernels import linear, linear_grouped, linear_many
 from ..quant import QTensor
 
 
@@ -27,10 +27,22 @@ def top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return idx, np.take_along_axis(scores, idx, axis=-1)
 
 
-def expert_mlp(x: np.ndarray, w: dict[str, QTensor], act: Callable) -> np.ndarray:
-    """One gated MLP: down(act(gate(x)) × up(x)). x [n, H] → [n, H]."""
+def expert_mlp(x: np.ndarray, w: dict[str, QTensor], act: Callable, ops=None) -> np.ndarray:
+    """One gated MLP: down(act(gate(x)) × up(x)). x [n, H] → [n, H]. `ops`: a backend
+    (`inference.backends`) for the matmuls; the CPU kernels when None."""
+    if ops is not None:
+        g, u = ops.linear_many(x, (w["gate"], w["up"]))
+        return ops.linear(act(g) * u, w["down"])
     g, u = linear_many(x, (w["gate"], w["up"]))  # one kernel call: both read the same x
     return linear(act(g) * u, w["down"])
+
+
+def experts_mlp(pairs: list[tuple[np.ndarray, dict[str, QTensor]]], act: Callable) -> list[np.ndarray]:
+    """expert_mlp for several experts, each on its own rows, in two kernel calls (gate and up of all,
+    then all downs); each result has the bits expert_mlp gives it alone (with the same activations)."""
+    gu = linear_grouped([(x, w[name]) for x, w in pairs for name in ("gate", "up")])
+    h = [act(g) * u for g, u in zip(gu[0::2], gu[1::2])]  # per expert, as expert_mlp does
+    return linear_grouped([(hi, w["down"]) for hi, (_, w) in zip(h, pairs)])
 
 
 def mixture(x: np.ndarray, idx: np.ndarray, weights: np.ndarray, layer: int, source, act: Callable,
@@ -38,15 +50,20 @@ def mixture(x: np.ndarray, idx: np.ndarray, weights: np.ndarray, layer: int, sou
     """Σ_k weights[t, k] · expert_{idx[t, k]}(x[t]) for every row t, and during_io()'s result.
 
     x [T, H], idx [T, K] int, weights [T, K] float32 → ([T, H], extra). `source` (resident or
-    streaming experts) decides when each expert's weights are at hand; `during_io` is work that
-    needs no routed expert (a shared expert), run while missing experts are read.
+    streaming experts) decides when each expert's weights are at hand and hands them over in batches
+    (all at hand together: one grouped kernel call per matrix role); `during_io` is work that needs no
+    routed expert (a shared expert), run while missing experts are read.
     """
     T, K = idx.shape
     y = np.zeros((T, K, x.shape[1]), np.float32)  # [T, K, H]
 
-    def compute(e: int, w: dict[str, QTensor]) -> None:
-        rows, slots = np.nonzero(idx == e)
-        y[rows, slots] = expert_mlp(x[rows], w, act)
+    def compute(batch: list[tuple[int, dict[str, QTensor]]]) -> None:
+        where = [np.nonzero(idx == e) for e, _ in batch]  # (rows, slots) of each expert
+        xs = {}  # one array per row set: the kernels prepare shared activations once (decode: all experts)
+        pairs = [(xs.setdefault(rows.tobytes(), x[rows]), w) for (rows, _), (_, w) in zip(where, batch)]
+        outs = experts_mlp(pairs, act)
+        for (rows, slots), o in zip(where, outs):
+            y[rows, slots] = o
 
     extra = source.run(layer, np.unique(idx).tolist(), compute, during_io)
     y *= weights[:, :, None].astype(np.float32)

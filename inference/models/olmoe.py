@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..kernels import linear, linear_many
 from . import qwen3_moe
 from .base import KVCache, apply_rope, attention, rms_norm
 
@@ -37,7 +36,7 @@ class Model(qwen3_moe.Model):
         """Self-attention with q/k RMSNorm over the whole projection and optional clipping."""
         a, Lw = self.args, self.layers[i]
         T, D = x.shape[0], a.head_dim
-        q, k, v = linear_many(x, (Lw["q"], Lw["k"], Lw["v"]))  # one kernel call: they share x
+        q, k, v = self.ops.linear_many(x, (Lw["q"], Lw["k"], Lw["v"]))  # one kernel call on the CPU: shared x
         q = rms_norm(q, Lw["q_norm"], a.rms_norm_eps)  # [T, Hq·D]
         k = rms_norm(k, Lw["k_norm"], a.rms_norm_eps)  # [T, Hkv·D]
         if a.clip_qkv is not None:
@@ -45,4 +44,4 @@ class Model(qwen3_moe.Model):
         cos, sin = self.rope(positions, self.inv_freq)
         q, k = apply_rope(q.reshape(T, -1, D), cos, sin), apply_rope(k.reshape(T, -1, D), cos, sin)
         cache.layers[i].append(k, v.reshape(T, -1, D), positions)
-        return linear(attention(q, cache.layers[i], positions, D**-0.5).reshape(T, -1), Lw["o"])
+        return self.ops.linear(attention(q, cache.layers[i], positions, D**-0.5).reshape(T, -1), Lw["o"])

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..kernels import linear, linear_many
+from ..kernels import linear
 from . import llama
 from .base import KVCache, LayerKV, Transformer, apply_rope, attention, rms_norm, rope_inv_freq, silu
 from ..experts import ResidentExperts
@@ -85,9 +85,9 @@ class Model(Transformer):
             d["mlp"] = {n: self.w(p + "mlp." + n) for n in ("gate", "up", "down")}
         return d
 
-    def new_cache(self) -> KVCache:
-        a = self.args
-        return KVCache([LayerKV(a.num_key_value_heads, a.head_dim, None, self.chunk, dtype=self.kv_dtype)
+    @staticmethod
+    def cache_for(a: Args, chunk: int, dtype) -> KVCache:
+        return KVCache([LayerKV(a.num_key_value_heads, a.head_dim, None, chunk, dtype=dtype)
                         for _ in range(a.num_hidden_layers)])
 
     def route(self, i: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -102,7 +102,7 @@ class Model(Transformer):
         h = h + self.attn(i, rms_norm(h, self.layers[i]["attn_norm"], self.args.rms_norm_eps), cache, positions)
         x = rms_norm(h, self.layers[i]["mlp_norm"], self.args.rms_norm_eps)
         if "mlp" in self.layers[i]:
-            return h + expert_mlp(x, self.layers[i]["mlp"], silu)
+            return h + expert_mlp(x, self.layers[i]["mlp"], silu, self.ops)
         idx, w = self.route(i, x)
         lookahead(self, i, lambda j: rms_norm(h, self.layers[j]["mlp_norm"], self.args.rms_norm_eps))
         return h + mixture(x, idx, w, i, self.experts, silu)[0]
@@ -112,10 +112,10 @@ class Model(Transformer):
         a, Lw = self.args, self.layers[i]
         T, D = x.shape[0], a.head_dim
         cos, sin = self.rope(positions, self.inv_freq)
-        q, k, v = linear_many(x, (Lw["q"], Lw["k"], Lw["v"]))  # one kernel call: they share x
+        q, k, v = self.ops.linear_many(x, (Lw["q"], Lw["k"], Lw["v"]))  # one kernel call on the CPU: shared x
         q = rms_norm(q.reshape(T, -1, D), Lw["q_norm"], a.rms_norm_eps)
         k = rms_norm(k.reshape(T, -1, D), Lw["k_norm"], a.rms_norm_eps)
         v = v.reshape(T, -1, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         cache.layers[i].append(k, v, positions)
-        return linear(attention(q, cache.layers[i], positions, D**-0.5).reshape(T, -1), Lw["o"])
+        return self.ops.linear(attention(q, cache.layers[i], positions, D**-0.5).reshape(T, -1), Lw["o"])

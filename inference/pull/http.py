@@ -17,7 +17,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from ..errors import RkmojoError
+from ..errors import DiskFullError, RkmojoError, disk_full
 
 BLOCK = 2**20  # socket read size
 RETRIABLE = {408, 425, 429, 500, 502, 503, 504}
@@ -107,6 +107,10 @@ class Remote:
                     raise self._fail(file, e) from None
                 self._retry(attempt, file, f"HTTP {e.code}", e.headers.get("Retry-After"))
             except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+                if disk_full(e):  # local, not transient: retrying cannot help
+                    raise DiskFullError(f"{self.label}{': ' + file if file else ''}: the disk is full; nothing is installed "
+                                        "and the part downloaded so far is kept: free space, then run the same "
+                                        "`rkmojo pull` again to resume") from e
                 self._retry(attempt, file, _why(e))
             attempt += 1
 

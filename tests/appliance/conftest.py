@@ -126,6 +126,16 @@ def oai(stack):
 
 
 @pytest.fixture
+def http(stack):
+    """An HTTP client with the stack's key that sends JSON bodies (`content=` included)."""
+    import httpx
+
+    with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {stack.key}",
+                                                   "Content-Type": "application/json"}, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture
 def oll(stack):
     return stack.ollama()
 
@@ -140,3 +150,17 @@ def django_for_stack(stack):
 
     django.setup()
     assert settings.REDIS_URL == stack.redis_url, "Django was set up earlier in this process for another stack"
+
+
+@pytest.fixture
+def session_cookie(django_for_stack):
+    """`session_cookie(username)`: a logged-in session of that (new) user, as a browser's Cookie header."""
+    def make(username: str) -> str:
+        from django.contrib.auth import get_user_model
+        from django.test import Client
+
+        user, _ = get_user_model().objects.get_or_create(username=username)
+        c = Client()
+        c.force_login(user)
+        return f"sessionid={c.cookies['sessionid'].value}"
+    return make

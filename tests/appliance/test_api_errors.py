@@ -7,12 +7,6 @@ import pytest
 ASK = [{"role": "user", "content": "hi"}]
 
 
-@pytest.fixture
-def http(stack):
-    with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {stack.key}"}, timeout=60) as c:
-        yield c
-
-
 def openai_error(resp, status, param=None):
     assert resp.status_code == status, resp.text
     err = resp.json()["error"]

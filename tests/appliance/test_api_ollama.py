@@ -74,8 +74,10 @@ def test_it_refuses_what_it_cannot_do(oll):
     assert e.value.status_code == 404
 
 
-def test_it_pulls_from_a_local_path_with_progress_then_deletes(oll, smollm2_gguf):
-    parts = list(oll.pull(str(smollm2_gguf), stream=True))
+def test_it_pulls_a_file_of_the_import_directory_with_progress_then_deletes(oll, smollm2_gguf, stack):
+    (stack.data / "import").mkdir(exist_ok=True)
+    (stack.data / "import" / smollm2_gguf.name).symlink_to(smollm2_gguf)
+    parts = list(oll.pull(smollm2_gguf.name, stream=True))
     assert parts[0].status == "pulling manifest" and parts[-1].status == "success"
     name = "smollm2-135m-instruct.q4_1"
     assert any(m.model == name for m in oll.list().models)

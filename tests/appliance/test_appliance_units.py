@@ -94,3 +94,21 @@ def test_prompt_cache_files_expire_and_are_capped_oldest_first(tmp_path):
     PromptCache(tmp_path, "m", max_bytes=10**6, max_age=7 * 86400)  # a week unused: expired
     assert not paths[1].exists() and not paths[1].with_suffix(".json").exists()
     assert len(list(tmp_path.glob("m/*.kv"))) == 2
+
+
+def test_pull_sources_are_repo_ids_urls_or_files_of_the_import_directory(tmp_path):
+    from appliance.sources import SourceError, local_path
+
+    imports = tmp_path / "import"
+    imports.mkdir()
+    (imports / "m.gguf").write_bytes(b"GGUF")
+    (imports / "linked.gguf").symlink_to(tmp_path / "elsewhere.gguf")  # the administrator's link may point out
+    (tmp_path / "elsewhere.gguf").write_bytes(b"GGUF")
+    assert local_path("Qwen/Qwen3-30B-A3B", imports) is None and local_path("https://h/x.gguf", imports) is None
+    assert local_path("m.gguf", imports) == imports / "m.gguf" == local_path(str(imports / "m.gguf"), imports)
+    assert local_path("linked.gguf", imports) == imports / "linked.gguf"
+    for bad, says in [("/etc/passwd", "only from inside"), ("../elsewhere.gguf", "only from inside"),
+                      ("m.gguf/../../elsewhere.gguf", "only from inside"), ("file:///etc/passwd", "http"),
+                      ("ftp://h/x.gguf", "http"), ("llama3", "repository id"), ("./gone.gguf", "no such file")]:
+        with pytest.raises(SourceError, match=says):
+            local_path(bad, imports)

@@ -2,13 +2,15 @@
 import asyncio
 
 
-def test_the_chat_consumer_streams_events_and_cancels_on_disconnect(django_for_stack, stack):
+def test_the_chat_consumer_streams_events_and_cancels_on_disconnect(session_cookie, stack):
     from channels.testing import WebsocketCommunicator
 
     from appliance.asgi import application
 
+    cookie = session_cookie("chatter").encode()
+
     async def scenario():
-        ws = WebsocketCommunicator(application, "/ws/chat/", headers=[(b"host", b"127.0.0.1"),
+        ws = WebsocketCommunicator(application, "/ws/chat/", headers=[(b"host", b"127.0.0.1"), (b"cookie", cookie),
                                                                      (b"origin", b"http://127.0.0.1")])
         connected, _ = await ws.connect()
         assert connected

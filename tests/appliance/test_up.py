@@ -28,7 +28,7 @@ def start_up(data: Path, port: int) -> tuple[subprocess.Popen, list[str]]:
             lines.append(line)
     threading.Thread(target=read, daemon=True).start()
     deadline = time.monotonic() + 180
-    while not any("serving on http://" in l for l in lines):
+    while not any("Ctrl-C stops" in l for l in lines):
         assert proc.poll() is None, "".join(lines)
         assert time.monotonic() < deadline, "".join(lines)
         time.sleep(0.2)
@@ -42,7 +42,7 @@ def descendants(pid: int) -> list[psutil.Process]:
 def stop_and_check(proc, sig) -> None:
     kids = descendants(proc.pid)
     names = " ".join(" ".join(k.cmdline()) for k in kids)
-    assert "redis-server" in names and "daphne" in names and "celery" in names
+    assert "redis-server" in names and "appliance.serve" in names and "celery" in names  # daphne, as appliance.serve runs it
     proc.send_signal(sig)
     assert proc.wait(60) == 0
     gone, alive = psutil.wait_procs(kids, timeout=5)

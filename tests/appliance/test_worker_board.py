@@ -7,12 +7,12 @@ def board(stack, tmp_path, budget_factor: float) -> Board:
     models.mkdir()
     for name in ("a", "b"):
         (models / name).symlink_to(stack.store)
-    cfg = {"MEMORY_BUDGET": None, "EXPERT_SLOTS": None, "THREADS": 1, "CONTEXT": 512, "KEEP_ALIVE": 60,
+    cfg = {"ENGINE": {"threads": 1, "context": 512}, "KEEP_ALIVE": 60,
            "HEARTBEAT_TTL": 2, "PROMPT_CACHE_DIR": str(tmp_path / "pc"), "PROMPT_CACHE_MAX": 2**30,
            "PROMPT_CACHE_DAYS": 7}
     b = Board("unit", "host", stack.redis_url.replace("db=0", "db=5"), models, cfg)  # a DB the stack does not read
     b.scan()
-    b.cfg["MEMORY_BUDGET"] = int(b.models["a"]["footprint"] * budget_factor)
+    b.cfg["ENGINE"]["memory_budget"] = int(b.models["a"]["footprint"] * budget_factor)
     return b
 
 

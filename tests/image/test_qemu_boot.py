@@ -91,7 +91,7 @@ class Guest:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise AssertionError("the guest did not power off")
+            raise AssertionError("the guest did not power off") from None
 
     def kill(self) -> None:
         if self.proc.poll() is None:

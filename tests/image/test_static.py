@@ -69,8 +69,11 @@ def test_the_image_playbook_gathers_no_facts_and_starts_nothing():
 def test_units_are_sandboxed_and_restart_on_failure():
     tpl = PROVISIONING / "roles" / "appliance" / "templates"
     sandbox = (tpl / "sandbox.j2").read_text()
-    for line in ("NoNewPrivileges=yes", "ProtectSystem=strict", "ReadWritePaths={{ appliance_data_dir }}"):
+    for line in ("NoNewPrivileges=yes", "ProtectSystem=strict", "ReadWritePaths={{ appliance_data_dir }}",
+                 "UMask=0077"):  # the data directory's files are the service user's alone
         assert line in sandbox
+    assert "AF_NETLINK" in sandbox  # appliance.hosts lists the interfaces' addresses for ALLOWED_HOSTS
+    assert "-m appliance.serve " in (tpl / "rkmojo-web.service.j2").read_text()  # 413 before the body is read
     for unit in ("rkmojo-web.service.j2", "rkmojo-worker.service.j2"):
         text = (tpl / unit).read_text()
         assert "Restart=on-failure" in text and "{% include 'sandbox.j2' %}" in text

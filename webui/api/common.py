@@ -13,16 +13,22 @@ import json
 import logging
 from datetime import timedelta
 
+import kombu.exceptions
 import pydantic
+import redis.exceptions
 from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
+from appliance.events import Error
+from inference.errors import disk_full
+
 log = logging.getLogger("rkmojo.api")
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "invalid_request_error", 409: "invalid_request_error", 413: "invalid_request_error",
+          415: "invalid_request_error", 507: "server_error",
           422: "invalid_request_error", 429: "rate_limit_exceeded", 503: "server_error"}
 
 
@@ -38,9 +44,12 @@ class ApiError(Exception):
         self.status, self.param, self.code, self.headers = status, param, code, headers or {}
 
     @classmethod
-    def from_event(cls, ev: dict) -> "ApiError":
-        return cls(int(ev.get("status") or 500), ev.get("message") or "the request failed",
-                   param=ev.get("param"), code=ev.get("code"))
+    def from_event(cls, ev: Error) -> "ApiError":
+        return cls(ev.status, ev.message, param=ev.param, code=ev.code)
+
+
+DISK_FULL = ApiError(507, "the appliance's data disk is full; nothing was saved. Free space in its data directory "
+                          "(remove a model with `rkmojo rm`, or old prompt caches) and retry", code="disk_full")
 
 
 def openai_error_body(e: ApiError) -> dict:
@@ -79,10 +88,12 @@ def validation_error(e: pydantic.ValidationError) -> ApiError:
 
 
 def parse_json(request: HttpRequest) -> dict:
-    try:
-        body = json.loads(request.body or b"null")
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"the request body is not valid JSON ({e})", code="invalid_json") from None
+    body = getattr(request, "json_body", None)  # parsed and checked by webui.door.LanDoorMiddleware
+    if body is None:
+        try:
+            body = json.loads(request.body or b"null")
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ApiError(400, f"the request body is not valid JSON ({e})", code="invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
     return body
@@ -102,19 +113,21 @@ def key_required(policy: str, client_addr: str | None) -> bool:
 
 
 async def check_api_key(request: HttpRequest) -> None:
-    """Raise 401 unless the request carries a valid key or needs none (see RKMOJO_API_KEYS)."""
+    """Raise 401 unless the request carries a valid key or needs none (see RKMOJO_API_KEYS).
+
+    A client that needs no key is not checked even when it shows one: under "remote" a loopback client
+    with a placeholder key (`api_key="anything"`) is served, as Ollama serves it.
+    """
     from webui.models import ApiKey, hash_key
 
     policy = settings.RKMOJO["API_KEYS"]
+    if not key_required(policy, request.META.get("REMOTE_ADDR")):
+        return
     header = request.headers.get("Authorization", "")
     key = header[7:].strip() if header[:7].lower() == "bearer " else ""
     if not key:
-        if not key_required(policy, request.META.get("REMOTE_ADDR")):
-            return
         raise ApiError(401, "You didn't provide an API key. Give it as `Authorization: Bearer KEY`; create one "
                             "with `rkmojo up --create-api-key NAME` or in the admin pages.", code="missing_api_key")
-    if policy == "never":
-        return
     found = await ApiKey.objects.filter(digest=hash_key(key), revoked=None).afirst()
     if found is None:
         raise ApiError(401, f"Incorrect API key provided: {key[:6]}…; check it or create a new one.",
@@ -143,7 +156,15 @@ def api_view(flavor: str, methods: tuple[str, ...] = ("POST",), *, auth: bool = 
                 return error_response(flavor, e)
             except pydantic.ValidationError as e:
                 return error_response(flavor, validation_error(e))
-            except Exception:
+            except (redis.exceptions.ConnectionError, kombu.exceptions.OperationalError) as e:
+                log.warning("%s %s: Redis does not answer (%s)", request.method, request.path, e)
+                return error_response(flavor, ApiError(503, "the appliance's Redis does not answer (restarting?); "
+                                                            "retry in a few seconds", code="redis_unavailable",
+                                                       headers={"Retry-After": "2"}))
+            except Exception as e:
+                if disk_full(e):
+                    log.error("%s %s: the data disk is full (%s)", request.method, request.path, e)
+                    return error_response(flavor, DISK_FULL)
                 log.exception("%s %s failed", request.method, request.path)
                 return error_response(flavor, ApiError(500, "internal error; the server log has the details"))
 

@@ -2,14 +2,16 @@
 
     job = await Job.submit("rkmojo.generate", model, payload, client=addr)   # 404 / 429 as ApiError
     try:
-        async for ev in job.events():   # start, delta…, final — or one error
+        async for ev in job.events():   # Start, Delta…, Final — or one Error (`appliance.events`)
             ...
     finally:
         await job.close()               # the client left before the end: the worker stops at its next token
 
 While it waits, `events()` renews the request's lease in the queue and watches the worker: a worker
 that took the request and then vanished (killed, its registration expired or replaced by a restarted
-worker's) ends the stream with an error event instead of a hang.
+worker's) ends the stream with an error event instead of a hang. So does losing Redis: a broken
+connection, or a stream that vanished because Redis restarted empty, is an error event (503
+`redis_lost`); the next request reconnects (`bus.connect_async` retries with backoff).
 """
 from __future__ import annotations
 
@@ -20,8 +22,11 @@ from typing import AsyncIterator
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from appliance import bus
+from appliance.events import Claim, Error, Event, Final, Loading, PrefillProgress, Queued, Start
 
 from .common import ApiError
 
@@ -65,18 +70,23 @@ async def find_model(name: str) -> tuple[list[dict], dict]:
 
 
 class Job:
-    def __init__(self, task: str, queue: str, payload: dict, *, model: str | None, worker: str | None):
+    def __init__(self, task: str, queue: str, payload: dict, *, model: str | None, worker: str | None,
+                 names: dict[str, str] | None = None):
         self.task, self.queue, self.payload = task, queue, payload
+        self.names = names or {}  # the engine's name of a field → this API's (prompt → messages)
         self.model, self.worker = model, worker
         self.id = payload["id"]
-        self.done = False
-        self.claim: dict | None = None
+        self.done = False  # no more events to read
+        self.settled = False  # the worker sent its last event, or close() asked it to stop
+        self.claim: Claim | None = None
+        self.status: Queued | Loading | PrefillProgress | None = None  # the latest, for pages that show it
         self.after = "0"  # the last stream id read: `events()` may be called again and goes on from there
 
     @classmethod
     async def submit(cls, task: str, model: str, payload: dict, *, client: str | None = None,
-                     refused_status: int = 429) -> "Job":
-        """Admit a generation request for `model` and hand it to the model's queue.
+                     refused_status: int = 429, names: dict[str, str] | None = None) -> "Job":
+        """Admit a generation request for `model` and hand it to the model's queue. `names`: how this API
+        spells the fields the worker's errors name (`{"prompt": "messages"}` for a chat).
 
         Raises:
             ApiError: 404 unknown model; `refused_status` (429 or 503) with Retry-After when the queue is full.
@@ -90,7 +100,7 @@ class Job:
             raise ApiError(refused_status, f"{model} has {capacity} requests running or waiting, the most it "
                                            f"queues; retry after {wait} s", code="queue_full",
                            headers={"Retry-After": str(wait)})
-        job = cls(task, bus.model_queue(model), payload, model=model, worker=None)
+        job = cls(task, bus.model_queue(model), payload, model=model, worker=None, names=names)
         await job._send()
         return job
 
@@ -112,38 +122,55 @@ class Job:
             await self.close()
             raise
 
-    async def events(self) -> AsyncIterator[dict]:
-        """The request's events from the first (claim events are kept, not yielded); ends after final/error."""
+    async def events(self) -> AsyncIterator[Event]:
+        """The request's events from the first; ends after Final/Error.
+
+        Claim and the status events (Queued, Loading, PrefillProgress) are kept on the job, not yielded.
+        """
         r = redis()
-        waiting_since = time.monotonic()
+        waiting_since = checked = time.monotonic()
         while not self.done:
-            batch = await bus.read(r, self.id, self.after, 1000)
+            try:
+                batch = await bus.read(r, self.id, self.after, 1000)
+                problem = None
+                if time.monotonic() - checked > 0.25:
+                    checked = time.monotonic()
+                    if await self._redis_restarted(r):
+                        batch, problem = [], redis_lost(None)
+                if not batch and not problem:
+                    if self.model:
+                        await bus.renew(r, self.model, self.id)
+                    problem = await self._check_worker(r, waiting_since)
+            except (RedisConnectionError, RedisTimeoutError) as e:
+                batch, problem = [], redis_lost(e)
             if not batch:
-                if self.model:
-                    await bus.renew(r, self.model, self.id)
-                problem = await self._check_worker(r, waiting_since)
                 if problem:
                     self.done = True
                     yield problem
                 continue
             for eid, ev in batch:
                 self.after = eid
-                if ev["t"] == "claim":
+                if isinstance(ev, Claim):
                     self.claim = ev
                     continue
-                if ev["t"] in ("final", "error"):
-                    self.done = True
+                if isinstance(ev, (Queued, Loading, PrefillProgress)):
+                    self.status = ev
+                    continue
+                if isinstance(ev, Error) and ev.param in self.names:
+                    ev = ev.model_copy(update={"param": self.names[ev.param]})
+                if isinstance(ev, (Final, Error)):
+                    self.done = self.settled = True
                 yield ev
                 if self.done:
                     return
 
-    async def first(self) -> dict:
-        """The first event: `start` (the request is valid and running) or `error`."""
+    async def first(self) -> Event:
+        """The first event: `Start` (the request is valid and running) or `Error`."""
         async for ev in self.events():
             return ev
         raise ApiError(500, "the request's event stream ended without an event")
 
-    async def started(self) -> dict:
+    async def started(self) -> Start:
         """Wait (through the queue) for the start event; an error event instead raises it as an ApiError.
 
         The HTTP status is decided here: a request the worker refused (prompt too long, …) is still a 4xx.
@@ -153,37 +180,70 @@ class Job:
         except BaseException:
             await self.close()
             raise
-        if ev["t"] == "error":
+        if isinstance(ev, Error):
             await self.close()
             raise ApiError.from_event(ev)
+        if not isinstance(ev, Start):
+            await self.close()
+            raise ApiError(500, f"the worker sent {ev.t!r} before start")
         return ev
 
-    async def _check_worker(self, r, waiting_since: float) -> dict | None:
+    async def _redis_restarted(self, r) -> bool:
+        """Whether Redis restarted under this request: it keeps no data, so the request's keys are gone.
+
+        The connection retries hide the restart itself, and the worker's next event would recreate the
+        stream after a gap: the request's description (or, for board jobs, its stream) tells instead.
+        """
+        if self.model:  # EXPIRE also keeps the description of a long request alive; 0: the key is gone
+            return not await r.expire(bus.k_req(self.id), bus.EVENT_TTL)
+        return self.claim is not None and not await r.exists(bus.k_events(self.id))
+
+    async def _check_worker(self, r, waiting_since: float) -> Error | None:
         if self.claim is not None:
-            w = await bus.worker(r, self.claim["worker"])
-            if w is None or w.get("boot") != self.claim["boot"]:
+            w = await bus.worker(r, self.claim.worker)
+            if w is None or w.get("boot") != self.claim.boot:
                 why = "restarted" if w is not None else "stopped answering"
-                return {"t": "error", "status": 503, "code": "worker_lost", "param": None,
-                        "message": f"the worker {self.claim['worker']} {why} while serving this request; retry it"}
+                return Error(status=503, code="worker_lost",
+                             message=f"the worker {self.claim.worker} {why} while serving this request; retry it")
             return None
         if self.worker is not None:
             alive = await bus.worker(r, self.worker) is not None
         else:
             alive = any(m["name"] == self.model for w in await bus.workers(r) for m in w.get("models", []))
         if not alive and time.monotonic() - waiting_since > settings.RKMOJO["NO_WORKER_TIMEOUT"]:
-            return {"t": "error", "status": 503, "code": "no_worker", "param": None,
-                    "message": f"no worker serving {self.model or self.worker} came up within "
-                               f"{settings.RKMOJO['NO_WORKER_TIMEOUT']:.0f} s; retry later"}
+            return Error(status=503, code="no_worker",
+                         message=f"no worker serving {self.model or self.worker} came up within "
+                                 f"{settings.RKMOJO['NO_WORKER_TIMEOUT']:.0f} s; retry later")
         return None
 
     async def close(self) -> None:
-        """Cancel the request unless it finished, and drop it from its queue. Safe to call twice."""
+        """Cancel the request unless it finished, and drop it from its queue. Safe to call twice.
+
+        A cancellation that arrives meanwhile (a page closed, a client gone while this runs) does not cut
+        it short: both steps still run, then the cancellation goes on. Skipping the release would leave
+        the request counted in its model's queue until the entry expired.
+        """
         r = redis()
-        try:
-            if not self.done:
-                self.done = True
-                await asyncio.shield(bus.cancel(r, self.id))
-            if self.model:
-                await asyncio.shield(bus.release(r, self.model, self.id))
-        except asyncio.CancelledError:
-            pass
+        steps = []
+        if not self.settled:  # also after an error of our own (Redis lost): the worker may still run
+            self.done = self.settled = True
+            steps.append(bus.cancel(r, self.id))
+        if self.model:
+            steps.append(bus.release(r, self.model, self.id))
+        cancelled = False
+        for step in steps:
+            try:
+                await asyncio.shield(step)
+            except asyncio.CancelledError:
+                cancelled = True
+            except (RedisConnectionError, RedisTimeoutError):
+                pass  # without Redis there is nothing to cancel: the worker's stream broke too
+        if cancelled:
+            raise asyncio.CancelledError
+
+
+def redis_lost(e: Exception | None) -> Error:
+    """The error event of a request whose events were lost with the Redis connection."""
+    why = f" ({type(e).__name__})" if e is not None else " (it restarted)"
+    return Error(status=503, code="redis_lost",
+                 message=f"the appliance lost its Redis connection{why} while serving this request; retry it")

@@ -12,21 +12,28 @@ import json
 import re
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
+import pydantic
+from django.conf import settings
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from pydantic import BaseModel, ConfigDict, Field
+
+from appliance.events import Delta, Error, Final, Progress, Usage, logprob_dicts
+from appliance.sources import SourceError, local_path
 
 from . import jobs
 from .common import ApiError, api_view, log, ollama_model_name
 from .openai import embedding_result
-from .params import chat_messages, check_sampling, seed_value
+from inference.engine import EngineConfig
+from inference.options import OLLAMA
+
+from .params import chat_messages, check_embed_batch, check_sampling, sampling_field, seed_value
 
 VERSION = "0.9.0"  # the Ollama API level these endpoints follow; clients gate features on it
 
 # options that tune Ollama's own runtime: accepted and without effect here (the worker owns its engine)
-_RUNTIME_OPTIONS = {"num_ctx", "num_batch", "num_gpu", "main_gpu", "low_vram", "num_thread", "use_mmap",
+_RUNTIME_OPTIONS = {"num_batch", "num_gpu", "main_gpu", "low_vram", "num_thread", "use_mmap",
                     "use_mlock", "numa", "num_keep", "repeat_last_n", "penalize_newline", "vocab_only",
                     "logits_all", "embedding_only", "f16_kv"}
 
@@ -36,17 +43,28 @@ class _Req(BaseModel):
 
 
 class Options(_Req):
+    """Ollama's `options`. Sampling ranges are the engine's schema, checked in `sampling` and reported under
+    Ollama's names (`inference.options.OLLAMA`); fields where Ollama gives 0 or -1 a meaning of its own
+    ("unset", "no limit") are declared here with that meaning."""
+
     model_config = ConfigDict(strict=True, extra="forbid")
-    num_predict: int | None = None
-    temperature: float | None = Field(None, ge=0)
-    top_k: int | None = Field(None, ge=0)
-    top_p: float | None = Field(None, ge=0, le=1)
-    min_p: float | None = Field(None, ge=0, le=1)
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _drop_runtime_options(cls, data):
+        return {k: v for k, v in data.items() if k not in _RUNTIME_OPTIONS} if isinstance(data, dict) else data
+
+    num_predict: int | None = None  # -1: no limit
+    num_ctx: int | None = Field(None, ge=1)  # at most the server's context (`check_num_ctx`)
+    temperature: sampling_field("temperature") = None
+    top_k: sampling_field("top_k") = None
+    top_p: float | None = Field(None, ge=0, le=1)  # 0: unset
+    min_p: sampling_field("min_p") = None
     seed: int | None = None
     stop: list[str] | None = None
-    repeat_penalty: float | None = Field(None, ge=0)
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    repeat_penalty: float | None = Field(None, ge=0)  # 0: unset
+    presence_penalty: sampling_field("presence_penalty") = None
+    frequency_penalty: sampling_field("frequency_penalty") = None
     mirostat: int | None = None
     mirostat_tau: float | None = None
     mirostat_eta: float | None = None
@@ -57,7 +75,7 @@ class Options(_Req):
 class _Generation(_Req):
     model: str
     stream: bool | None = True
-    options: dict | None = None
+    options: Options | None = None
     keep_alive: float | int | str | None = None
     format: str | dict | None = None
     think: bool | str | None = None
@@ -100,6 +118,11 @@ class ModelRequest(_Req):
         return ollama_model_name(name)
 
 
+class LegacyEmbeddingsRequest(ModelRequest):
+    prompt: str
+    keep_alive: float | int | str | None = None
+
+
 class PullRequest(ModelRequest):
     stream: bool | None = True
     insecure: bool | None = None
@@ -125,11 +148,8 @@ def keep_alive_seconds(value) -> float | None:
 
 
 def sampling(req: _Generation) -> dict:
-    opts = dict(req.options or {})
-    unknown = sorted(set(opts) - set(Options.model_fields) - _RUNTIME_OPTIONS)
-    if unknown:
-        raise ApiError(400, f"unknown option {unknown[0]!r}", param=f"options.{unknown[0]}")
-    o = Options.model_validate({k: v for k, v in opts.items() if k not in _RUNTIME_OPTIONS})
+    o = req.options or Options()
+    check_num_ctx(o.num_ctx)
     for name, neutral in (("mirostat", 0), ("tfs_z", 1.0), ("typical_p", 1.0)):
         if getattr(o, name) not in (None, neutral):
             raise ApiError(400, f"option {name} is not supported by this server", param=f"options.{name}")
@@ -146,7 +166,16 @@ def sampling(req: _Generation) -> dict:
               "seed": seed_value(o.seed), "stop": o.stop or []}
     if req.logprobs:
         params["logprobs"] = req.top_logprobs or 0
-    return check_sampling(params)
+    return check_sampling(params, OLLAMA)
+
+
+def check_num_ctx(value: int | None) -> None:
+    """`num_ctx` sizes Ollama's own KV cache; here the worker's context is fixed (RKMOJO_CONTEXT), so a
+    value is accepted up to it and refused past it instead of being ignored."""
+    limit = settings.RKMOJO["ENGINE"].get("context", EngineConfig.context)  # the workers' (RKMOJO_CONTEXT)
+    if value is not None and value > limit:
+        raise ApiError(400, f"options.num_ctx {value}: this server runs a context of {limit} tokens "
+                            "(RKMOJO_CONTEXT); give at most that", param="options.num_ctx")
 
 
 def _now() -> str:
@@ -159,12 +188,12 @@ def _iso(ts: float | None) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-def _durations(final: dict, t0: float) -> dict:
-    u, t = final.get("usage") or {}, final.get("timings") or {}
-    ttft, total = t.get("ttft", 0.0), t.get("total", 0.0)
-    return {"total_duration": int((time.perf_counter() - t0) * 1e9), "load_duration": int(final.get("load_duration", 0) * 1e9),
-            "prompt_eval_count": u.get("prompt_tokens", 0), "prompt_eval_duration": int(ttft * 1e9),
-            "eval_count": u.get("completion_tokens", 0), "eval_duration": int(max(total - ttft, 0.0) * 1e9)}
+def _durations(final: Final, t0: float) -> dict:
+    u = final.usage or Usage()
+    ttft, total = (final.timings.ttft, final.timings.total) if final.timings else (0.0, 0.0)
+    return {"total_duration": int((time.perf_counter() - t0) * 1e9), "load_duration": int(final.load_duration * 1e9),
+            "prompt_eval_count": u.prompt_tokens, "prompt_eval_duration": int(ttft * 1e9),
+            "eval_count": u.completion_tokens, "eval_duration": int(max(total - ttft, 0.0) * 1e9)}
 
 
 def _ndjson(job, lines) -> StreamingHttpResponse:
@@ -185,29 +214,23 @@ async def _answer(job, model: str, t0: float, piece, stream: bool, on_final=None
     """The NDJSON lines of a generation (or the one JSON object when not streaming)."""
     parts, lps = [], []
     async for ev in job.events():
-        if ev["t"] == "delta":
-            parts.append(ev["text"])
-            lp = [_ollama_lp(x) for x in ev.get("logprobs") or []]
+        if isinstance(ev, Delta):
+            parts.append(ev.text)
+            lp = logprob_dicts(ev)
             if stream:
-                yield {"model": model, "created_at": _now(), **piece(ev["text"]), "done": False,
+                yield {"model": model, "created_at": _now(), **piece(ev.text), "done": False,
                        **({"logprobs": lp} if lp else {})}
             else:
                 lps += lp
-        elif ev["t"] == "final":
-            reason = {"cancelled": "stop"}.get(ev["finish_reason"], ev["finish_reason"])
+        elif isinstance(ev, Final):
+            reason = {"cancelled": "stop"}.get(ev.finish_reason, ev.finish_reason)
             text = "" if stream else "".join(parts)
             if on_final is not None:
                 await on_final("".join(parts), ev)
             yield {"model": model, "created_at": _now(), **piece(text), "done": True, "done_reason": reason,
                    **_durations(ev, t0), **({"logprobs": lps} if lps else {})}
-        elif ev["t"] == "error":
+        elif isinstance(ev, Error):
             raise ApiError.from_event(ev)
-
-
-def _ollama_lp(x: dict) -> dict:
-    return {"token": x["token"], "logprob": x["logprob"], "bytes": x["bytes"],
-            "top_logprobs": [{"token": t["token"], "logprob": t["logprob"], "bytes": t["bytes"]}
-                             for t in x.get("top_logprobs") or []]}
 
 
 async def _respond(job, model: str, t0: float, piece, stream: bool, on_final=None):
@@ -231,7 +254,7 @@ async def _load_or_unload(request, model: str, keep_alive: float | None, piece) 
     try:
         await job.started()
         async for ev in job.events():
-            if ev["t"] == "error":
+            if isinstance(ev, Error):
                 raise ApiError.from_event(ev)
     finally:
         await job.close()
@@ -252,17 +275,16 @@ async def chat(request, body):
     if not req.messages:
         return await _load_or_unload(request, model, keep_alive, piece)
     messages = chat_messages(req.messages)
-    payload = {"kind": "chat", "model": model, "messages": messages, "params": params, "keep_alive": keep_alive,
-               "field": "messages"}
+    payload = {"kind": "chat", "model": model, "messages": messages, "params": params, "keep_alive": keep_alive}
     job = await jobs.Job.submit("rkmojo.generate", model, payload, client=request.META.get("REMOTE_ADDR"),
-                                refused_status=503)
+                                refused_status=503, names={"prompt": "messages"})
     await job.started()
 
     async def record(text, final):
         from webui import sessions
 
         try:
-            await sessions.record("ollama", model, messages, text, final.get("usage"))
+            await sessions.record("ollama", model, messages, text, final.usage_dict())
         except Exception:
             log.exception("could not record the chat session")
 
@@ -283,11 +305,11 @@ async def generate(request, body):
     if not req.prompt:
         return await _load_or_unload(request, model, keep_alive, piece)
     if req.raw:
-        payload = {"kind": "complete", "prompt": req.prompt, "field": "prompt"}
+        payload = {"kind": "complete", "prompt": req.prompt}
     else:
         messages = ([{"role": "system", "content": req.system}] if req.system else []) + \
                    [{"role": "user", "content": req.prompt}]
-        payload = {"kind": "chat", "messages": messages, "field": "prompt"}
+        payload = {"kind": "chat", "messages": messages}
     payload.update(model=model, params=params, keep_alive=keep_alive)
     job = await jobs.Job.submit("rkmojo.generate", model, payload, client=request.META.get("REMOTE_ADDR"),
                                 refused_status=503)
@@ -299,6 +321,7 @@ async def generate(request, body):
 async def _embed(request, model: str, texts: list[str], keep_alive) -> tuple:
     if not texts or any(not isinstance(t, str) or not t for t in texts):
         raise ApiError(400, "input must be a non-empty string or a list of non-empty strings", param="input")
+    check_embed_batch(texts)
     job = await jobs.Job.submit("rkmojo.generate", model, {"kind": "embed", "model": model, "input": texts,
                                                            "keep_alive": keep_alive_seconds(keep_alive)},
                                 client=request.META.get("REMOTE_ADDR"), refused_status=503)
@@ -320,16 +343,13 @@ async def embed(request, body):
     vecs, tokens, start = await _embed(request, model, [req.input] if isinstance(req.input, str) else req.input,
                                        req.keep_alive)
     return JsonResponse({"model": model, "embeddings": vecs.tolist(), "total_duration": int((time.perf_counter() - t0) * 1e9),
-                         "load_duration": int(start.get("load_duration", 0) * 1e9), "prompt_eval_count": tokens})
+                         "load_duration": int(start.load_duration * 1e9), "prompt_eval_count": tokens})
 
 
 @api_view("ollama")
 async def embeddings(request, body):
-    model = ModelRequest.model_validate(body).target()
-    prompt = body.get("prompt")
-    if not isinstance(prompt, str):
-        raise ApiError(400, "prompt must be a string", param="prompt")
-    vecs, _, _ = await _embed(request, model, [prompt], body.get("keep_alive"))
+    req = LegacyEmbeddingsRequest.model_validate(body)
+    vecs, _, _ = await _embed(request, req.target(), [req.prompt], req.keep_alive)
     return JsonResponse({"embedding": vecs[0].tolist()})
 
 
@@ -365,7 +385,7 @@ async def ps(request, body):
             d = descs.get(ld["name"], {})
             models.append({"name": ld["name"], "model": ld["name"], "size": ld.get("size", 0), "digest": d.get("digest", ""),
                            "details": _details(d), "expires_at": _iso(ld.get("expires_at")), "size_vram": 0,
-                           "context_length": d.get("context") or None, "worker": w["name"]})
+                           "context_length": ld.get("context") or d.get("context") or None, "worker": w["name"]})
     for name in sorted({m["name"] for w in workers for m in w.get("models", [])}):
         for q in await bus.queued(r, name):
             requests.append({**q, "state": "running" if q["id"] in running else "waiting",
@@ -405,7 +425,7 @@ async def delete(request, body):
         job = await jobs.Job.submit_board("rkmojo.delete", w["name"], {"name": name})
         try:
             async for ev in job.events():
-                if ev["t"] == "error":
+                if isinstance(ev, Error):
                     raise ApiError.from_event(ev)
         finally:
             await job.close()
@@ -422,8 +442,12 @@ async def pull(request, body):
     if not source:
         raise ApiError(400, "model is required: a repository id (owner/name), a .gguf URL or a path on the worker",
                        param="model")
-    if source.startswith(("/", "./", "../", "~")):  # a path on the worker's machine
-        name = Path(source).name.removesuffix(".gguf").lower()
+    try:
+        local = local_path(source, settings.RKMOJO["IMPORT_DIR"])
+    except SourceError as e:
+        raise ApiError(400, str(e), param="model") from None
+    if local is not None:  # a file in the import directory
+        name = local.name.removesuffix(".gguf").lower()
     else:
         name = ollama_model_name(default_name(source))
     if name in await jobs.catalog():
@@ -433,15 +457,16 @@ async def pull(request, body):
         workers = [w for w in workers if w["name"] == req.worker]
     if not workers:
         raise ApiError(503, f"no worker {'named ' + req.worker + ' ' if req.worker else ''}is running to install it")
-    job = await jobs.Job.submit_board("rkmojo.install", workers[0]["name"], {"source": source, "name": name})
+    job = await jobs.Job.submit_board("rkmojo.install", workers[0]["name"],
+                                      {"source": str(local or source), "name": name})
     await job.started()
 
     async def lines():
         yield {"status": "pulling manifest"}
         async for ev in job.events():
-            if ev["t"] == "progress":
-                yield {k: v for k, v in ev.items() if k in ("status", "digest", "total", "completed") and v is not None}
-            elif ev["t"] == "error":
+            if isinstance(ev, Progress):
+                yield ev.model_dump(include={"status", "digest", "total", "completed"}, exclude_none=True)
+            elif isinstance(ev, Error):
                 raise ApiError.from_event(ev)
 
     if req.stream is not False:

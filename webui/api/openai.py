@@ -16,9 +16,13 @@ import numpy as np
 from django.http import JsonResponse, StreamingHttpResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from appliance.events import Delta, Embeddings, Error, Final, Usage, logprob_dicts
+
 from . import jobs
 from .common import ApiError, api_view, log, openai_error_body
-from .params import check_sampling, chat_messages, seed_value
+from inference.options import OPENAI
+
+from .params import chat_messages, check_embed_batch, check_sampling, sampling_field, seed_value
 
 FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
 
@@ -36,13 +40,14 @@ class _Sampling(_Strict):
     model: str
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    seed: int | None = None
+    # sampling options: their ranges are the engine's schema (`SamplingParams`), checked in `_sampling`
+    max_tokens: sampling_field("max_tokens") = None
+    temperature: sampling_field("temperature") = None
+    top_p: sampling_field("top_p") = None
+    seed: int | None = None  # any 64-bit integer, as OpenAI's
     stop: str | list[str] | None = None
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: sampling_field("presence_penalty") = None
+    frequency_penalty: sampling_field("frequency_penalty") = None
     user: str | None = None
     n: int | None = Field(None, ge=1)
     logit_bias: dict | None = None
@@ -50,9 +55,9 @@ class _Sampling(_Strict):
     metadata: dict | None = None
     service_tier: str | None = None
     # extensions that llama.cpp's and vLLM's servers take too
-    top_k: int | None = Field(None, ge=0)
-    min_p: float | None = Field(None, ge=0, le=1)
-    repetition_penalty: float | None = Field(None, gt=0, le=10)
+    top_k: sampling_field("top_k") = None
+    min_p: sampling_field("min_p") = None
+    repetition_penalty: sampling_field("repetition_penalty") = None
 
 
 class ChatRequest(_Sampling):
@@ -110,7 +115,7 @@ def _sampling(req: _Sampling, max_tokens: int | None) -> dict:
               "min_p": req.min_p, "repetition_penalty": req.repetition_penalty,
               "presence_penalty": req.presence_penalty or 0.0, "frequency_penalty": req.frequency_penalty or 0.0,
               "seed": seed_value(req.seed), "stop": [req.stop] if isinstance(req.stop, str) else (req.stop or [])}
-    return check_sampling(params)
+    return check_sampling(params, OPENAI)
 
 
 def _client(request) -> str | None:
@@ -135,8 +140,8 @@ async def chat_completions(request, body):
     params = _sampling(req, req.max_completion_tokens or req.max_tokens)
     if req.logprobs:
         params["logprobs"] = req.top_logprobs or 0
-    payload = {"kind": "chat", "model": req.model, "messages": messages, "params": params, "field": "messages"}
-    job, start, meta = await _start("chatcmpl", request, req.model, payload)
+    payload = {"kind": "chat", "model": req.model, "messages": messages, "params": params}
+    job, _, meta = await _start("chatcmpl", request, req.model, payload, names={"prompt": "messages"})
     if req.stream:
         usage = bool(req.stream_options and req.stream_options.include_usage)
         return _sse(job, _chat_chunks(job, meta, usage, messages, bool(req.logprobs)))
@@ -148,7 +153,7 @@ async def chat_completions(request, body):
     return JsonResponse({**meta, "object": "chat.completion", "choices": [{
         "index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
         "logprobs": {"content": lps, "refusal": None} if req.logprobs else None,
-        "finish_reason": FINISH.get(final["finish_reason"], "stop")}], "usage": _usage(final, start)})
+        "finish_reason": FINISH.get(final.finish_reason, "stop")}], "usage": _usage(final)})
 
 
 async def _chat_chunks(job, meta, include_usage: bool, messages, logprobs: bool):
@@ -163,15 +168,15 @@ async def _chat_chunks(job, meta, include_usage: bool, messages, logprobs: bool)
     yield chunk({"role": "assistant", "content": "", "refusal": None})
     parts = []
     async for ev in job.events():
-        if ev["t"] == "delta":
-            parts.append(ev["text"])
-            yield chunk({"content": ev["text"]}, lps=ev.get("logprobs") if logprobs else None)
-        elif ev["t"] == "final":
-            yield chunk({}, FINISH.get(ev["finish_reason"], "stop"), lps=ev.get("logprobs") if logprobs else None)
+        if isinstance(ev, Delta):
+            parts.append(ev.text)
+            yield chunk({"content": ev.text}, lps=logprob_dicts(ev) if logprobs else None)
+        elif isinstance(ev, Final):
+            yield chunk({}, FINISH.get(ev.finish_reason, "stop"), lps=logprob_dicts(ev) if logprobs else None)
             if include_usage:
-                yield {**meta, "object": "chat.completion.chunk", "choices": [], "usage": _usage(ev, None)}
+                yield {**meta, "object": "chat.completion.chunk", "choices": [], "usage": _usage(ev)}
             await _record(meta["model"], messages, "".join(parts), ev)
-        elif ev["t"] == "error":
+        elif isinstance(ev, Error):
             raise ApiError.from_event(ev)
 
 
@@ -190,8 +195,8 @@ async def completions(request, body):
     if not prompt:
         raise ApiError(400, "prompt is empty", param="prompt")
     payload = {"kind": "complete", "model": req.model, "prompt": prompt,
-               "params": _sampling(req, req.max_tokens or 16), "field": "prompt"}  # OpenAI's default is 16
-    job, start, meta = await _start("cmpl", request, req.model, payload)
+               "params": _sampling(req, req.max_tokens or 16)}  # OpenAI's default is 16
+    job, _, meta = await _start("cmpl", request, req.model, payload)
     if req.stream:
         usage = bool(req.stream_options and req.stream_options.include_usage)
         return _sse(job, _completion_chunks(job, meta, usage))
@@ -200,8 +205,8 @@ async def completions(request, body):
     finally:
         await job.close()
     return JsonResponse({**meta, "object": "text_completion", "choices": [{
-        "index": 0, "text": text, "logprobs": None, "finish_reason": FINISH.get(final["finish_reason"], "stop")}],
-        "usage": _usage(final, start)})
+        "index": 0, "text": text, "logprobs": None, "finish_reason": FINISH.get(final.finish_reason, "stop")}],
+        "usage": _usage(final)})
 
 
 async def _completion_chunks(job, meta, include_usage: bool):
@@ -213,13 +218,13 @@ async def _completion_chunks(job, meta, include_usage: bool):
         return c
 
     async for ev in job.events():
-        if ev["t"] == "delta":
-            yield chunk(ev["text"])
-        elif ev["t"] == "final":
-            yield chunk("", FINISH.get(ev["finish_reason"], "stop"))
+        if isinstance(ev, Delta):
+            yield chunk(ev.text)
+        elif isinstance(ev, Final):
+            yield chunk("", FINISH.get(ev.finish_reason, "stop"))
             if include_usage:
-                yield {**meta, "object": "text_completion", "choices": [], "usage": _usage(ev, None)}
-        elif ev["t"] == "error":
+                yield {**meta, "object": "text_completion", "choices": [], "usage": _usage(ev)}
+        elif isinstance(ev, Error):
             raise ApiError.from_event(ev)
 
 
@@ -231,6 +236,7 @@ async def embeddings(request, body):
     texts = [req.input] if isinstance(req.input, str) else req.input
     if not texts or any(not t for t in texts):
         raise ApiError(400, "input must be a non-empty string or a list of non-empty strings", param="input")
+    check_embed_batch(texts)
     job = await jobs.Job.submit("rkmojo.generate", req.model, {"kind": "embed", "model": req.model, "input": texts},
                                 client=_client(request))
     try:
@@ -249,10 +255,9 @@ async def embeddings(request, body):
 async def embedding_result(job) -> tuple[np.ndarray, int]:
     """The vectors [N, H] float32 and the token count of an embed job (after its start event)."""
     async for ev in job.events():
-        if ev["t"] == "embeddings":
-            arr = np.frombuffer(base64.b64decode(ev["data"]), "<f4").reshape(ev["shape"])
-            return arr, int(ev["prompt_tokens"])
-        if ev["t"] == "error":
+        if isinstance(ev, Embeddings):
+            return np.frombuffer(base64.b64decode(ev.data), "<f4").reshape(ev.shape), ev.prompt_tokens
+        if isinstance(ev, Error):
             raise ApiError.from_event(ev)
     raise ApiError(500, "the worker sent no embeddings")
 
@@ -276,42 +281,42 @@ def _model_entry(name: str, desc: dict) -> dict:
 
 
 # --- shared ------------------------------------------------------------------------------------
-async def _start(prefix: str, request, model: str, payload: dict) -> tuple:
+async def _start(prefix: str, request, model: str, payload: dict, names: dict | None = None) -> tuple:
     """Submit a generation and wait for its start: (job, start event, the fields every response carries)."""
-    job = await jobs.Job.submit("rkmojo.generate", model, payload, client=_client(request))
+    job = await jobs.Job.submit("rkmojo.generate", model, payload, client=_client(request), names=names)
     start = await job.started()
     meta = {"id": f"{prefix}-{job.id}", "created": int(time.time()), "model": model,
-            "system_fingerprint": f"rkmojo-{job.claim['worker'] if job.claim else 'unknown'}"}
+            "system_fingerprint": f"rkmojo-{job.claim.worker if job.claim else 'unknown'}"}
     return job, start, meta
 
 
-async def _collect(job) -> tuple[str, dict, list]:
+async def _collect(job) -> tuple[str, Final, list]:
     parts, lps = [], []
     async for ev in job.events():
-        if ev["t"] == "delta":
-            parts.append(ev["text"])
-            lps += ev.get("logprobs") or []
-        elif ev["t"] == "final":
-            lps += ev.get("logprobs") or []
+        if isinstance(ev, Delta):
+            parts.append(ev.text)
+            lps += logprob_dicts(ev)
+        elif isinstance(ev, Final):
+            lps += logprob_dicts(ev)
             return "".join(parts), ev, lps
-        elif ev["t"] == "error":
+        elif isinstance(ev, Error):
             raise ApiError.from_event(ev)
     raise ApiError(500, "the worker's stream ended without a final event")
 
 
-def _usage(final: dict, start: dict | None) -> dict:
-    u = final.get("usage") or {}
-    prompt, completion = u.get("prompt_tokens", 0), u.get("completion_tokens", 0)
+def _usage(final: Final) -> dict:
+    u = final.usage or Usage()
+    prompt, completion = u.prompt_tokens, u.completion_tokens
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": u.get("cached_tokens", 0)},
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
             "completion_tokens_details": {"reasoning_tokens": 0}}
 
 
-async def _record(model: str, messages: list[dict], text: str, final: dict) -> None:
+async def _record(model: str, messages: list[dict], text: str, final: Final) -> None:
     from webui import sessions
 
     try:
-        await sessions.record("openai", model, messages, text, final.get("usage"))
+        await sessions.record("openai", model, messages, text, final.usage_dict())
     except Exception:  # the answer is delivered; a full disk must not turn it into an error
         log.exception("could not record the chat session")
 

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from inference.options import OptionError, Surface, api_type
+from inference.sampler import SamplingParams
+
 from .common import ApiError
 
 ROLES = ("system", "developer", "user", "assistant")
@@ -30,6 +33,9 @@ def chat_messages(messages: list[Any], *, allow_images: bool = False) -> list[di
                 raise ApiError(400, f"{where}.{key} is not supported by this server", param=f"{where}.{key}",
                                code="unsupported_value")
         content = m.get("content")
+        if content is None and role != "assistant":  # an assistant turn may be empty; a question may not
+            raise ApiError(400, f"{where}.content must be a string or a list of text parts, not null",
+                           param=f"{where}.content")
         if content is None:
             content = ""
         if isinstance(content, list):
@@ -48,19 +54,35 @@ def chat_messages(messages: list[Any], *, allow_images: bool = False) -> list[di
     return out
 
 
+def check_embed_batch(texts: list[str]) -> None:
+    """At most RKMOJO_MAX_EMBED_INPUTS texts per request: each is a forward pass on the only worker."""
+    from django.conf import settings
+
+    limit = settings.RKMOJO["MAX_EMBED_INPUTS"]
+    if len(texts) > limit:
+        raise ApiError(400, f"input holds {len(texts)} texts; this server embeds at most {limit} per request "
+                            "(RKMOJO_MAX_EMBED_INPUTS): split the batch", param="input", code="too_many_inputs")
+
+
 def seed_value(seed: int | None) -> int | None:
     """Any integer seed (OpenAI's are signed 64-bit) as the engine's non-negative one."""
     return None if seed is None else seed % 2**64
 
 
-def check_sampling(params: dict) -> dict:
-    """`params` (SamplingParams fields) checked by the engine's own rules; 400 naming the field when out of range."""
-    from inference.sampler import SamplingParams
+def check_sampling(params: dict, surface: Surface) -> dict:
+    """`params` (SamplingParams fields) checked by the schema's own rules (`inference.options`).
 
+    Raises:
+        ApiError: 400 naming the field as `surface`'s clients spell it (`options.num_predict`).
+    """
     params = {k: v for k, v in params.items() if v is not None}
     try:
         SamplingParams.from_any(params)
-    except ValueError as e:
-        field = str(e).split("=", 1)[0].split(":", 1)[0].strip()
-        raise ApiError(400, str(e), param=field if field.isidentifier() else None) from None
+    except OptionError as e:
+        raise ApiError(400, surface.error(e), param=surface.spell(e.field), code="invalid_value") from None
     return params
+
+
+def sampling_field(name: str):
+    """The type of a request field that is sampling option `name` (its range in the OpenAPI document)."""
+    return api_type(SamplingParams, name)

@@ -1,7 +1,9 @@
 """`python -m django apikey create NAME | list | revoke PREFIX` (settings: appliance.settings)."""
 from django.core.management.base import BaseCommand, CommandError
+from django.db import OperationalError
 from django.utils import timezone
 
+from inference.errors import disk_full
 from webui.models import ApiKey
 
 
@@ -16,7 +18,12 @@ class Command(BaseCommand):
 
     def handle(self, *args, action, **opts):
         if action == "create":
-            _, key = ApiKey.create(opts["name"])
+            try:
+                _, key = ApiKey.create(opts["name"])
+            except OperationalError as e:
+                if disk_full(e):  # SQLite rolled the insert back: no key exists
+                    raise CommandError("the data disk is full: no key was created; free space and retry") from e
+                raise
             self.stdout.write(key)
         elif action == "list":
             for k in ApiKey.objects.all():

@@ -1,0 +1,184 @@
+"""The contract between worker and web: every event a worker writes to a request's Redis stream.
+
+A request's stream (`bus.k_events`) carries, in order:
+
+- `Claim` {worker, boot}: a worker took the request (the web side now watches that worker's heartbeat);
+- `Queued` {position}: requests ahead of this one in its model's queue (0: next);
+- `Loading` {model}: the worker is loading the model before it can start;
+- `Start` {prompt_tokens, load_duration}: the request is valid and computing (the HTTP status is 200 from here);
+- `PrefillProgress` {done, total}: prompt tokens computed so far;
+- `Delta` {text, tokens, logprobs?}: new answer text;
+- `Embeddings` {data (base64 float32), shape, prompt_tokens};
+- `Progress` {status, digest?, completed?, total?}: a pull or verify of a store (board tasks);
+- `Final` {finish_reason, usage, timings (with the expert cache hit rate), load_duration, logprobs?,
+  cancel_latency?, tokens_after_cancel?};
+- `Error` {status, code, param, message} instead of `Start`, or after it when something broke.
+
+`WorkerStats` is the worker's once-a-second summary for the live view (not on a request's stream).
+
+Each event is a frozen pydantic model tagged by `t`; `encode` and `decode` are the only ways across
+Redis. The wire format is JSON (`{"t": "delta", "text": …}`), fields that are None left out. Decoding
+an unknown or malformed event raises `EventError` naming the event, never a KeyError further on.
+"""
+from __future__ import annotations
+
+import json
+from typing import Annotated, Literal, Union, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Claim(_Event):
+    t: Literal["claim"] = "claim"
+    worker: str
+    boot: str
+
+
+class Queued(_Event):
+    t: Literal["queued"] = "queued"
+    position: int = Field(ge=0)
+
+
+class Loading(_Event):
+    t: Literal["loading"] = "loading"
+    model: str
+
+
+class Start(_Event):
+    t: Literal["start"] = "start"
+    prompt_tokens: int = Field(0, ge=0)
+    load_duration: float = 0.0
+
+
+class PrefillProgress(_Event):
+    t: Literal["prefill"] = "prefill"
+    done: int = Field(ge=0)
+    total: int = Field(ge=0)
+
+
+class TopLogprob(_Event):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class Logprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = []
+
+
+class Delta(_Event):
+    t: Literal["delta"] = "delta"
+    text: str
+    tokens: int = Field(ge=0)  # tokens generated so far
+    logprobs: list[Logprob] | None = None
+
+
+def logprob_dicts(ev: Delta | Final) -> list[dict]:
+    """An event's log-probabilities as OpenAI spells them ({token, logprob, bytes, top_logprobs})."""
+    return [lp.model_dump() for lp in ev.logprobs or ()]
+
+
+class Embeddings(_Event):
+    t: Literal["embeddings"] = "embeddings"
+    data: str  # base64 of the little-endian float32 vectors [N, H], L2-normalised
+    shape: tuple[int, int]
+    prompt_tokens: int = Field(ge=0)
+
+
+class Progress(_Event):
+    t: Literal["progress"] = "progress"
+    status: str
+    digest: str | None = None
+    completed: int | None = Field(None, ge=0)
+    total: int | None = Field(None, ge=0)
+
+
+class Usage(_Event):
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class Timings(_Event):
+    ttft: float
+    prefill_tps: float
+    decode_tps: float
+    total: float
+    expert_hit_rate: float | None = None  # expert cache hits / requests; None: all experts resident
+
+
+class Final(_Event):
+    t: Literal["final"] = "final"
+    finish_reason: str  # stop, length, cancelled; load, unload for the control kinds
+    usage: Usage | None = None
+    timings: Timings | None = None
+    load_duration: float = 0.0
+    logprobs: list[Logprob] | None = None
+    cancel_latency: float | None = None
+    tokens_after_cancel: int | None = None
+
+    def usage_dict(self) -> dict | None:
+        return None if self.usage is None else self.usage.model_dump()
+
+
+class Error(_Event):
+    t: Literal["error"] = "error"
+    status: int = Field(ge=400, le=599)
+    code: str | None = None
+    param: str | None = None  # the engine's name (prompt, input, an option); each surface spells it its own way
+    message: str
+
+
+class WorkerStats(_Event):
+    t: Literal["stats"] = "stats"
+    worker: str
+    running: str | None = None  # the request id it computes
+    tokens_per_s: float = 0.0
+    expert_hit_rate: float | None = None
+    disk_mb_per_s: float = 0.0
+    memory_used: int = 0  # bytes
+    memory_total: int = 0
+
+
+Event = Annotated[Union[Claim, Queued, Loading, Start, PrefillProgress, Delta, Embeddings, Progress, Final, Error,
+                        WorkerStats], Field(discriminator="t")]
+TYPES: dict[str, type[_Event]] = {cls.model_fields["t"].default: cls for cls in get_args(get_args(Event)[0])}
+_ADAPTER: TypeAdapter = TypeAdapter(Event)
+
+
+class EventError(ValueError):
+    """An event that is not one of `TYPES`, or lacks what its type needs; the message names it."""
+
+
+def encode(event: _Event) -> str:
+    """The event as the JSON text that goes into Redis."""
+    return event.model_dump_json(exclude_none=True)
+
+
+def decode(raw: str | bytes) -> Event:
+    """The event a worker encoded.
+
+    Raises:
+        EventError: unknown type, missing or wrong fields, or not JSON at all (naming the event).
+    """
+    try:
+        return _ADAPTER.validate_json(raw)
+    except ValidationError as e:
+        try:
+            t = json.loads(raw).get("t")
+        except (ValueError, AttributeError):
+            raise EventError(f"an event is not a JSON object: {str(raw)[:120]!r}") from None
+        if t not in TYPES:
+            raise EventError(f"unknown event type {t!r} (known: {', '.join(TYPES)}): {str(raw)[:120]}") from None
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"][1:]) or "the event"
+        raise EventError(f"malformed {t!r} event: {where}: {err['msg']}: {str(raw)[:120]}") from None
+
+
+def as_dict(event: _Event) -> dict:
+    """The event as the JSON object browsers get over a WebSocket (same shape as on Redis)."""
+    return event.model_dump(mode="json", exclude_none=True)

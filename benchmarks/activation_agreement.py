@@ -1,0 +1,93 @@
+"""How much int8 activations ("q8") change a model's predictions against the exact float path ("f32").
+
+Text: Python's own documentation topics (`pydoc_data.topics`, shipped with every CPython), the first
+--tokens tokens, teacher-forced in one prefill (rows are computed alone whatever the batch, so decode
+gives the same logits). Reported per model: top-1 agreement of the two paths, each path's perplexity
+on the text, and the worst |Δlogit| / logit range. SmolLM2 (the demo GGUF, Q4_1) is a trained model;
+the tiny MoE models of the parity tests have random weights (q4 stores), where the text is just ids
+and only agreement means something.
+
+    .venv/bin/python benchmarks/activation_agreement.py [--tokens 1024] [--store DIR]
+"""
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from inference import kernels  # noqa: E402
+from inference.model import load_model  # noqa: E402
+
+
+def corpus() -> str:
+    import pydoc_data.topics
+
+    topics = pydoc_data.topics.topics
+    return "\n\n".join(topics[k] for k in sorted(topics))
+
+
+def logits_by_mode(store, ids: np.ndarray, chunk: int = 128) -> dict[str, np.ndarray]:
+    out = {}
+    for mode in ("f32", "q8"):
+        kernels.set_activations(mode)
+        m = load_model(store, chunk=chunk)
+        out[mode] = m.forward(ids, m.new_cache())
+    kernels.set_activations("f32")
+    return out
+
+
+def perplexity(logits: np.ndarray, ids: np.ndarray) -> float:
+    z = logits[:-1].astype(np.float64)
+    z = z - z.max(-1, keepdims=True)
+    logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    return float(np.exp(-logp[np.arange(len(ids) - 1), ids[1:]].mean()))
+
+
+def report(name: str, lg: dict[str, np.ndarray], ids: np.ndarray) -> None:
+    f, q = lg["f32"], lg["q8"]
+    agree = float((f.argmax(-1) == q.argmax(-1)).mean())
+    err = float((np.abs(q - f).max(-1) / (f.max(-1) - f.min(-1))).max())
+    print(f"{name:<28}{len(ids):>7}{agree:>10.2%}{perplexity(f, ids):>11.3f}{perplexity(q, ids):>11.3f}{err:>12.2e}",
+          flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tokens", type=int, default=1024)
+    p.add_argument("--store", default=None, help="SmolLM2 store (default: the demo model, converted if needed)")
+    p.add_argument("--no-tiny", action="store_true", help="skip the tiny random MoE models")
+    a = p.parse_args()
+    from inference.demo import demo_gguf
+    from inference.store import Store
+    from inference.tokenizer import StoreTokenizer
+
+    print(f"kernels {kernels.BACKEND} (int8 dot: {kernels.DOT}); text: pydoc_data.topics")
+    print(f"{'model':<28}{'tokens':>7}{'top-1 =':>10}{'ppl f32':>11}{'ppl q8':>11}{'max|Δ|/rng':>12}")
+    with tempfile.TemporaryDirectory() as d:
+        store = a.store
+        if store is None:
+            from inference.convert.gguf import convert_gguf
+
+            store = convert_gguf(demo_gguf(), Path(d) / "smollm2", progress=False)
+        ids = np.array(StoreTokenizer(Store(store)).encode(corpus())[: a.tokens])
+        report("smollm2-135m (Q4_1)", logits_by_mode(store, ids), ids)
+        if a.no_tiny:
+            return
+        from parity import build_checkpoint
+        from test_parity import ARCHS
+
+        from inference.convert import convert
+
+        for arch in ("qwen3_moe", "gemma4", "olmoe"):
+            cls, cfg = ARCHS[arch]()
+            src = build_checkpoint(cls, cfg, Path(d) / arch / "hf")
+            st = convert(src, Path(d) / arch / "q4", "q4", progress=False)
+            tids = ids % cfg.vocab_size
+            report(f"tiny {arch} (q4, random)", logits_by_mode(st, tids, chunk=16), tids)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""The dense prefill block of one decoder layer as ONNX graphs, for rknn-toolkit2 to compile.
+
+A layer's dense block is cut where the CPU must step in (attention over the KV cache):
+
+- ``qkv``: x [T, H] (the attention-normed rows) → q [T, Nq], k [T, Nk], v [T, Nv];
+- ``o_mlp``: o [T, A] (attention output), h [T, H] (the residual) →
+  h2 = h + o·Woᵀ; h2 + down(act(gate·n) × up·n) with n = rms_norm(h2) (Llama-style layers);
+- ``mlp``: x [T, H] → down(act(gate·x) × up·x), act silu or gelu (tanh): the shared MLP of MoE layers
+  (Gemma 4, whose norms around it stay on the CPU).
+
+T is the prefill chunk: a graph is compiled for one static shape. Weights become float32 initializers
+(dequantized from the store); rknn-toolkit2 rounds them to fp16 or quantizes them to w8a8 itself.
+
+This module needs only numpy and `onnx`: it runs in the rknn-toolkit2 venv (`.venv-rknn`, made by
+`scripts/setup --test`) as well as in the engine's, and imports nothing else from the project.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+OPSET = 13  # rknn-toolkit2 2.5 accepts opsets up to 19; 13 has everything used here
+
+
+def _helpers():
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    return onnx, TensorProto, helper, numpy_helper
+
+
+def _weight_t(name: str, w: np.ndarray):
+    """A [out, in] weight as the [in, out] initializer that MatMul wants."""
+    _, _, _, numpy_helper = _helpers()
+    return numpy_helper.from_array(np.ascontiguousarray(np.asarray(w, np.float32).T), name)
+
+
+def qkv_graph(wq: np.ndarray, wk: np.ndarray, wv: np.ndarray, rows: int):
+    """x [rows, H] → q, k, v; weights [out, H] float32. Returns an onnx ModelProto."""
+    onnx, TensorProto, helper, _ = _helpers()
+    H = wq.shape[1]
+    nodes, outs = [], []
+    for name, w in (("q", wq), ("k", wk), ("v", wv)):
+        nodes.append(helper.make_node("MatMul", ["x", f"w{name}"], [name]))
+        outs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, [rows, w.shape[0]]))
+    graph = helper.make_graph(
+        nodes, "qkv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, H])], outs,
+        initializer=[_weight_t("wq", wq), _weight_t("wk", wk), _weight_t("wv", wv)])
+    return _model(graph)
+
+
+def o_mlp_graph(wo: np.ndarray, norm: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray,
+                eps: float, act: str, rows: int):
+    """(o [rows, A], h [rows, H]) → the layer's output [rows, H] (Llama-style residuals)."""
+    onnx, TensorProto, helper, numpy_helper = _helpers()
+    H, A = wo.shape
+    c = lambda name, v: numpy_helper.from_array(np.asarray(v, np.float32).reshape(-1), name)  # noqa: E731
+    nodes = [
+        helper.make_node("MatMul", ["o", "wo"], ["attn"]),
+        helper.make_node("Add", ["h", "attn"], ["h2"]),  # [T, H]
+        # rms_norm(h2) · weight
+        helper.make_node("Mul", ["h2", "h2"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[-1], keepdims=1),  # [T, 1]
+        helper.make_node("Add", ["ms", "eps"], ["mse"]),
+        helper.make_node("Sqrt", ["mse"], ["rms"]),
+        helper.make_node("Div", ["h2", "rms"], ["nh"]),
+        helper.make_node("Mul", ["nh", "norm"], ["n"]),
+        *_mlp_nodes(helper, act, "n", "mlp"),  # [T, H]
+        helper.make_node("Add", ["h2", "mlp"], ["out"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "o_mlp",
+        [helper.make_tensor_value_info("o", TensorProto.FLOAT, [rows, A]),
+         helper.make_tensor_value_info("h", TensorProto.FLOAT, [rows, H])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [rows, H])],
+        initializer=[_weight_t("wo", wo), c("norm", norm), c("eps", [eps]), _weight_t("wgate", gate),
+                     _weight_t("wup", up), _weight_t("wdown", down), *_activation_constants(act)])
+    return _model(graph)
+
+
+def mlp_graph(gate: np.ndarray, up: np.ndarray, down: np.ndarray, act: str, rows: int):
+    """x [rows, H] → down(act(gate·x) × up·x) [rows, H]."""
+    onnx, TensorProto, helper, _ = _helpers()
+    H = gate.shape[1]
+    graph = helper.make_graph(
+        _mlp_nodes(helper, act, "x", "out"), "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, H])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [rows, down.shape[0]])],
+        initializer=[_weight_t("wgate", gate), _weight_t("wup", up), _weight_t("wdown", down),
+                     *_activation_constants(act)])
+    return _model(graph)
+
+
+def _mlp_nodes(helper, act: str, x: str, out: str) -> list:
+    """down(act(x·gate) × x·up), reading initializers wgate, wup, wdown."""
+    return [
+        helper.make_node("MatMul", [x, "wgate"], ["g"]),  # [T, F]
+        helper.make_node("MatMul", [x, "wup"], ["u"]),
+        *_activation(helper, act, "g", "ag"),
+        helper.make_node("Mul", ["ag", "u"], ["gu"]),
+        helper.make_node("MatMul", ["gu", "wdown"], [out]),
+    ]
+
+
+GELU_C = (0.7978845608028654, 0.044715)  # √(2/π) and the cubic term, as models/base.gelu_tanh
+
+
+def _activation(helper, act: str, x: str, out: str) -> list:
+    if act == "silu":  # x · sigmoid(x)
+        return [helper.make_node("Sigmoid", [x], [x + "_s"]), helper.make_node("Mul", [x, x + "_s"], [out])]
+    if act in ("gelu_pytorch_tanh", "gelu_tanh"):  # ½x(1 + tanh(√(2/π)(x + 0.044715x³)))
+        m = lambda a, b, o: helper.make_node("Mul", [a, b], [o])  # noqa: E731
+        return [m(x, x, "x2"), m("x2", x, "x3"), m("x3", "gelu_b", "bx3"),
+                helper.make_node("Add", [x, "bx3"], ["inner"]), m("inner", "gelu_a", "ain"),
+                helper.make_node("Tanh", ["ain"], ["t"]), helper.make_node("Add", ["t", "one"], ["t1"]),
+                m(x, "t1", "xt"), m("xt", "half", out)]
+    raise ValueError(f"activation {act!r} has no NPU graph yet; the layer stays on the CPU")
+
+
+def _activation_constants(act: str) -> list:
+    if act == "silu":
+        return []
+    _, _, _, numpy_helper = _helpers()
+    c = {"gelu_a": GELU_C[0], "gelu_b": GELU_C[1], "one": 1.0, "half": 0.5}
+    return [numpy_helper.from_array(np.array([v], np.float32), k) for k, v in c.items()]
+
+
+def _model(graph):
+    onnx, _, helper, _ = _helpers()
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model

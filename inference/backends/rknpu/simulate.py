@@ -1,0 +1,77 @@
+"""Compile a layer's dense-block graphs with rknn-toolkit2 for rk3588 and run them on its simulator.
+
+Run in the rknn-toolkit2 venv (never in the engine's: the toolkit pins old numpy/protobuf/onnx):
+
+    .venv-rknn/bin/python inference/backends/rknpu/simulate.py JOB.npz OUT.npz
+
+JOB.npz holds `kind` ("qkv", "o_mlp" or "mlp"), `precision` ("fp16" or "w8a8"), the graph's weights (see
+`graphs.py`), the inputs `in_<name>` [S, T, ...] (S samples, also the w8a8 calibration set) and for
+o_mlp `eps` and `act`, for mlp `act`. OUT.npz gets `out_<name>` [S, T, ...]. The simulator only runs graphs built in
+the same process, so build and run are one step.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+import graphs  # this directory is sys.path[0] when run as a script
+
+INPUTS = {"qkv": ["x"], "o_mlp": ["o", "h"], "mlp": ["x"]}
+OUTPUTS = {"qkv": ["q", "k", "v"], "o_mlp": ["out"], "mlp": ["out"]}
+
+
+def build_onnx(job, rows: int):
+    if str(job["kind"]) == "qkv":
+        return graphs.qkv_graph(job["wq"], job["wk"], job["wv"], rows)
+    if str(job["kind"]) == "mlp":
+        return graphs.mlp_graph(job["gate"], job["up"], job["down"], str(job["act"]), rows)
+    return graphs.o_mlp_graph(job["wo"], job["norm"], job["gate"], job["up"], job["down"],
+                              float(job["eps"]), str(job["act"]), rows)
+
+
+def main(job_path: str, out_path: str) -> None:
+    import onnx
+    from rknn.api import RKNN
+
+    job = dict(np.load(job_path))
+    kind, precision = str(job["kind"]), str(job["precision"])
+    names = INPUTS[kind]
+    samples = [[np.ascontiguousarray(job["in_" + n][s], np.float32) for n in names]
+               for s in range(job["in_" + names[0]].shape[0])]
+    rows = samples[0][0].shape[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        model_path = os.path.join(tmp, f"{kind}.onnx")
+        onnx.save(build_onnx(job, rows), model_path)
+        dataset = os.path.join(tmp, "dataset.txt")
+        with open(dataset, "w") as f:
+            for s, sample in enumerate(samples):
+                paths = []
+                for n, a in zip(names, sample):
+                    paths.append(os.path.join(tmp, f"{n}_{s}.npy"))
+                    np.save(paths[-1], a)
+                f.write(" ".join(paths) + "\n")
+        rknn = RKNN(verbose=False)
+        rknn.config(target_platform="rk3588", quantized_dtype="w8a8", quantized_method="channel",
+                    quantized_algorithm="normal")
+        check(rknn.load_onnx(model=model_path, inputs=names, input_size_list=[list(a.shape) for a in samples[0]]),
+              "load_onnx")
+        check(rknn.build(do_quantization=precision == "w8a8", dataset=dataset), "build")
+        check(rknn.init_runtime(), "init_runtime (simulator)")
+        outs = {n: [] for n in OUTPUTS[kind]}
+        for sample in samples:
+            for n, y in zip(OUTPUTS[kind], rknn.inference(inputs=sample)):
+                outs[n].append(np.asarray(y, np.float32).reshape(rows, -1))
+        rknn.release()
+    np.savez(out_path, **{"out_" + n: np.stack(v) for n, v in outs.items()})
+
+
+def check(ret: int, step: str) -> None:
+    if ret != 0:
+        sys.exit(f"rknn-toolkit2: {step} failed with {ret}")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])

@@ -1,0 +1,56 @@
+"""Every worker → web event type crosses the real Redis unchanged; a foreign or malformed one is an error naming it."""
+import asyncio
+
+import pytest
+
+from appliance import bus, events
+from appliance.events import (Claim, Delta, Embeddings, Error, Final, Loading, Logprob, PrefillProgress, Progress,
+                              Queued, Start, Timings, TopLogprob, Usage, WorkerStats)
+
+ONE_OF_EACH = [
+    Claim(worker="board-a", boot="b00t"),
+    Queued(position=2),
+    Loading(model="smollm2"),
+    Start(prompt_tokens=12, load_duration=0.5),
+    PrefillProgress(done=64, total=512),
+    Delta(text="Paris", tokens=3, logprobs=[Logprob(token="Paris", logprob=-0.1, bytes=list(b"Paris"),
+                                                    top_logprobs=[TopLogprob(token="Rome", logprob=-3.0,
+                                                                             bytes=list(b"Rome"))])]),
+    Embeddings(data="AACAPw==", shape=(1, 1), prompt_tokens=2),
+    Progress(status="verifying", completed=10, total=100),
+    Final(finish_reason="stop", usage=Usage(prompt_tokens=12, cached_tokens=4, completion_tokens=3),
+          timings=Timings(ttft=0.1, prefill_tps=120.0, decode_tps=30.0, total=0.2, expert_hit_rate=0.6),
+          load_duration=0.5, cancel_latency=0.01, tokens_after_cancel=1),
+    Error(status=400, code="invalid_value", param="temperature", message="temperature=5 is out of range"),
+    WorkerStats(worker="board-a", running="r1", tokens_per_s=6.1, expert_hit_rate=0.6, disk_mb_per_s=400.0,
+                memory_used=1 << 30, memory_total=16 << 30),
+]
+
+
+def test_one_of_each_covers_every_type():
+    assert {type(e) for e in ONE_OF_EACH} == set(events.TYPES.values())
+
+
+def test_every_event_type_round_trips_through_redis(stack):
+    r = stack.r()
+    for ev in ONE_OF_EACH:
+        bus.emit(r, "roundtrip", ev)
+
+    async def read_all():
+        got = await bus.read(bus.connect_async(stack.redis_url), "roundtrip", "0", 100)
+        return [ev for _, ev in got]
+
+    assert asyncio.run(read_all()) == ONE_OF_EACH
+
+
+@pytest.mark.parametrize("raw, names", [
+    ('{"t": "telepathy", "x": 1}', "unknown event type 'telepathy'"),
+    ('{"t": "delta", "tokens": 1}', "malformed 'delta' event: text"),
+    ('{"t": "error", "status": "bad", "message": "m"}', "malformed 'error' event: status"),
+    ('{"worker": "a"}', "unknown event type None"),
+    ("not json", "not a JSON object"),
+])
+def test_a_foreign_or_malformed_event_is_an_error_naming_it(raw, names):
+    with pytest.raises(events.EventError) as e:
+        events.decode(raw)
+    assert names in str(e.value)

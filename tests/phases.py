@@ -12,7 +12,7 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-PHASES = ("set-up", "quick tests", "slow tests", "image builds (tests)", "QEMU boot", "image idempotence",
+PHASES = ("set-up", "quick tests", "slow tests", "image builds (tests wait)", "QEMU boot", "image idempotence",
           "RK3588 image checks", "image: other tests")
 
 
@@ -50,7 +50,7 @@ class Phases:
             BUILD_SECONDS, stage_seconds = {}, lambda board: {}
         for board, s in BUILD_SECONDS.items():
             test_phase = "QEMU boot" if board == "qemu-arm64" else "RK3588 image checks"
-            seconds["image builds (tests)"] = seconds.get("image builds (tests)", 0.0) + s
+            seconds["image builds (tests wait)"] = seconds.get("image builds (tests wait)", 0.0) + s
             seconds[test_phase] = max(0.0, seconds.get(test_phase, 0.0) - s)
         out = [f"{name:<24} {seconds[name]:7.0f} s" for name in PHASES if name in seconds]
         if "qemu-arm64" in BUILD_SECONDS:

@@ -6,6 +6,7 @@ stand-in vendor U-Boot), so the stages they share are built once and reused from
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -140,7 +141,7 @@ def build_ahead() -> int:
         t0 = time.monotonic()
         try:
             _build(board)
-            print(f"image builds ahead: {board} in {time.monotonic() - t0:.0f} s, stages {stage_seconds(board)}",
+            print(f"image builds ahead: {board} in {time.monotonic() - t0:.0f} s, stages {json.dumps(stage_seconds(board))}",
                   flush=True)
         except AssertionError as e:
             print(f"image builds ahead: {board} failed after {time.monotonic() - t0:.0f} s "

@@ -11,6 +11,11 @@ Keys (all under `rkmojo:`):
 - `events:ID` — the request's event stream (XADD by the worker, XREAD by the web side): ordered and
   replayable, so the web side may start reading after the worker started writing.
 - `cancel:ID` — set by the web side when its client went away; the worker checks it before every token.
+- `stats:NAME` — a worker's latest `events.WorkerStats`, written once a second with a short TTL; the same
+  event is sent to the Channels group `LIVE_GROUP` (message type `live.stats`, field `stats`: the encoded
+  event), which the admin panel's live view forwards to browsers.
+- `settings` — the settings the administrator saved (JSON object, option name → value), written by the
+  web side; workers read it at every heartbeat. Environment variables still win.
 
 Events are `appliance.events` types, written and read only through its `encode` and `decode`.
 """
@@ -51,6 +56,14 @@ def k_events(req_id: str) -> str:
 
 def k_cancel(req_id: str) -> str:
     return f"{PREFIX}cancel:{req_id}"
+
+
+def k_stats(worker: str) -> str:
+    return f"{PREFIX}stats:{worker}"
+
+
+K_SETTINGS = f"{PREFIX}settings"
+LIVE_GROUP = "rkmojo-live"  # the Channels group live-view sockets join
 
 
 def model_queue(model: str) -> str:

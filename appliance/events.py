@@ -133,15 +133,61 @@ class Error(_Event):
     message: str
 
 
+class MemoryBudget(_Event):
+    """Where a worker's memory goes, in bytes (the live view's stacked bar)."""
+    total: int = Field(0, ge=0)  # the budget: RKMOJO_MEMORY or the machine's RAM
+    dense: int = Field(0, ge=0)  # resident weights of the loaded models
+    kv: int = Field(0, ge=0)  # KV caches as allocated
+    expert_slots: int = Field(0, ge=0)  # the streamed experts' cache slots
+    prefetch_slots: int = Field(0, ge=0)
+    runtime: int = Field(0, ge=0)  # the process's own (RSS minus the above, never below 0)
+    free: int = Field(0, ge=0)  # total minus all of the above, never below 0
+
+
+class Heatmap(_Event):
+    """One loaded model's expert cache, layer × expert, over a decaying window (half-life `half_life` s).
+
+    `hits` and `misses` are decayed counts [layers][experts]; `residency` is 0 not resident,
+    1 in a cache slot, 2 in a prefetch slot (or being read ahead); `layer_hit_rate` is hits / requests
+    per layer over the same window (None: no requests yet). Layers are the model's MoE layers in order,
+    named by `layer_ids`.
+    """
+    model: str
+    layer_ids: list[int]
+    experts: int = Field(ge=1)
+    half_life: float = Field(gt=0)
+    hits: list[list[float]]
+    misses: list[list[float]]
+    residency: list[list[int]]
+    layer_hit_rate: list[float | None]
+
+
 class WorkerStats(_Event):
+    """A worker's once-a-second summary for the live view: `bus.k_stats` and the `bus.LIVE_GROUP` push."""
     t: Literal["stats"] = "stats"
     worker: str
+    boot: str
+    at: float  # time.time() of the sample
+    state: Literal["idle", "loading", "prefill", "decoding", "embedding"] = "idle"
     running: str | None = None  # the request id it computes
-    tokens_per_s: float = 0.0
-    expert_hit_rate: float | None = None
-    disk_mb_per_s: float = 0.0
-    memory_used: int = 0  # bytes
-    memory_total: int = 0
+    running_model: str | None = None
+    prefill_done: int | None = None  # state prefill: prompt tokens computed / to compute
+    prefill_total: int | None = None
+    loaded: list[str] = []  # loaded models
+    queue_depth: int = Field(0, ge=0)  # requests admitted for its models and not yet finished
+    oldest_wait: float = 0.0  # seconds the oldest of them has been waiting
+    tokens_per_s: float = 0.0  # tokens generated in the last second
+    ttft: float | None = None  # the last finished request's time to first token, s
+    expert_hit_rate: float | None = None  # over the last second; None: nothing streamed
+    disk_mb_per_s: float = 0.0  # expert bytes read in the last second, MB/s
+    memory: MemoryBudget = MemoryBudget()
+    cpu_percent: float = 0.0  # the machine's, all cores, over the last second
+    load_average: float = 0.0  # one-minute
+    temperatures: dict[str, float] = {}  # thermal zone type → °C, where /sys/class/thermal has them
+    cpu_mhz: float | None = None  # current / maximum frequency of the first core, where cpufreq has them
+    cpu_max_mhz: float | None = None
+    throttled: bool | None = None  # current frequency below the maximum while busy; None: unknown
+    heatmap: Heatmap | None = None  # the loaded MoE model with streamed experts, if any
 
 
 Event = Annotated[Union[Claim, Queued, Loading, Start, PrefillProgress, Delta, Embeddings, Progress, Final, Error,

@@ -6,6 +6,7 @@ import pytest
 from appliance import bus, events
 from appliance.events import (Claim, Delta, Embeddings, Error, Final, Loading, Logprob, PrefillProgress, Progress,
                               Queued, Start, Timings, TopLogprob, Usage, WorkerStats)
+from appliance.events import Heatmap, MemoryBudget
 
 ONE_OF_EACH = [
     Claim(worker="board-a", boot="b00t"),
@@ -22,8 +23,13 @@ ONE_OF_EACH = [
           timings=Timings(ttft=0.1, prefill_tps=120.0, decode_tps=30.0, total=0.2, expert_hit_rate=0.6),
           load_duration=0.5, cancel_latency=0.01, tokens_after_cancel=1),
     Error(status=400, code="invalid_value", param="temperature", message="temperature=5 is out of range"),
-    WorkerStats(worker="board-a", running="r1", tokens_per_s=6.1, expert_hit_rate=0.6, disk_mb_per_s=400.0,
-                memory_used=1 << 30, memory_total=16 << 30),
+    WorkerStats(worker="board-a", boot="b1", at=1.5e9, state="prefill", running="r1", running_model="m",
+                prefill_done=128, prefill_total=512, loaded=["m"], queue_depth=2, oldest_wait=3.5, tokens_per_s=6.1,
+                ttft=1.2, expert_hit_rate=0.6, disk_mb_per_s=400.0,
+                memory=MemoryBudget(total=16 << 30, dense=1 << 30, kv=1 << 28, expert_slots=1 << 29, runtime=1 << 27),
+                temperatures={"soc-thermal": 51.5}, cpu_mhz=1800.0, cpu_max_mhz=2400.0, throttled=False,
+                heatmap=Heatmap(model="m", layer_ids=[0, 1], experts=2, half_life=30.0, hits=[[1.0, 0.0], [0.5, 2.0]],
+                                misses=[[0.0, 1.0], [0.0, 0.0]], residency=[[1, 0], [2, 1]], layer_hit_rate=[0.5, None])),
 ]
 
 

@@ -1,9 +1,14 @@
-from django.urls import path
+from django.urls import include, path
 
-from . import setup_page
+from . import pages, setup_page
 from .api import ollama, openai, openapi
 
 urlpatterns = [
+    path("", pages.root),
+    path("login/", pages.login, name="login"),
+    path("logout/", pages.logout, name="logout"),
+    path("chat/", include("webui.chat.urls")),
+    path("panel/", include("webui.panel.urls")),
     path("setup/", setup_page.setup),
     path("openapi.json", openapi.openapi_json),
     path("v1/chat/completions", openai.chat_completions),

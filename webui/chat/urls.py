@@ -1,0 +1,2 @@
+"""The chat page's URLs, under /chat/."""
+urlpatterns: list = []

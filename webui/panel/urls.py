@@ -1,0 +1,2 @@
+"""The admin panel's URLs, under /panel/ (staff only)."""
+urlpatterns: list = []

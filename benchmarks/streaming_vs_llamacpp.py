@@ -28,6 +28,7 @@ from pathlib import Path
 from inference.bench import BenchOptions, Workload, run_bench
 from inference.bench.bounds import drop_caches
 from inference.bench.cgroup import MemoryCgroup
+from inference.engine import EngineConfig
 from inference.errors import RkmojoError
 
 LLAMA_PYTHON = "/work/llamavenv/bin/python"
@@ -51,10 +52,11 @@ def llama_decode(gguf: str, tokens: int, limit: str, python: str, threads: int) 
             "cmd": cmd}
 
 
-def rkmojo(store: str, limit: str, w: Workload, **kw) -> dict:
+def rkmojo(store: str, limit: str, w: Workload, *, threads: int | None, prefetch: int, **kw) -> dict:
     """`rkmojo bench` in a cgroup of `limit`, with the memory budget set to the same size."""
     drop_caches()
-    o = BenchOptions(memory_budget=limit, cgroup_memory=limit, workload=w, **kw)
+    o = BenchOptions(engine=EngineConfig(memory_budget=limit, threads=threads, prefetch=prefetch), cgroup_memory=limit,
+                     workload=w, **kw)
     return run_bench(store, o, echo=lambda line: print("  " + line))
 
 

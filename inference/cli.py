@@ -45,7 +45,7 @@ def cmd_bench(a) -> int:
         raise RkmojoError(str(e)) from None
     w = Workload(prompt_tokens=a.prompt_tokens, prefill_tokens=tuple(_int_list(a.prefill_tokens, "--prefill-tokens")),
                  decode_tokens=a.decode_tokens, runs=a.runs, feed=a.feed, seed=a.seed)
-    o = BenchOptions(**engine, workload=w,
+    o = BenchOptions(engine=EngineConfig(**engine), workload=w,
                      sweep=tuple(_int_list(a.sweep, "--sweep")), bandwidth_seconds=a.bandwidth_seconds,
                      compute_tokens=a.compute_tokens, compute_bound=not a.no_compute_bound,
                      drop_caches=not a.no_drop_caches, cgroup_memory=a.cgroup_memory)

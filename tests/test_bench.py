@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from inference.bench import REQUIRED_FIELDS, BenchOptions, Workload, run_bench
+from inference.engine import EngineConfig
 from inference.bench.bounds import best_bandwidth, read_bandwidth, sustained_bandwidth
 from inference.bench.cachesim import Call, TraceRecorder, belady, replay
 from inference.bench.cgroup import ROOT, MemoryCgroup, check_limit
@@ -37,7 +38,7 @@ def field(d: dict, path: str):
 
 
 def test_bench_json_has_every_field(tiny, tmp_path):
-    o = BenchOptions(expert_slots=5, workload=small_workload(), sweep=(4, 8), bandwidth_seconds=0.2,
+    o = BenchOptions(engine=EngineConfig(expert_slots=5), workload=small_workload(), sweep=(4, 8), bandwidth_seconds=0.2,
                      compute_tokens=4, drop_caches=False)
     r = run_bench(tiny, o, json_out=str(tmp_path / "b.json"), echo=lambda line: None)
     saved = json.loads((tmp_path / "b.json").read_text())

@@ -1,11 +1,12 @@
 """The browser's way in: `/` for people and for Ollama's probe, sign-in and sign-out.
 
-`GET /` with a browser's `Accept: text/html` goes to the chat page (which sends a visitor without a
-session to `/login/`); anything else, such as an Ollama client's probe, gets the plain text it checks for.
+`GET /` with a browser's `Accept: text/html` goes to the chat page, or to `/login/` without a session
+(unless `RKMOJO_CHAT_OPEN` lets the LAN chat without signing in); anything else, such as an Ollama client's probe, gets the plain text it checks for.
 Sign-in is Django's own (`LoginView`, CSRF on the form, a session cookie); there is no default account.
 """
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib.auth import views as auth
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.views.decorators.http import require_GET
@@ -20,7 +21,9 @@ def wants_html(request: HttpRequest) -> bool:
 @require_GET
 def root(request: HttpRequest) -> HttpResponse:
     if wants_html(request):
-        return HttpResponseRedirect("/chat/")
+        if request.user.is_authenticated or settings.RKMOJO["CHAT_OPEN"]:
+            return HttpResponseRedirect("/chat/")
+        return HttpResponseRedirect("/login/?next=/chat/")
     return HttpResponse(OLLAMA_PROBE, content_type="text/plain")
 
 

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..engine import EngineConfig
 from ..errors import RkmojoError
 from .cachesim import Call, TraceRecorder, popularity, replay, hit_rate, sweep
 from .measure import Workload, cpu_mark, others_cpu, peak_rss_bytes, run_workload
@@ -49,16 +50,10 @@ CHILD_ENV = {"OPENBLAS_NUM_THREADS": "1", "GOMP_SPINCOUNT": "10000"}
 
 @dataclass
 class BenchOptions:
-    memory_budget: int | str | None = None  # bytes, or text like "4G"
-    expert_slots: int | None = None
-    policy: str = "lfu"
-    io: str = "auto"
-    verify_experts: str = "first"
-    prefetch: int = 0
-    kv_dtype: str = "f16"
-    activations: str | None = None
-    threads: int | None = None
-    chunk: int = 128
+    """What a bench run measures and how. The engine's options are its own set (`EngineConfig`, one
+    declaration for the CLI, the environment and the API); the rest belongs to the bench alone."""
+
+    engine: EngineConfig = field(default_factory=EngineConfig)
     workload: Workload = field(default_factory=Workload)
     sweep: tuple[int, ...] = (8, 16, 24, 32)
     bandwidth_seconds: float = 10.0
@@ -67,17 +62,14 @@ class BenchOptions:
     drop_caches: bool = True
     cgroup_memory: str | None = None
 
-    def engine_kw(self) -> dict:
-        return {"memory_budget": self.memory_budget, "expert_slots": self.expert_slots, "policy": self.policy,
-                "io": self.io, "verify_experts": self.verify_experts, "prefetch": self.prefetch, "threads": self.threads,
-                "chunk": self.chunk, "kv_dtype": self.kv_dtype, "activations": self.activations}
-
     @classmethod
     def from_dict(cls, d: dict) -> "BenchOptions":
+        """The options a parent process wrote with `dataclasses.asdict`."""
         d = dict(d)
         wl = dict(d.pop("workload"))
         wl["prefill_tokens"] = tuple(wl["prefill_tokens"])
-        return cls(workload=Workload(**wl), **{k: tuple(v) if k == "sweep" else v for k, v in d.items()})
+        return cls(engine=EngineConfig(**d.pop("engine")), workload=Workload(**wl),
+                   **{k: tuple(v) if k == "sweep" else v for k, v in d.items()})
 
 
 # --- the child processes ----------------------------------------------------------------------
@@ -88,7 +80,8 @@ def child_streaming(store: Path, o: BenchOptions) -> dict:
     from .bounds import best_bandwidth, drop_caches, read_bandwidth
 
     before = None
-    if o.expert_slots is not None or o.memory_budget is not None:
+    e = o.engine
+    if e.expert_slots is not None or e.memory_budget is not None:
         # the disk once before the engine exists (its RSS untouched) and again after the runs: a
         # bound must hold for the whole run, and a shared disk's speed drifts
         from ..store import Store
@@ -96,24 +89,24 @@ def child_streaming(store: Path, o: BenchOptions) -> dict:
         if o.drop_caches:
             drop_caches()
         before = best_bandwidth(Store(store), seconds=o.bandwidth_seconds, seed=o.workload.seed + 4)
-    engine = Engine.open(store, **o.engine_kw())
+    engine = Engine.open(store, **dataclasses.asdict(e))
     rec = None
     if engine.slots is not None:
         rec = engine.model.experts = TraceRecorder(engine.model.experts)
     out = run_workload(engine, o.workload, rec)
     st = engine.expert_stats
-    out["engine"] = {"slots": engine.slots, "policy": o.policy if rec else None, "io": st.get("io"),
-                     "verify_experts": o.verify_experts if rec else None, "threads": o.threads or get_threads(),
-                     "memory_budget": engine.cfg.memory_budget, "chunk": o.chunk,
-                     "prefetch": o.prefetch if rec else None, "kv_dtype": o.kv_dtype,
-                     "activations": o.activations or get_activations(), "kernels": BACKEND}
+    out["engine"] = {"slots": engine.slots, "policy": e.policy if rec else None, "io": st.get("io"),
+                     "verify_experts": e.verify_experts if rec else None, "threads": e.threads or get_threads(),
+                     "memory_budget": engine.cfg.memory_budget, "chunk": e.chunk,
+                     "prefetch": e.prefetch if rec else None, "kv_dtype": e.kv_dtype,
+                     "activations": e.activations or get_activations(), "kernels": BACKEND}
     out["peak_rss_bytes"] = peak_rss_bytes()
     if rec is not None:
         out["trace"] = [[c.phase, c.layer, list(c.experts), c.misses] for c in rec.calls]
         engine.close()
         batches = [(c.layer, c.misses) for c in rec.calls if c.phase == "decode" and c.misses]
         out["drop_caches"] = drop_caches() if o.drop_caches else False
-        out["read"] = read_bandwidth(engine.store, batches, io=o.io, seconds=o.bandwidth_seconds,
+        out["read"] = read_bandwidth(engine.store, batches, io=e.io, seconds=o.bandwidth_seconds,
                                      seed=o.workload.seed + 2)
         if o.drop_caches:
             drop_caches()
@@ -139,7 +132,8 @@ def child_compute(store: Path, o: BenchOptions) -> dict:
     if avail < need:
         return {"mode": "skipped", "reason": f"needs {need / GiB:.1f} GiB of free RAM for the whole store, "
                                              f"{avail / GiB:.1f} GiB available"}
-    engine = Engine.open(store, threads=o.threads, chunk=o.chunk, kv_dtype=o.kv_dtype, activations=o.activations)
+    e = o.engine  # everything resident: no budget, no slots, no prefetch
+    engine = Engine.open(store, **{**dataclasses.asdict(e), "memory_budget": None, "expert_slots": None, "prefetch": 0})
     t = time.perf_counter()
     warm(engine.store)
     warm_s = time.perf_counter() - t
@@ -194,7 +188,7 @@ def run_bench(store: Path, o: BenchOptions, *, json_out: str | None = None, trac
     from .cgroup import MemoryCgroup
 
     st = Store(store)
-    budget = parse_size(o.memory_budget) if isinstance(o.memory_budget, str) else o.memory_budget
+    budget = o.engine.memory_budget
     if o.cgroup_memory and budget and budget > parse_size(o.cgroup_memory):
         raise RkmojoError(f"--memory-budget {budget / 2**30:.2f} GiB is more than --cgroup-memory {o.cgroup_memory}; "
                           "the engine would be OOM-killed: give it a budget within the limit")

@@ -101,7 +101,7 @@ def test_every_page_refers_only_to_this_server(stack, session_cookie, who):
         headers["Cookie"] = session_cookie("chat-crawler")
     with httpx.Client(base_url=stack.url, headers=headers, timeout=30, follow_redirects=True) as c:
         pages = crawl(c, ["/", "/login/", "/chat/", "/panel/", "/setup/"])
-    assert "/login/" in pages
+    assert pages, "no page answered 200"
     for path, refs in pages.items():
         for tag, attr, url in refs.urls:
             assert local(url), f"{path}: <{tag} {attr}={url!r}> leaves this server"

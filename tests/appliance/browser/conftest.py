@@ -26,12 +26,15 @@ SHOTS = Path(os.environ.get("RKMOJO_TEST_OUTPUT", ROOT / "test-output")) / "scre
 DESKTOP = {"width": 1280, "height": 860}
 PHONE = {"width": 360, "height": 740}
 
-# Playwright's sync API keeps an event loop on this thread; Django's ORM then refuses to run here unless
-# told that this (test) thread's loop never runs ORM code concurrently, which holds for these tests
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+@pytest.fixture(autouse=True)
+def orm_beside_playwright(monkeypatch):
+    """Playwright's sync API keeps an event loop on this thread, and Django's ORM then refuses to run here
+    unless told that no coroutine of that loop uses the ORM meanwhile, which holds for these tests."""
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # its event loop must be gone before other tests call asyncio.run
 def chromium():
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: run `scripts/setup --test` (it installs Debian's chromium)")

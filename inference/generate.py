@@ -102,10 +102,12 @@ def max_new_tokens(n_prompt: int, p: SamplingParams, context: int) -> int:
     return p.max_tokens
 
 
-def decode(engine, ids: list[int], p: SamplingParams, max_tokens: int, cancelled) -> Iterator[Event]:
+def decode(engine, ids: list[int], p: SamplingParams, max_tokens: int, cancelled, *,
+           progress=None) -> Iterator[Event]:
     """Prefill `ids` on `engine`, then sample up to `max_tokens` tokens: TokenEvent/TextDelta…, one Final.
 
-    `cancelled()` is checked before every token. The caller holds the engine's generation lock.
+    `cancelled()` is checked before every token; `progress(done, total)` is the prefill's (`Engine.prefill`).
+    The caller holds the engine's generation lock.
     """
     tok = engine.tokenizer
     sampler = Sampler(p)
@@ -119,7 +121,7 @@ def decode(engine, ids: list[int], p: SamplingParams, max_tokens: int, cancelled
     if cancelled():
         reason = "cancelled"
     else:
-        logits, reused = engine.prefill(ids)
+        logits, reused = engine.prefill(ids, progress=progress)
         t_prefill = time.perf_counter()
         while True:
             if cancelled():

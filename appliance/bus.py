@@ -140,12 +140,17 @@ async def release(r, model: str, req_id: str) -> None:
 async def queued(r, model: str) -> list[dict]:
     """The live requests of a model, oldest first, with their descriptions."""
     ids = await r.zrangebyscore(k_queue(model), time.time() - LEASE, "+inf")
-    out = []
-    for req_id in ids:
-        raw = await r.get(k_req(req_id))
-        if raw:
-            out.append(json.loads(raw))
-    return sorted(out, key=lambda d: d.get("created", 0))
+    return _by_creation(await r.mget([k_req(i) for i in ids]) if ids else [])
+
+
+def queued_now(r: redis.Redis, model: str) -> list[dict]:
+    """`queued` for a synchronous client (the worker's)."""
+    ids = r.zrangebyscore(k_queue(model), time.time() - LEASE, "+inf")
+    return _by_creation(r.mget([k_req(i) for i in ids]) if ids else [])
+
+
+def _by_creation(descriptions: list[str | None]) -> list[dict]:
+    return sorted((json.loads(raw) for raw in descriptions if raw), key=lambda d: d.get("created", 0))
 
 
 # --- events ------------------------------------------------------------------------------------

@@ -14,6 +14,8 @@ a prompt that does not fit the context raises there, before any compute. The eng
 conversation's KV state and runs one generation at a time; the next call reuses the longest common
 prefix of its prompt with what the cache holds (multi-turn chat costs only the new turn).
 `engine.cancel()` may be called from any thread: the running generation stops before its next token.
+`progress=` on `chat`/`complete`/`generate` is called as `progress(done, total)` during the prefill, in the
+generating thread (a server turns it into progress events for its clients).
 """
 from __future__ import annotations
 

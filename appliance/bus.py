@@ -2,7 +2,8 @@
 
 Keys (all under `rkmojo:`):
 - `worker:NAME` — a worker's registration (JSON: boot id, models it serves, models loaded, the request
-  it runs), written every heartbeat with a short TTL: a worker that stops answering disappears.
+  it runs and its state, what it made of the saved `settings`), written every heartbeat with a short
+  TTL: a worker that stops answering disappears.
 - `seen:MODEL` — the worker that last served a model, kept for minutes: a request for it waits in the
   queue while that worker restarts instead of being refused as an unknown model.
 - `queue:MODEL` — sorted set of the requests admitted for a model (waiting or running), scored by the

@@ -217,6 +217,7 @@ class Board:
         return {
             "name": self.name, "hostname": self.hostname, "boot": self.boot, "pid": os.getpid(),
             "started": self.started, "running": self.running, "installing": self.installing,
+            "state": self.state, "prefill": self.prefill,
             "models": [{k: v for k, v in m.items() if k != "path"} for m in self.models.values()],
             "loaded": [{"name": n, "size": ld.size, "loaded_at": ld.loaded_at, "expires_at": ld.expires_at,
                         "context": ld.engine.context_length}  # the limit its overflow errors name
@@ -326,7 +327,10 @@ def _on_ready(**_):
         except Exception:
             log.exception("could not preload %s", preload)
     b.start_heartbeat()
-    b.start_stats()
+    try:
+        b.start_stats()
+    except Exception:  # the live view is not worth a worker
+        log.exception("could not start the live stats")
 
 
 @signals.worker_shutting_down.connect

@@ -158,12 +158,7 @@ class Sampler:
         loaded = dict(list(b.loaded.items()))
         engines = {(name, id(ld.engine)): ld.engine for name, ld in loaded.items()}
         tokens, self.tokens = b.tokens - self.tokens, b.tokens
-        totals = expert_totals(engines)
-        hits = requests = read = 0
-        for key, (h, q, r) in totals.items():
-            h0, q0, r0 = self.experts.get(key, (0, 0, 0))
-            hits, requests, read = hits + max(h - h0, 0), requests + max(q - q0, 0), read + max(r - r0, 0)
-        self.experts = totals
+        hits, requests, read = self._experts_since(engines)
         queue = [q for m in list(b.models) for q in bus.queued_now(b.r, m)]
         oldest = min((q.get("created", time.time()) for q in queue), default=None)
         m = machine(self.sysfs)
@@ -181,6 +176,16 @@ class Sampler:
             temperatures=m.temperatures, cpu_mhz=m.cpu_mhz, cpu_max_mhz=m.cpu_max_mhz,
             throttled=None if not (m.cpu_mhz and m.cpu_max_mhz) else busy and m.cpu_mhz < THROTTLE * m.cpu_max_mhz,
             heatmap=self._heatmap(loaded, running_model, dt))
+
+    def _experts_since(self, engines: dict) -> tuple[int, int, int]:
+        """Expert cache hits, requests and bytes read since the last sample, over the streaming engines
+        (an engine loaded since counts from its load; counters reset under us count from zero)."""
+        totals = expert_totals(engines)
+        new = np.zeros(3, np.int64)
+        for key, now in totals.items():
+            new += np.maximum(np.subtract(now, self.experts.get(key, (0, 0, 0))), 0)
+        self.experts = totals
+        return int(new[0]), int(new[1]), int(new[2])
 
     def _heatmap(self, loaded: dict, running_model: str | None, dt: float) -> Heatmap | None:
         """The window of the running model if its experts stream, else of the first loaded one that streams."""

@@ -2,7 +2,8 @@
 
 Keys (all under `rkmojo:`):
 - `worker:NAME` — a worker's registration (JSON: boot id, models it serves, models loaded, the request
-  it runs), written every heartbeat with a short TTL: a worker that stops answering disappears.
+  it runs and its state, what it made of the saved `settings`), written every heartbeat with a short
+  TTL: a worker that stops answering disappears.
 - `seen:MODEL` — the worker that last served a model, kept for minutes: a request for it waits in the
   queue while that worker restarts instead of being refused as an unknown model.
 - `queue:MODEL` — sorted set of the requests admitted for a model (waiting or running), scored by the
@@ -140,12 +141,17 @@ async def release(r, model: str, req_id: str) -> None:
 async def queued(r, model: str) -> list[dict]:
     """The live requests of a model, oldest first, with their descriptions."""
     ids = await r.zrangebyscore(k_queue(model), time.time() - LEASE, "+inf")
-    out = []
-    for req_id in ids:
-        raw = await r.get(k_req(req_id))
-        if raw:
-            out.append(json.loads(raw))
-    return sorted(out, key=lambda d: d.get("created", 0))
+    return _by_creation(await r.mget([k_req(i) for i in ids]) if ids else [])
+
+
+def queued_now(r: redis.Redis, model: str) -> list[dict]:
+    """`queued` for a synchronous client (the worker's)."""
+    ids = r.zrangebyscore(k_queue(model), time.time() - LEASE, "+inf")
+    return _by_creation(r.mget([k_req(i) for i in ids]) if ids else [])
+
+
+def _by_creation(descriptions: list[str | None]) -> list[dict]:
+    return sorted((json.loads(raw) for raw in descriptions if raw), key=lambda d: d.get("created", 0))
 
 
 # --- events ------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 A request's stream (`bus.k_events`) carries, in order:
 
 - `Claim` {worker, boot}: a worker took the request (the web side now watches that worker's heartbeat);
-- `Queued` {position}: requests ahead of this one in its model's queue (0: next);
+- `Queued` {position}: requests ahead of this one in its model's queue (0: next), while no worker has
+  claimed it; the web side makes it from the queue (`webui.api.jobs`), it is not on the stream;
 - `Loading` {model}: the worker is loading the model before it can start;
 - `Start` {prompt_tokens, load_duration}: the request is valid and computing (the HTTP status is 200 from here);
 - `PrefillProgress` {done, total}: prompt tokens computed so far;

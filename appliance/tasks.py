@@ -1,6 +1,17 @@
 """Celery tasks run by a worker. Each writes its progress as events to the request's Redis stream.
 
-The events they emit (`bus.emit`) and their order are the contract in `appliance.events`.
+The events they emit (`bus.emit`) are the contract in `appliance.events`; a generation's, in order:
+
+    Claim, Loading (only when the model was not loaded), Start, PrefillProgress…, Delta…, Final
+
+or Claim, [Loading], Error when the request is refused (an Error may also end the stream after Start).
+`PrefillProgress` {done, total} counts the prompt tokens computed of those to compute (tokens reused
+from the KV cache are in neither): (0, total) first, then after each prefill chunk, at most
+`1 / PREFILL_EVENT_INTERVAL` a second, and always the last (done == total). An embedding sends Claim,
+[Loading], Start, Embeddings, Final. (`Queued` is the web side's: `webui.api.jobs`.)
+
+While a task computes it keeps the board's live-view fields current (`Board.state`: loading, prefill with
+`Board.prefill`, decoding, embedding; `Board.tokens`; `Board.last_ttft`) for the stats thread.
 
 `generate` serves the model queues: chat, complete, embed, load, unload. `install`, `delete` and
 `verify` serve the board queue.
@@ -21,12 +32,14 @@ from django.conf import settings
 from inference.options import ENV, OptionError
 
 from . import bus
-from .events import Claim, Delta, Embeddings, Error, Final, Loading, Logprob, Progress, Start, Timings, Usage
+from .events import (Claim, Delta, Embeddings, Error, Final, Loading, Logprob, PrefillProgress, Progress, Start,
+                     Timings, Usage)
 from .promptcache import common_prefix
 from .sources import SourceError, local_path
 from .worker import board
 
 log = logging.getLogger("rkmojo.tasks")
+PREFILL_EVENT_INTERVAL = 0.25  # seconds between two prefill progress events (the last one always goes)
 
 
 class RequestError(Exception):
@@ -51,12 +64,13 @@ def generate(req: dict) -> None:
             bus.emit(b.r, rid, Final(finish_reason="cancelled"))
             return
         with b.lock:
-            b.running = rid
+            b.running, b.running_model = rid, req["model"]
             b.heartbeat()  # /api/ps shows it running now, not at the next beat
             try:
                 _run(b, req)
             finally:
-                b.running = None
+                b.running = b.running_model = None
+                b.state, b.prefill = "idle", None
                 b.heartbeat()
     except RequestError as e:
         bus.emit(b.r, rid, e.event())
@@ -109,6 +123,7 @@ def _embed(b, eng, req: dict, load_s: float) -> None:
     from inference.generate import ContextLengthError
 
     texts = req["input"]
+    b.state = "embedding"
     try:
         counts = [len(eng.tokenizer.encode(t)) for t in texts]
         vecs = eng.embed(texts)  # [N, H] float32, L2-normalised
@@ -150,19 +165,25 @@ def _generate(b, eng, req: dict, load_s: float) -> None:
     if ld.dirty and common_prefix(np.asarray(ids), np.asarray(eng.tokens)) < len(eng.tokens):
         b.save_state(name)  # the engine's conversation is about to be cut short: keep it for later
     b.prompt_cache(name).restore(eng, ids)
-    events = eng.generate(ids, params)  # checks the parameters and the context before any compute
+    # checks the parameters and the context before any compute
+    events = eng.generate(ids, params, progress=_prefill_reporter(b, rid))
     ld.dirty, ld.session = True, req.get("session")
     bus.emit(b.r, rid, Start(prompt_tokens=len(ids), load_duration=load_s))
     n_tokens, pending_lp = 0, []
     for ev in events:
         if isinstance(ev, TokenEvent):
+            if not n_tokens:
+                b.state, b.prefill = "decoding", None
             n_tokens += 1
+            b.tokens += 1
             if ev.logprob is not None:
                 pending_lp.append(_logprob(tok, ev))
         elif isinstance(ev, TextDelta):
             bus.emit(b.r, rid, Delta(text=ev.text, tokens=n_tokens, logprobs=pending_lp or None))
             pending_lp = []
         elif isinstance(ev, EngineFinal):
+            if n_tokens or ev.finish_reason != "cancelled":
+                b.last_ttft = ev.timings.ttft
             if ev.finish_reason == "cancelled" and "at" not in cancel_seen:
                 raise RequestError(503, f"the worker {b.name} is stopping; retry the request", code="worker_stopping")
             cancel = {}
@@ -173,6 +194,21 @@ def _generate(b, eng, req: dict, load_s: float) -> None:
                                      usage=Usage.model_validate(ev.usage, from_attributes=True),
                                      timings=Timings.model_validate(ev.timings, from_attributes=True),
                                      logprobs=pending_lp or None, **cancel))
+
+
+def _prefill_reporter(b, rid: str):
+    """The engine's prefill progress callback: the board's state, and `PrefillProgress` events (throttled)."""
+    last = [float("-inf")]
+
+    def progress(done: int, total: int) -> None:
+        b.prefill = (done, total)
+        b.state = "prefill"
+        now = time.monotonic()
+        if done >= total or now - last[0] >= PREFILL_EVENT_INTERVAL:
+            last[0] = now
+            bus.emit(b.r, rid, PrefillProgress(done=done, total=total))
+
+    return progress
 
 
 def _logprob(tok, ev) -> Logprob:

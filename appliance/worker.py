@@ -2,7 +2,11 @@
 
 One Celery worker per board, solo pool: tasks run one at a time in the main thread, which is the only
 thread that computes with an engine. A heartbeat thread re-registers the worker in Redis (what it
-serves, what is loaded, what runs) and unloads models idle past their keep-alive.
+serves, what is loaded, what runs, what it did with the saved settings), applies the settings the
+administrator saved (`live_settings`: keep-alive at once, engine options at the next load) and
+unloads models idle past their keep-alive. A stats thread (`stats.Sampler`) publishes the live view's
+`WorkerStats` once a second; it reads the board's fields below (`state`, `prefill`, `tokens`,
+`last_ttft`, which the tasks keep current) and the engines' counters, and never takes `lock`.
 
 Celery signals wire it up: `worker_init` scans the models directory and subscribes to one queue per
 model (`model.NAME`) and one for the board (`board.NAME`); `worker_ready` preloads a model and starts
@@ -21,8 +25,9 @@ from pathlib import Path
 from celery import signals
 from django.conf import settings
 
-from . import bus
+from . import bus, live_settings
 from .promptcache import PromptCache
+from .stats import Sampler
 
 log = logging.getLogger("rkmojo.worker")
 _BOARD: "Board | None" = None
@@ -42,6 +47,11 @@ class Loaded:
     expires_at: float | None  # None: kept until something else needs the memory
     dirty: bool = False  # its KV holds a sequence not yet saved as a prompt-cache file
     session: str | None = None
+    keep_alive: float | None = None  # the last request's own keep-alive; None: the worker's default
+    used_at: float = 0.0  # when the last request finished (its expiry counts from here)
+
+    def __post_init__(self):
+        self.used_at = self.used_at or self.loaded_at
 
 
 @dataclass
@@ -61,11 +71,20 @@ class Board:
     installing: dict | None = None
     shutting_down: bool = False  # set on SIGTERM: the running generation stops at its next token
     lock: threading.RLock = field(default_factory=threading.RLock)
+    # what the live view shows (`stats`); written by the task running, read by the stats thread
+    state: str = "idle"  # idle, loading, prefill, decoding, embedding (`events.WorkerStats.state`)
+    prefill: tuple[int, int] | None = None  # in state prefill: (prompt tokens computed, to compute)
+    running_model: str | None = None
+    tokens: int = 0  # tokens generated since the worker started
+    last_ttft: float | None = None  # the last finished generation's time to first token, s
 
     def __post_init__(self):
         self.r = bus.connect(self.redis_url)
         self.started = time.time()
         self._stop = threading.Event()
+        self.settings = live_settings.Resolved()  # nothing saved applied yet
+        self._settings_raw: str | None = None
+        self._base: dict | None = None  # the configuration from the environment, before saved settings
 
     # --- models --------------------------------------------------------------------------------
     def scan(self) -> dict:
@@ -103,9 +122,13 @@ class Board:
             from inference.engine import Engine
 
             t0 = time.perf_counter()
-            eng = Engine.open(info["path"], **self.cfg["ENGINE"])
-            _ = eng.tokenizer  # load it now: part of the load, not of the first request
-            self.loaded[name] = Loaded(eng, need, time.time(), self._expiry(keep_alive))
+            state, self.state = self.state, "loading"
+            try:
+                eng = Engine.open(info["path"], **self.cfg["ENGINE"])
+                _ = eng.tokenizer  # load it now: part of the load, not of the first request
+            finally:
+                self.state = state
+            self.loaded[name] = Loaded(eng, need, time.time(), self._expiry(keep_alive), keep_alive=keep_alive)
             log.info("loaded %s in %.2fs", name, time.perf_counter() - t0)
             self.heartbeat()
             return eng, time.perf_counter() - t0
@@ -144,13 +167,14 @@ class Board:
         ld = self.loaded.get(name)
         if ld is None:
             return
-        ld.expires_at = self._expiry(keep_alive)
+        ld.keep_alive, ld.used_at = keep_alive, time.time()
+        ld.expires_at = self._expiry(keep_alive, ld.used_at)
         if ld.expires_at is not None and ld.expires_at <= time.time():
             self.unload(name)
 
-    def _expiry(self, keep_alive: float | None) -> float | None:
+    def _expiry(self, keep_alive: float | None, since: float | None = None) -> float | None:
         ka = self.cfg["KEEP_ALIVE"] if keep_alive is None else keep_alive
-        return None if ka < 0 else time.time() + ka
+        return None if ka < 0 else (time.time() if since is None else since) + ka
 
     def unload_idle(self) -> None:
         if not self.lock.acquire(blocking=False):
@@ -164,15 +188,41 @@ class Board:
         finally:
             self.lock.release()
 
+    # --- saved settings --------------------------------------------------------------------------
+    def read_settings(self) -> None:
+        """Apply the settings the administrator saved (`bus.K_SETTINGS`) when they changed (heartbeat thread).
+
+        The keep-alive applies at once, to the loaded models that follow the default too; engine options
+        at the next load (`self.cfg["ENGINE"]` is what `engine()` opens with).
+        """
+        raw = self.r.get(bus.K_SETTINGS)
+        if raw == self._settings_raw:
+            return
+        if self._base is None:
+            self._base = {"KEEP_ALIVE": self.cfg["KEEP_ALIVE"], "ENGINE": dict(self.cfg["ENGINE"])}
+        self._settings_raw = raw
+        res = live_settings.resolve(raw, self._base, os.environ)
+        for name, why in res.invalid.items():
+            log.warning("saved setting %s ignored: %s", name, why)
+        self.cfg["ENGINE"] = res.engine
+        if res.keep_alive != self.cfg["KEEP_ALIVE"]:
+            self.cfg["KEEP_ALIVE"] = res.keep_alive
+            for ld in list(self.loaded.values()):
+                if ld.keep_alive is None:
+                    ld.expires_at = self._expiry(None, ld.used_at)
+        self.settings = res
+
     # --- registration --------------------------------------------------------------------------
     def info(self) -> dict:
         return {
             "name": self.name, "hostname": self.hostname, "boot": self.boot, "pid": os.getpid(),
             "started": self.started, "running": self.running, "installing": self.installing,
+            "state": self.state, "prefill": self.prefill,
             "models": [{k: v for k, v in m.items() if k != "path"} for m in self.models.values()],
             "loaded": [{"name": n, "size": ld.size, "loaded_at": ld.loaded_at, "expires_at": ld.expires_at,
                         "context": ld.engine.context_length}  # the limit its overflow errors name
                        for n, ld in list(self.loaded.items())],
+            "settings": self.settings.status([getattr(ld.engine, "cfg", None) for ld in list(self.loaded.values())]),
         }
 
     def heartbeat(self) -> None:
@@ -182,6 +232,7 @@ class Board:
         def loop():
             while not self._stop.wait(self.cfg["HEARTBEAT"]):
                 try:
+                    self.read_settings()
                     self.heartbeat()
                     self.unload_idle()
                 except Exception:  # Redis restarting: keep beating, the TTL tells the web side meanwhile
@@ -189,6 +240,12 @@ class Board:
 
         self.heartbeat()
         threading.Thread(target=loop, name="rkmojo-heartbeat", daemon=True).start()
+
+    def start_stats(self, **kw) -> Sampler:
+        """Publish the live view's `WorkerStats` once a second from a thread of its own (`stats.Sampler`)."""
+        sampler = Sampler(self, **kw)
+        threading.Thread(target=sampler.run, args=(self._stop,), name="rkmojo-stats", daemon=True).start()
+        return sampler
 
     def stop(self) -> None:
         self._stop.set()
@@ -259,6 +316,10 @@ def _on_init(sender=None, **_):
 @signals.worker_ready.connect
 def _on_ready(**_):
     b = board()
+    try:
+        b.read_settings()  # before the preload: it opens the model with them
+    except Exception:
+        log.exception("could not read the saved settings")
     preload = b.cfg["PRELOAD"]
     if preload and preload in b.models:
         try:
@@ -266,6 +327,10 @@ def _on_ready(**_):
         except Exception:
             log.exception("could not preload %s", preload)
     b.start_heartbeat()
+    try:
+        b.start_stats()
+    except Exception:  # the live view is not worth a worker
+        log.exception("could not start the live stats")
 
 
 @signals.worker_shutting_down.connect

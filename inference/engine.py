@@ -12,7 +12,7 @@ import threading
 import weakref
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -31,6 +31,7 @@ from .tokenizer import StoreTokenizer
 # Python, numpy, kernels and activations: what the process needs besides weights, KV and slots
 RUNTIME_OVERHEAD = 384 * 2**20
 MIN_SLOTS = 8
+Progress = Callable[[int, int], None]  # a prefill's progress callback: (tokens computed, tokens to compute)
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -102,12 +103,16 @@ class Engine:
         limit = int(getattr(self.model.args, "max_position_embeddings", 0) or 0)
         return min(limit, self.cfg.context) if limit else self.cfg.context
 
-    def chat(self, messages: list[dict], params: SamplingParams | dict | None = None, **overrides) -> Iterator[Event]:
+    def chat(self, messages: list[dict], params: SamplingParams | dict | None = None, *,
+             progress: Progress | None = None, **overrides) -> Iterator[Event]:
         """Answer a conversation with the model's chat template.
 
         Args:
             messages: [{"role": "system"|"user"|"assistant"|"tool", "content": ...}, ...].
             params: a `SamplingParams` or a dict of its fields; keyword overrides win.
+            progress: called as `progress(done, total)` during the prefill, in the generating thread:
+                (0, total) before the first chunk, then after each chunk; `total` is the prompt tokens
+                to compute (those reused from the KV cache not counted).
         Returns:
             An iterator of `TokenEvent`, `TextDelta`, and one final `Final`.
         Raises:
@@ -116,16 +121,18 @@ class Engine:
             ContextLengthError: prompt + max_tokens exceed the context (stating both numbers).
         """
         p = self._params(params, overrides)
-        return self._start(self.tokenizer.encode_chat(messages, tools=p.tools, **p.template), p)
+        return self._start(self.tokenizer.encode_chat(messages, tools=p.tools, **p.template), p, progress)
 
-    def complete(self, prompt: str, params: SamplingParams | dict | None = None, **overrides) -> Iterator[Event]:
+    def complete(self, prompt: str, params: SamplingParams | dict | None = None, *,
+                 progress: Progress | None = None, **overrides) -> Iterator[Event]:
         """Continue raw text (no chat template; BOS added when the tokenizer adds it). As `chat` otherwise."""
         p = self._params(params, overrides)
-        return self._start(self.tokenizer.encode(prompt), p)
+        return self._start(self.tokenizer.encode(prompt), p, progress)
 
-    def generate(self, ids: list[int], params: SamplingParams | dict | None = None, **overrides) -> Iterator[Event]:
+    def generate(self, ids: list[int], params: SamplingParams | dict | None = None, *,
+                 progress: Progress | None = None, **overrides) -> Iterator[Event]:
         """Continue the token ids `ids` (no template, nothing added). As `chat` otherwise."""
-        return self._start([int(i) for i in ids], self._params(params, overrides))
+        return self._start([int(i) for i in ids], self._params(params, overrides), progress)
 
     def cancel(self) -> None:
         """Stop the running generation (and any prepared one) before its next token; safe from any thread."""
@@ -164,7 +171,7 @@ class Engine:
     def _params(self, params, overrides) -> SamplingParams:
         return SamplingParams.from_any(params, **overrides).resolve(self.store.manifest.get("generation"))
 
-    def _start(self, ids: list[int], p: SamplingParams) -> Iterator[Event]:
+    def _start(self, ids: list[int], p: SamplingParams, progress: Progress | None = None) -> Iterator[Event]:
         """Check the request against the context and the engine's state; the generator that runs it."""
         if not ids:
             raise ValueError("the prompt is empty (no tokens); give some text")
@@ -173,12 +180,14 @@ class Engine:
             raise EngineBusyError("the engine is busy with another generation; wait for it or cancel() it")
         cancel = threading.Event()
         self._live.add(cancel)
-        return self._run(ids, p, max_tokens, cancel)
+        return self._run(ids, p, max_tokens, cancel, progress)
 
-    def _run(self, ids: list[int], p: SamplingParams, max_tokens: int, cancel: threading.Event) -> Iterator[Event]:
+    def _run(self, ids: list[int], p: SamplingParams, max_tokens: int, cancel: threading.Event,
+             progress: Progress | None) -> Iterator[Event]:
         try:
             with self._exclusive():
-                yield from decode(self, ids, p, max_tokens, lambda: cancel.is_set() or _is_set(p.cancel))
+                yield from decode(self, ids, p, max_tokens, lambda: cancel.is_set() or _is_set(p.cancel),
+                                  progress=progress)
         finally:
             self._live.discard(cancel)
 
@@ -236,16 +245,19 @@ class Engine:
         self.cache = self.model.new_cache()
         self.tokens = []
 
-    def forward(self, ids, *, last_only: bool = True) -> np.ndarray:
-        """Append `ids` to the current sequence; logits [T or 1, vocab]."""
+    def forward(self, ids, *, last_only: bool = True, progress: Progress | None = None) -> np.ndarray:
+        """Append `ids` to the current sequence; logits [T or 1, vocab]. `progress(done, total)` after each chunk."""
         ids = [int(i) for i in np.asarray(ids).reshape(-1)]
         with kernels.configured(self.cfg.threads, self.cfg.activations):
-            logits = self.model.forward(np.array(ids), self.cache, last_only=last_only)
+            logits = self.model.forward(np.array(ids), self.cache, last_only=last_only, progress=progress)
         self.tokens.extend(ids)
         return logits
 
-    def prefill(self, ids) -> tuple[np.ndarray, int]:
-        """Make the cache hold exactly `ids`, reusing the common prefix; (last logits [vocab], reused count)."""
+    def prefill(self, ids, *, progress: Progress | None = None) -> tuple[np.ndarray, int]:
+        """Make the cache hold exactly `ids`, reusing the common prefix; (last logits [vocab], reused count).
+
+        `progress(done, total)` over the tokens it computes: (0, total) first, then after each chunk.
+        """
         ids = [int(i) for i in ids]
         n = 0
         limit = min(len(ids) - 1, len(self.tokens))  # always compute at least one row for logits
@@ -256,7 +268,9 @@ class Engine:
             n = 0
         elif n < len(self.tokens):
             del self.tokens[n:]
-        return self.forward(ids[n:])[-1], n
+        if progress is not None:
+            progress(0, len(ids) - n)
+        return self.forward(ids[n:], progress=progress)[-1], n
 
 
 def kv_bytes(cache, context: int) -> int:

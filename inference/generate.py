@@ -14,6 +14,8 @@ a prompt that does not fit the context raises there, before any compute. The eng
 conversation's KV state and runs one generation at a time; the next call reuses the longest common
 prefix of its prompt with what the cache holds (multi-turn chat costs only the new turn).
 `engine.cancel()` may be called from any thread: the running generation stops before its next token.
+`progress=` on `chat`/`complete`/`generate` is called as `progress(done, total)` during the prefill, in the
+generating thread (a server turns it into progress events for its clients).
 """
 from __future__ import annotations
 
@@ -102,10 +104,12 @@ def max_new_tokens(n_prompt: int, p: SamplingParams, context: int) -> int:
     return p.max_tokens
 
 
-def decode(engine, ids: list[int], p: SamplingParams, max_tokens: int, cancelled) -> Iterator[Event]:
+def decode(engine, ids: list[int], p: SamplingParams, max_tokens: int, cancelled, *,
+           progress=None) -> Iterator[Event]:
     """Prefill `ids` on `engine`, then sample up to `max_tokens` tokens: TokenEvent/TextDelta…, one Final.
 
-    `cancelled()` is checked before every token. The caller holds the engine's generation lock.
+    `cancelled()` is checked before every token; `progress(done, total)` is the prefill's (`Engine.prefill`).
+    The caller holds the engine's generation lock.
     """
     tok = engine.tokenizer
     sampler = Sampler(p)
@@ -119,7 +123,7 @@ def decode(engine, ids: list[int], p: SamplingParams, max_tokens: int, cancelled
     if cancelled():
         reason = "cancelled"
     else:
-        logits, reused = engine.prefill(ids)
+        logits, reused = engine.prefill(ids, progress=progress)
         t_prefill = time.perf_counter()
         while True:
             if cancelled():

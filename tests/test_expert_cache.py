@@ -74,3 +74,37 @@ def test_stats_count_every_request():
     st = c.stats
     assert (st.requests, st.hits, st.misses, st.evictions) == (4, 1, 3, 1)
     assert st.hit_rate == 0.25
+
+
+def test_hits_and_misses_are_counted_per_expert_and_a_snapshot_is_a_copy():
+    c = cache(slots=2)
+    load(c, [1, 2]); load(c, [1, 3]); load(c, [1])
+    snap = c.snapshot()
+    assert snap.hits[1] == 2 and snap.misses[1] == 1 and snap.misses[2] == snap.misses[3] == 1
+    assert snap.hits.sum() == c.stats.hits and snap.misses.sum() == c.stats.misses
+    assert sorted(snap.cached.tolist()) == sorted(c.where) and snap.prefetching == ()
+    load(c, [1])
+    assert snap.hits[1] == 2 and c.snapshot().hits[1] == 3  # the snapshot does not follow the cache
+
+
+def test_a_streaming_store_snapshots_every_moe_layer_and_its_prefetch_slots(tmp_path):
+    import numpy as np
+
+    from inference.engine import Engine
+    from inference.synth import synth_store
+
+    e = Engine.open(synth_store(tmp_path / "s", "tiny-qwen3-moe", progress=False), expert_slots=3, prefetch=2)
+    try:
+        e.forward(np.random.default_rng(0).integers(0, e.args.vocab_size, 12), last_only=False)
+        experts = e.model.experts
+        snaps = experts.snapshot()
+        assert sorted(snaps) == sorted(experts.caches)
+        for layer, s in snaps.items():
+            st = experts.caches[layer].stats
+            assert (s.hits.sum(), s.misses.sum()) == (st.hits, st.misses) and st.requests > 0
+            assert len(s.cached) <= 3 and set(s.prefetching) <= set(range(len(s.hits)))
+        cache_bytes, prefetch_bytes = experts.slot_bytes()
+        assert cache_bytes == sum(3 * c.pool.slot_bytes for c in experts.caches.values())
+        assert prefetch_bytes == 2 * cache_bytes // 3
+    finally:
+        e.close()

@@ -63,6 +63,20 @@ def test_greedy_is_deterministic_and_the_second_turn_reuses_the_cache(engine, gr
     assert second.usage.cached_tokens >= final.usage.prompt_tokens
 
 
+def test_the_prefill_reports_its_progress_chunk_by_chunk_to_the_callers_callback(smollm2_store):
+    e = Engine.open(smollm2_store, chunk=16)
+    ids = list(range(100, 150))  # 50 new tokens: chunks of 16, 16, 16, 2
+    calls = []
+    run(e.generate(ids, temperature=0, max_tokens=2, progress=lambda done, total: calls.append((done, total))))
+    assert calls == [(0, 50), (16, 50), (32, 50), (48, 50), (50, 50)]
+    calls.clear()
+    run(e.generate(ids + [7, 8, 9], temperature=0, max_tokens=2, progress=lambda *a: calls.append(a)))
+    assert calls[0][1] == calls[-1][0] == calls[-1][1] < 10  # the reused prefix is not counted
+    before = list(calls)
+    run(e.generate(ids, temperature=0, max_tokens=2))  # no callback, nothing called
+    assert calls == before
+
+
 def test_the_same_seed_gives_the_same_answer(engine):
     p = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed": 7, "max_tokens": 8}
     a = run(engine.chat(QUESTION, p))[0]

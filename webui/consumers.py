@@ -1,8 +1,9 @@
 """WebSocket consumers. The chat consumer streams a generation's events to the browser page (next issue).
 
-Client → server: {"model", "messages", "session"?, "params"?}; server → client: the worker's events
-({"t": "start" | "delta" | "final" | "error", …}); the final event carries the session id to continue
-with. Closing the socket cancels the running generation.
+Client → server: {"model", "messages", "session"?, "params"?}; server → client: the request's events
+({"t": "queued" | "loading" | "start" | "prefill" | "delta" | "final" | "error", …}: while it waits its
+place in the queue, then the worker's); the final event carries the session id to continue with.
+Closing the socket cancels the running generation.
 Same-origin browser pages only: the socket is wrapped in Channels' origin check in `appliance.asgi`.
 A socket needs a logged-in session, or `RKMOJO_CHAT_OPEN` and a client the API key rule lets in
 without a key (`key_required`): every way into generation follows that rule. Others are refused at

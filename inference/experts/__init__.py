@@ -9,6 +9,7 @@ bits as the all-resident run.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Callable
 
@@ -16,7 +17,7 @@ from typing import Callable
 from ..errors import ModelFormatError
 from ..options import OptionError
 from ..store.format import digest_bytes
-from .cache import PAGE, LayerCache, LayerStats, SlotPool
+from .cache import PAGE, CacheSnapshot, LayerCache, LayerStats, SlotPool
 from .io import LayerFiles, ReadRequest, ThreadReader, open_reader
 
 VERIFY_MODES = ("off", "first", "always")
@@ -221,6 +222,23 @@ class StreamingExperts:
             total.add(c.stats)
         return {"layers": per, "total": total.as_dict(), "io": self.io_name,
                 "slots": next(iter(self.caches.values())).pool.n if self.caches else 0}
+
+    def snapshot(self) -> dict[int, CacheSnapshot]:
+        """Per MoE layer: its experts' whole-run hits and misses and which experts are held (cache slots,
+        prefetch slots). Read-only and lock-free: another thread may call it while a generation runs."""
+        out = {}
+        for layer, c in list(self.caches.items()):
+            snap = c.snapshot()
+            pending = self.pf_pending.get(layer)
+            if pending:
+                snap = dataclasses.replace(snap, prefetching=tuple(pending))
+            out[layer] = snap
+        return out
+
+    def slot_bytes(self) -> tuple[int, int]:
+        """(bytes of the cache slots, bytes of the prefetch slots), over every layer."""
+        cache = sum(c.pool.n * c.pool.slot_bytes for c in self.caches.values())
+        return cache, sum(p.n * p.slot_bytes for p in self.pf_pools.values())
 
     def reset_stats(self) -> None:
         for c in self.caches.values():

@@ -4,6 +4,10 @@ LFU as turbo-fieldfare does it: one count per (layer, expert), bumped on every r
 miss), kept for the whole run and across evictions; a victim is an empty slot first, then the
 lowest count, ties broken by least recent use. LRU (least recent use alone) as an option.
 Slots pinned by the computation in progress are never evicted.
+
+Besides the layer's totals (`LayerStats`), hits and misses are counted per expert (`hit_counts`,
+`miss_counts`) for the live view's heatmap; `snapshot()` copies them without a lock (another thread
+may read while the engine counts: a copy may be one request behind, never torn across experts).
 """
 from __future__ import annotations
 
@@ -42,6 +46,16 @@ class LayerStats:
         return d
 
 
+@dataclass(frozen=True)
+class CacheSnapshot:
+    """One layer's per-expert whole-run counts and residency at one moment (`LayerCache.snapshot`)."""
+
+    hits: np.ndarray  # [E] int64
+    misses: np.ndarray  # [E] int64
+    cached: np.ndarray  # expert ids in cache slots
+    prefetching: tuple[int, ...] = ()  # expert ids in prefetch slots, read or being read
+
+
 class SlotPool:
     """`n` page-aligned buffers of `slot_bytes` each, in one anonymous mapping (no per-token allocation)."""
 
@@ -72,6 +86,8 @@ class LayerCache:
         if self.policy not in POLICIES:
             raise ValueError(f"cache policy {self.policy!r}: choose one of {', '.join(POLICIES)}")
         self.counts = np.zeros(self.n_experts, np.int64)  # whole-run request counts (LFU)
+        self.hit_counts = np.zeros(self.n_experts, np.int64)  # whole-run, per expert (the heatmap)
+        self.miss_counts = np.zeros(self.n_experts, np.int64)
         self.slot_expert = np.full(self.pool.n, -1, np.int64)
         self.slot_used = np.zeros(self.pool.n, np.int64)  # tick of last use
         self.where: dict[int, int] = {}
@@ -89,12 +105,19 @@ class LayerCache:
             s = self.where.get(e)
             if s is None:
                 self.stats.misses += 1
+                self.miss_counts[e] += 1
                 misses.append(e)
             else:
                 self.stats.hits += 1
+                self.hit_counts[e] += 1
                 hits[e] = s
                 self.slot_used[s] = self.tick
         return hits, misses
+
+    def snapshot(self) -> "CacheSnapshot":
+        """Copies of the per-expert counts and of which experts sit in slots (safe from another thread)."""
+        held = self.slot_expert.copy()
+        return CacheSnapshot(self.hit_counts.copy(), self.miss_counts.copy(), held[held >= 0])
 
     def assign(self, e: int) -> int:
         """A slot for expert e (evicting per the policy); the slot is pinned and holds no valid data yet.

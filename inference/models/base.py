@@ -240,8 +240,9 @@ class Transformer:
     def layer(self, i: int, h: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
-    def hidden(self, ids: np.ndarray, cache: KVCache) -> np.ndarray:
-        """Final-normed hidden states [T, H] for `ids`, appended to `cache`, chunk by chunk."""
+    def hidden(self, ids: np.ndarray, cache: KVCache, *, progress=None) -> np.ndarray:
+        """Final-normed hidden states [T, H] for `ids`, appended to `cache`, chunk by chunk;
+        `progress(rows done, rows)` after each chunk when given."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         outs = []
         for s in range(0, len(ids), self.chunk):
@@ -255,12 +256,14 @@ class Transformer:
                 h = self.layer(i, h, cache, positions)
             cache.offset += len(part)
             outs.append(rms_norm(h, self.norm, self.args.rms_norm_eps, self.norm_plus_one))
+            if progress is not None:
+                progress(s + len(part), len(ids))
         return np.concatenate(outs) if len(outs) > 1 else outs[0]
 
     def logits(self, h: np.ndarray) -> np.ndarray:
         return softcap(linear(h, self.lm_head), self.final_softcap)
 
-    def forward(self, ids, cache: KVCache, *, last_only: bool = False) -> np.ndarray:
-        """Logits [T, vocab] (or [1, vocab] with `last_only`) for the new token ids `ids`."""
-        h = self.hidden(ids, cache)
+    def forward(self, ids, cache: KVCache, *, last_only: bool = False, progress=None) -> np.ndarray:
+        """Logits [T, vocab] (or [1, vocab] with `last_only`) for the new token ids `ids` (`progress`: as `hidden`)."""
+        h = self.hidden(ids, cache, progress=progress)
         return self.logits(h[-1:] if last_only else h)

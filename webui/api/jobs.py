@@ -2,10 +2,15 @@
 
     job = await Job.submit("rkmojo.generate", model, payload, client=addr)   # 404 / 429 as ApiError
     try:
-        async for ev in job.events():   # Start, Delta…, Final — or one Error (`appliance.events`)
-            ...
+        async for ev in job.events():   # Start, Delta…, Final — or one Error (`appliance.events`),
+            ...                         # with the status events (Queued, Loading, PrefillProgress) between
     finally:
         await job.close()               # the client left before the end: the worker stops at its next token
+
+Consumers dispatch on the event's type: the HTTP APIs ignore the status events, the chat socket forwards
+them. `Queued` is the one event made here rather than by the worker: until a worker claims the request,
+`events()` yields the number of requests ahead of it in its model's queue (`bus.queued`, oldest first)
+each time it changes, the first value included (a request claimed at once sees none).
 
 While it waits, `events()` renews the request's lease in the queue and watches the worker: a worker
 that took the request and then vanished (killed, its registration expired or replaced by a restarted
@@ -31,6 +36,8 @@ from appliance.events import Claim, Error, Event, Final, Loading, PrefillProgres
 from .common import ApiError
 
 _CLIENTS: dict = {}
+STATUS = (Queued, Loading, PrefillProgress)  # what a request is waiting for; not part of its answer
+QUEUE_POLL_MS = 250  # how often a request not yet claimed looks at its place in the queue
 
 
 def redis():
@@ -125,13 +132,15 @@ class Job:
     async def events(self) -> AsyncIterator[Event]:
         """The request's events from the first; ends after Final/Error.
 
-        Claim and the status events (Queued, Loading, PrefillProgress) are kept on the job, not yielded.
+        Claim is kept on the job, not yielded; the status events (`STATUS`) are yielded and the latest kept
+        as `status`.
         """
         r = redis()
         waiting_since = checked = time.monotonic()
         while not self.done:
             try:
-                batch = await bus.read(r, self.id, self.after, 1000)
+                waiting = self.model is not None and self.claim is None
+                batch = await bus.read(r, self.id, self.after, QUEUE_POLL_MS if waiting else 1000)
                 problem = None
                 if time.monotonic() - checked > 0.25:
                     checked = time.monotonic()
@@ -141,6 +150,8 @@ class Job:
                     if self.model:
                         await bus.renew(r, self.model, self.id)
                     problem = await self._check_worker(r, waiting_since)
+                if not batch and not problem and waiting:
+                    batch = await self._queue_position(r)
             except (RedisConnectionError, RedisTimeoutError) as e:
                 batch, problem = [], redis_lost(e)
             if not batch:
@@ -153,8 +164,9 @@ class Job:
                 if isinstance(ev, Claim):
                     self.claim = ev
                     continue
-                if isinstance(ev, (Queued, Loading, PrefillProgress)):
+                if isinstance(ev, STATUS):
                     self.status = ev
+                    yield ev
                     continue
                 if isinstance(ev, Error) and ev.param in self.names:
                     ev = ev.model_copy(update={"param": self.names[ev.param]})
@@ -164,10 +176,21 @@ class Job:
                 if self.done:
                     return
 
+    async def _queue_position(self, r) -> list[tuple[str, Queued]]:
+        """[(the last stream id read, Queued)] when the requests ahead of this one changed in number, else []."""
+        ids = [q.get("id") for q in await bus.queued(r, self.model)]
+        if self.id not in ids:
+            return []  # released, or its lease lapsed: nothing to tell
+        position = ids.index(self.id)
+        if isinstance(self.status, Queued) and self.status.position == position:
+            return []
+        return [(self.after, Queued(position=position))]
+
     async def first(self) -> Event:
-        """The first event: `Start` (the request is valid and running) or `Error`."""
+        """The first event past the status events: `Start` (the request is valid and running) or `Error`."""
         async for ev in self.events():
-            return ev
+            if not isinstance(ev, STATUS):
+                return ev
         raise ApiError(500, "the request's event stream ended without an event")
 
     async def started(self) -> Start:

@@ -220,7 +220,8 @@ class Board:
             "state": self.state, "prefill": self.prefill,
             "models": [{k: v for k, v in m.items() if k != "path"} for m in self.models.values()],
             "loaded": [{"name": n, "size": ld.size, "loaded_at": ld.loaded_at, "expires_at": ld.expires_at,
-                        "context": ld.engine.context_length}  # the limit its overflow errors name
+                        "context": ld.engine.context_length,  # the limit its overflow errors name
+                        **_backend(ld.engine)}
                        for n, ld in list(self.loaded.items())],
             "settings": self.settings.status([getattr(ld.engine, "cfg", None) for ld in list(self.loaded.values())]),
         }
@@ -256,6 +257,12 @@ class Board:
 
     def queues(self) -> list[str]:
         return [bus.board_queue(self.name)] + [bus.model_queue(m) for m in sorted(self.models)]
+
+
+def _backend(engine) -> dict:
+    """What runs a loaded engine's dense prefill matmuls (cpu, rknpu) and why (the NPU's self-test result)."""
+    choice = getattr(engine, "backend", None)
+    return {"backend": choice.name, "backend_reason": choice.reason} if choice is not None else {}
 
 
 def describe_model(m) -> dict:

@@ -96,3 +96,10 @@ def test_a_model_idle_past_its_keep_alive_is_unloaded_and_reloads_on_demand(oll,
     r = oll.generate(model="smollm2", prompt="hi", options={"num_predict": 1})
     assert r.load_duration > 0
     assert any(m.model == "smollm2" for m in oll.ps().models)
+
+
+def test_ps_names_what_computes_the_prefill_and_why(http):
+    loaded = http.get("/api/ps").json()["models"]
+    m = next(m for m in loaded if m["model"] == "smollm2")
+    # no librknnrt on this machine: auto falls back to the CPU and says why
+    assert m["backend"] == "cpu" and m["backend_reason"]

@@ -385,7 +385,9 @@ async def ps(request, body):
             d = descs.get(ld["name"], {})
             models.append({"name": ld["name"], "model": ld["name"], "size": ld.get("size", 0), "digest": d.get("digest", ""),
                            "details": _details(d), "expires_at": _iso(ld.get("expires_at")), "size_vram": 0,
-                           "context_length": ld.get("context") or d.get("context") or None, "worker": w["name"]})
+                           "context_length": ld.get("context") or d.get("context") or None, "worker": w["name"],
+                           # rkmojo's own: what computes its prefill (cpu, rknpu) and why
+                           "backend": ld.get("backend"), "backend_reason": ld.get("backend_reason")})
     for name in sorted({m["name"] for w in workers for m in w.get("models", [])}):
         for q in await bus.queued(r, name):
             requests.append({**q, "state": "running" if q["id"] in running else "waiting",

@@ -321,6 +321,7 @@ def delete(req: dict) -> None:
         else:
             shutil.rmtree(path)
         shutil.rmtree(Path(settings.PROMPT_CACHE_DIR) / name, ignore_errors=True)
+        b.popularity_path(name).unlink(missing_ok=True)
         b.caches.pop(name, None)
         b.scan()
     bus.forget(b.r, name, b.name)

@@ -4,7 +4,9 @@ One Celery worker per board, solo pool: tasks run one at a time in the main thre
 thread that computes with an engine. A heartbeat thread re-registers the worker in Redis (what it
 serves, what is loaded, what runs, what it did with the saved settings), applies the settings the
 administrator saved (`live_settings`: keep-alive at once, engine options at the next load) and
-unloads models idle past their keep-alive. A stats thread (`stats.Sampler`) publishes the live view's
+unloads models idle past their keep-alive. While no task runs it also fills a newly loaded model's
+expert caches with the experts most used before (`warm`, from `POPULARITY_DIR/NAME.npz`), and saves
+that popularity after use (at most once a minute, at unload and at shutdown). A stats thread (`stats.Sampler`) publishes the live view's
 `WorkerStats` once a second; it reads the board's fields below (`state`, `prefill`, `tokens`,
 `last_ttft`, which the tasks keep current) and the engines' counters, and never takes `lock`.
 
@@ -30,6 +32,7 @@ from .promptcache import PromptCache
 from .stats import Sampler
 
 log = logging.getLogger("rkmojo.worker")
+POPULARITY_EVERY = 60.0  # s between saves of a used model's expert popularity
 _BOARD: "Board | None" = None
 
 
@@ -49,6 +52,8 @@ class Loaded:
     session: str | None = None
     keep_alive: float | None = None  # the last request's own keep-alive; None: the worker's default
     used_at: float = 0.0  # when the last request finished (its expiry counts from here)
+    warmed: bool = False  # its expert caches were filled from saved popularity (or there was none)
+    popularity_saved: float = 0.0  # when its expert popularity was last written
 
     def __post_init__(self):
         self.used_at = self.used_at or self.loaded_at
@@ -156,6 +161,8 @@ class Board:
             if ld is None:
                 return False
             self.save_state(name)
+            if ld.used_at > ld.popularity_saved:
+                self.save_popularity(name)
             del self.loaded[name]
             ld.engine.close()
             log.info("unloaded %s", name)
@@ -177,6 +184,8 @@ class Board:
         return None if ka < 0 else (time.time() if since is None else since) + ka
 
     def unload_idle(self) -> None:
+        """Heartbeat thread, while no task uses an engine: unload what is idle past its keep-alive, fill a
+        newly loaded model's expert caches from its saved popularity, save the popularity of the others."""
         if not self.lock.acquire(blocking=False):
             return  # a task is using the engines; the next beat checks again
         try:
@@ -185,8 +194,39 @@ class Board:
                 if ld.expires_at is not None and ld.expires_at <= now:
                     log.info("%s idle past its keep-alive", name)
                     self.unload(name)
+                elif not ld.warmed:
+                    self.warm(name)
+                elif now - ld.popularity_saved >= POPULARITY_EVERY and ld.used_at > ld.popularity_saved:
+                    self.save_popularity(name)
         finally:
             self.lock.release()
+
+    # --- expert popularity: warm caches after a restart -------------------------------------------
+    def popularity_path(self, name: str) -> Path:
+        return Path(self.cfg.get("POPULARITY_DIR") or Path(self.cfg["PROMPT_CACHE_DIR"]).parent / "popularity") / f"{name}.npz"
+
+    def warm(self, name: str) -> None:
+        """Fill `name`'s expert caches with its most popular experts of earlier runs (while idle)."""
+        from inference.errors import RkmojoError
+
+        ld = self.loaded[name]
+        ld.warmed = True
+        t0 = time.perf_counter()
+        try:
+            n = ld.engine.warm_experts(self.popularity_path(name))
+        except (RkmojoError, OSError) as e:  # a cold cache is slower, never wrong
+            log.warning("%s: expert caches not warmed: %s", name, e)
+            return
+        if n:
+            log.info("%s: warmed its expert caches with %d popular experts in %.2fs", name, n, time.perf_counter() - t0)
+
+    def save_popularity(self, name: str) -> None:
+        ld = self.loaded[name]
+        ld.popularity_saved = time.time()
+        try:
+            ld.engine.save_popularity(self.popularity_path(name))
+        except OSError as e:  # a full disk: the next save tries again
+            log.warning("%s: expert popularity not saved: %s", name, e)
 
     # --- saved settings --------------------------------------------------------------------------
     def read_settings(self) -> None:
@@ -254,6 +294,9 @@ class Board:
             bus.unregister(self.r, self.name, self.boot)
         except Exception:
             pass
+        for name, ld in list(self.loaded.items()):  # the next start warms its caches from these
+            if ld.used_at > ld.popularity_saved:
+                self.save_popularity(name)
 
     def queues(self) -> list[str]:
         return [bus.board_queue(self.name)] + [bus.model_queue(m) for m in sorted(self.models)]
@@ -300,6 +343,7 @@ def _mem_total() -> int:
 def _config() -> dict:
     cfg = dict(settings.RKMOJO)
     cfg["PROMPT_CACHE_DIR"] = str(settings.PROMPT_CACHE_DIR)
+    cfg["POPULARITY_DIR"] = str(settings.DATA_DIR / "popularity")
     return cfg
 
 

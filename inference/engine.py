@@ -18,7 +18,7 @@ import numpy as np
 
 from . import backends, kernels, options, prompt_cache
 from .errors import RkmojoError
-from .experts import VERIFY_MODES, StreamingExperts
+from .experts import VERIFY_MODES, StreamingExperts, popularity
 from .experts.cache import PAGE
 from .experts.io import IO_MODES
 from .options import OptionError, option
@@ -205,6 +205,26 @@ class Engine:
     def expert_stats(self) -> dict:
         """Cache and IO statistics per layer and in total (empty when all experts are resident)."""
         return self.model.experts.stats() if hasattr(self.model, "experts") else {}
+
+    def save_popularity(self, path) -> bool:
+        """Write each MoE layer's expert request counts to `path` (atomic); False when experts are resident."""
+        if not isinstance(getattr(self.model, "experts", None), StreamingExperts):
+            return False
+        popularity.save(path, self.store.digest, self.model.experts.popularity())
+        return True
+
+    def warm_experts(self, path) -> int:
+        """Fill the expert caches from the counts saved at `path` (none, or another store's: nothing).
+        Returns the experts read. Call while idle: it reads from disk.
+
+        Raises:
+            PopularityError: the file is unreadable (the message says to delete it).
+        """
+        if not isinstance(getattr(self.model, "experts", None), StreamingExperts):
+            return 0
+        counts = popularity.load(path, self.store.digest)
+        with self._lock:
+            return self.model.experts.warm(counts) if counts else 0
 
     def save_prompt_cache(self, path) -> None:
         """Write the current token ids and KV state to `path` (atomic)."""

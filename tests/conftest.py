@@ -52,6 +52,21 @@ def smollm2_store(smollm2_gguf, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def moe_store(tmp_path_factory, smollm2_store) -> Path:
+    """A tiny random Qwen3-MoE (2 layers, 16 experts, top-4) converted to q4 once per session, with the demo
+    model's tokenizer so that ids below 256 decode to something. Shared: open it read-only."""
+    import shutil
+
+    from inference.convert import convert
+    from tiny_models import tiny_qwen3_moe
+
+    tmp = tmp_path_factory.mktemp("moe")
+    store = convert(tiny_qwen3_moe(tmp / "hf"), tmp / "store", "q4", progress=False)
+    shutil.copy(smollm2_store / "tokenizer.json", store / "tokenizer.json")
+    return store
+
+
+@pytest.fixture(scope="session")
 def rknnrt_standin(tmp_path_factory) -> str:
     """The ABI-faithful librknnrt stand-in (tests/rknnrt_standin.c), compiled for this machine."""
     import subprocess

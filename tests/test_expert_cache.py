@@ -1,4 +1,5 @@
 """The slot cache's eviction policy: LFU with whole-run counts and recency tie-break, LRU, pins."""
+import numpy as np
 import pytest
 
 from inference.experts.cache import LayerCache, SlotPool
@@ -108,3 +109,49 @@ def test_a_streaming_store_snapshots_every_moe_layer_and_its_prefetch_slots(tmp_
         assert prefetch_bytes == 2 * cache_bytes // 3
     finally:
         e.close()
+
+
+# --- warm start from saved popularity ----------------------------------------------------------------
+def test_a_fresh_engine_warmed_from_saved_popularity_hits_where_a_cold_one_misses(moe_store, tmp_path):
+    from inference.engine import Engine
+
+    prompt = list(range(10, 42))
+    first = Engine.open(moe_store, expert_slots=4, verify_experts="always")
+    try:
+        first.forward(prompt)
+        assert first.save_popularity(tmp_path / "pop.npz")
+        saved = first.model.experts.popularity()
+    finally:
+        first.close()
+
+    cold = Engine.open(moe_store, expert_slots=4)
+    warm = Engine.open(moe_store, expert_slots=4)
+    try:
+        assert warm.warm_experts(tmp_path / "pop.npz") == 4 * len(saved)  # every slot of every layer filled
+        for layer, cache in warm.model.experts.caches.items():
+            top = set(np.argsort(-saved[layer], kind="stable")[:4].tolist())
+            assert set(cache.where) == top and cache.stats.requests == 0
+        a, b = cold.forward(prompt[:1]), warm.forward(prompt[:1])
+        np.testing.assert_array_equal(a, b)  # the same bits whatever the cache holds
+        hits = lambda e: sum(c.stats.hits for c in e.model.experts.caches.values())  # noqa: E731
+        assert hits(warm) > hits(cold) == 0
+    finally:
+        cold.close()
+        warm.close()
+
+
+def test_popularity_of_another_store_is_ignored_and_a_broken_file_is_named(moe_store, tmp_path):
+    from inference.engine import Engine
+    from inference.experts import popularity
+
+    popularity.save(tmp_path / "other.npz", "not-this-store", {0: np.ones(16, np.int64)})
+    (tmp_path / "broken.npz").write_bytes(b"PK\x03\x04 truncated")
+    e = Engine.open(moe_store, expert_slots=4)
+    try:
+        assert e.warm_experts(tmp_path / "other.npz") == 0
+        assert e.warm_experts(tmp_path / "missing.npz") == 0
+        with pytest.raises(popularity.PopularityError, match="broken.npz.*delete it"):
+            e.warm_experts(tmp_path / "broken.npz")
+    finally:
+        e.close()
+    assert not list(tmp_path.glob(".*tmp*"))

@@ -1,18 +1,15 @@
 """The generation API on the demo model: events, stop conditions, cancellation, context errors,
 usage and timings; the streaming detokenizer on hard text; embeddings."""
-import shutil
 import threading
 
 import numpy as np
 import pytest
 import regex
 
-from inference.convert import convert
 from inference.engine import Engine
 from inference.generate import ContextLengthError, Final, TextDelta, TokenEvent
 from inference.store import Store
 from inference.tokenizer import IncrementalDecoder, StoreTokenizer, TextStream
-from tiny_models import tiny_qwen3_moe
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 GREEDY = {"temperature": 0, "max_tokens": 24}
@@ -207,14 +204,6 @@ def test_a_stop_string_split_over_single_byte_tokens_is_caught(smollm2_store):
 
 
 # --- expert statistics on a streaming MoE store -----------------------------------------------------
-@pytest.fixture(scope="module")
-def moe_store(tmp_path_factory, smollm2_store):
-    tmp = tmp_path_factory.mktemp("moe")
-    store = convert(tiny_qwen3_moe(tmp / "hf"), tmp / "store", "q4", progress=False)
-    shutil.copy(smollm2_store / "tokenizer.json", store / "tokenizer.json")  # ids < 256 decode to something
-    return store
-
-
 def test_the_expert_hit_rate_of_a_streaming_engine_is_reported(moe_store):
     e = Engine.open(moe_store, expert_slots=4)
     try:

@@ -13,6 +13,7 @@ import dataclasses
 import time
 from typing import Callable
 
+import numpy as np
 
 from ..errors import ModelFormatError
 from ..options import OptionError
@@ -234,6 +235,39 @@ class StreamingExperts:
                 snap = dataclasses.replace(snap, prefetching=tuple(pending))
             out[layer] = snap
         return out
+
+    def popularity(self) -> dict[int, np.ndarray]:
+        """Per MoE layer, each expert's request count over this run (what LFU ranks by)."""
+        return {layer: c.counts.copy() for layer, c in self.caches.items()}
+
+    def warm(self, counts: dict[int, np.ndarray]) -> int:
+        """Fill each layer's empty slots with its most requested experts by `counts` (an earlier run's
+        `popularity`) and let LFU start from those counts. Call while no generation runs. Returns the
+        experts read; a layer whose expert count differs from `counts` is left as it is."""
+        read = 0
+        for layer, cache in self.caches.items():
+            saved = counts.get(layer)
+            if saved is None or len(saved) != cache.n_experts:
+                continue
+            cache.counts += saved
+            free = cache.pool.n - len(cache.where)
+            order = np.argsort(-saved, kind="stable")
+            want = [int(e) for e in order if saved[e] > 0 and int(e) not in cache.where][:free]
+            if not want:
+                continue
+            batch = self.reader.submit(self._requests(layer, want))
+            try:
+                for r in batch.completed():
+                    self._check(r)
+                    cache.fill(r.expert, r.slot)
+                    cache.stats.warmed += 1
+            except BaseException:
+                batch.abandon()
+                raise
+            finally:
+                cache.unpin_all()
+            read += len(want)
+        return read
 
     def slot_bytes(self) -> tuple[int, int]:
         """(bytes of the cache slots, bytes of the prefetch slots), over every layer."""

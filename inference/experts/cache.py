@@ -31,6 +31,7 @@ class LayerStats:
     prefetched: int = 0
     prefetch_hits: int = 0
     prefetch_cancelled: int = 0  # prefetches dropped before their read started
+    warmed: int = 0  # experts read ahead of any request from saved popularity (`StreamingExperts.warm`)
 
     @property
     def hit_rate(self) -> float:

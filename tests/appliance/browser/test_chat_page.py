@@ -1,0 +1,191 @@
+"""The chat page in real Chromium against the real stack: streaming, stop, regenerate, edit, code, phone.
+
+The page counts its renders of the answer being written (`window.chatStats`: renders, the text's length
+at each, the time each took). The measurements at the end are printed and written to
+`$RKMOJO_TEST_OUTPUT/chat-measurements.json`, not asserted.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import httpx
+
+from .conftest import SHOTS, shot, sign_in
+
+ANSWERED = "li.msg.assistant:not(.streaming) .metrics"
+
+
+def store(user, pairs, title="stored", model="smollm2"):
+    from webui.models import ChatMessage, ChatSession
+
+    s = ChatSession.objects.create(owner=user, source="web", model=model, title=title)
+    ChatMessage.objects.bulk_create([ChatMessage(session=s, index=i, role=role, content=text, finish_reason="stop"
+                                                 if role == "assistant" else "")
+                                     for i, (role, text) in enumerate(pairs)])
+    return s
+
+
+def new_chat(page, text: str, max_tokens: int | None = None, temperature: str | None = None):
+    page.goto("/chat/")
+    if max_tokens is not None or temperature is not None:
+        page.click("details.settings summary")
+        if max_tokens is not None:
+            page.fill("#id_max_tokens", str(max_tokens))
+        if temperature is not None:
+            page.fill("#id_temperature", temperature)
+    page.fill("#composer textarea[name=text]", text)
+    page.press("#composer textarea[name=text]", "Enter")
+
+
+def answers(page) -> int:
+    return page.locator(ANSWERED).count()
+
+
+def test_a_prompt_streams_over_several_renders_and_ends_rendered_by_the_server(page, users, stack):
+    sign_in(page, "alice")
+    page.goto("/chat/")
+    page.click("details.settings summary")
+    page.fill("#id_system", "You are a storyteller.")
+    shot(page, "chat-new")
+    new_chat(page, "Tell a short story about a cat.", max_tokens=60)
+    page.wait_for_function("window.chatStats.renders >= 1")
+    shot(page, "chat-streaming")
+    page.wait_for_selector(ANSWERED, timeout=60000)
+    lengths = page.evaluate("window.chatStats.lengths")
+    assert len(set(lengths)) >= 3 and lengths == sorted(lengths), lengths  # it grew, render by render
+    assert "/chat/" in page.url and page.url.rstrip("/").split("/")[-1] != "chat"
+    metrics = page.locator(ANSWERED).inner_text()
+    assert "TTFT" in metrics and "decode" in metrics and "prompt" in metrics
+    assert "/ 512 tokens" in page.locator("#gauge-text").inner_text() or page.locator("#gauge-text").count() == 0
+    page.reload()  # the same conversation, rendered on the server
+    assert page.locator("li.msg").count() == 2 and "/ 512 tokens" in page.locator("#gauge-text").inner_text()
+    shot(page, "chat-answered")
+
+
+def test_stop_frees_the_worker_within_a_second_and_the_next_prompt_works(page, users, stack):
+    sign_in(page, "alice")
+    new_chat(page, "Write a very long story about a dragon and a knight.", max_tokens=400)
+    page.wait_for_function("window.chatStats.renders >= 2", timeout=60000)
+    page.click("#stop")
+    clicked = time.monotonic()
+    stack.idle(timeout=5)
+    freed = time.monotonic() - clicked
+    page.wait_for_selector(ANSWERED)
+    assert freed < 1.0, f"the worker was still busy {freed:.2f} s after Stop"
+    assert "stopped" in page.locator(ANSWERED).inner_text()
+    assert page.locator("#continue").is_visible() and not page.locator("#stop").is_visible()
+    shot(page, "chat-stopped")
+    page.fill("#composer textarea[name=text]", "Now say hello.")
+    page.press("#composer textarea[name=text]", "Enter")
+    page.wait_for_function(f"document.querySelectorAll({ANSWERED!r}).length == 2", timeout=60000)
+    assert page.locator("li.msg").count() == 4
+
+
+def test_regenerate_replaces_the_answer_and_edit_resends_dropping_what_followed(page, users, stack):
+    sign_in(page, "alice")
+    new_chat(page, "Name a colour.", max_tokens=8)
+    page.wait_for_selector(ANSWERED, timeout=60000)
+    page.evaluate("document.querySelector('li.msg.assistant').dataset.old = '1'")
+    page.click("#regenerate")
+    page.wait_for_function("!document.querySelector('li.msg.assistant[data-old]') && "
+                           f"document.querySelectorAll({ANSWERED!r}).length == 1", timeout=60000)
+    assert page.locator("li.msg").count() == 2
+    page.fill("#composer textarea[name=text]", "And a fruit?")
+    page.press("#composer textarea[name=text]", "Enter")
+    page.wait_for_function(f"document.querySelectorAll({ANSWERED!r}).length == 2", timeout=60000)
+    first = page.locator("li.msg.user").first
+    first.locator("summary").click()
+    first.locator("textarea").fill("Name an animal.")
+    shot(page, "chat-editing")
+    first.locator("textarea").press("Enter")
+    page.wait_for_function(f"document.querySelectorAll('li.msg').length == 2 && "
+                           f"document.querySelectorAll({ANSWERED!r}).length == 1", timeout=60000)
+    assert "Name an animal." in page.locator("li.msg.user .body").inner_text()
+    page.reload()
+    assert page.locator("li.msg").count() == 2 and "Name an animal." in page.locator("li.msg.user .body").inner_text()
+    shot(page, "chat-edited")
+
+
+def test_a_code_block_is_highlighted_and_copied(page, users, stack):
+    code = "def add(a, b):\n    return a + b"
+    s = store(users["alice"], [("user", "Write add in Python."), ("assistant", f"Here:\n\n```python\n{code}\n```\n")],
+              title="code")
+    page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    sign_in(page, "alice")
+    page.goto(f"/chat/{s.pk}/")
+    block = page.locator("li.msg.assistant .code")
+    assert block.locator("pre.pyg span.k").first.inner_text() == "def"  # coloured on the server
+    block.locator("button.copy").click()
+    assert block.locator("button.copy").inner_text() == "Copied"
+    assert page.evaluate("navigator.clipboard.readText()").strip() == code
+    # the page's own renderer (the one streaming uses) highlights with highlight.js and adds the button
+    page.evaluate("""() => { const li = document.querySelector('#answer-template').content.firstElementChild.cloneNode(true);
+        li.querySelector('.body').innerHTML = DOMPurify.sanitize(marked.parse('```python\\nimport os\\n```'));
+        li.querySelectorAll('pre code').forEach(c => hljs.highlightElement(c)); li.id = 'probe';
+        document.querySelector('#messages').append(li); }""")
+    assert page.locator("#probe code.hljs .hljs-keyword").inner_text() == "import"
+    shot(page, "chat-code")
+
+
+def test_the_page_fits_a_phone(phone, users, stack):
+    s = store(users["alice"], [("user", "Hello on a phone, with a long word: " + "x" * 80),
+                               ("assistant", "A table:\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n```\n" + "y" * 120 + "\n```")],
+              title="phone")
+    sign_in(phone, "alice")
+    phone.goto(f"/chat/{s.pk}/")
+    width = phone.evaluate("document.scrollingElement.scrollWidth")
+    assert width <= 360, f"the page is {width} px wide on a 360 px screen"
+    assert phone.locator("#composer textarea").is_visible() and not phone.locator("aside.chats").is_visible()
+    shot(phone, "chat-phone")
+    phone.click("label.show-chats")
+    assert phone.locator("aside.chats").is_visible()
+    shot(phone, "chat-phone-list")
+    new_chat(phone, "Hi!", max_tokens=10)
+    phone.wait_for_selector(ANSWERED, timeout=60000)
+    assert phone.evaluate("document.scrollingElement.scrollWidth") <= 360
+    shot(phone, "chat-phone-answer")
+
+
+def test_measure_ttfb_with_200_conversations_and_render_time_at_the_end_of_200_messages(page, users, stack):
+    from webui.models import ChatSession
+
+    alice = users["alice"]
+    ChatSession.objects.filter(owner=alice).delete()
+    ChatSession.objects.bulk_create([ChatSession(owner=alice, source="web", model="smollm2", title=f"chat {i}")
+                                     for i in range(199)])
+    body = ("Some **markdown** with `code`, a list:\n\n- one\n- two\n\n```python\nfor i in range(3):\n"
+            "    print(i)\n```\n")
+    long = store(alice, [("user" if i % 2 == 0 else "assistant", f"message {i}. {body}") for i in range(200)],
+                 title="long")
+    sign_in(page, "alice")
+    cookie = {c["name"]: c["value"] for c in page.context.cookies()}
+    ttfb = {}
+    with httpx.Client(base_url=stack.url, cookies=cookie, headers={"Accept": "text/html"}) as c:
+        for path in ("/chat/", f"/chat/{long.pk}/"):
+            times = []
+            for _ in range(6):
+                t0 = time.perf_counter()
+                with c.stream("GET", path) as r:
+                    times.append(time.perf_counter() - t0)  # the status line and headers are in
+                    assert r.status_code == 200
+                    r.read()
+            ttfb[path] = times[1:]  # the first warms the template and markdown caches
+    page.goto(f"/chat/{long.pk}/")
+    assert page.locator("li.msg").count() == 200
+    page.fill("#composer textarea[name=text]", "Write a few sentences about the sea.")
+    page.press("#composer textarea[name=text]", "Enter")
+    page.wait_for_selector("li.msg[data-index='201'] .metrics", timeout=90000)
+    ms = page.evaluate("window.chatStats.renderMs")
+    out = {
+        "chat_list_ttfb_ms_median (200 conversations)": round(statistics.median(ttfb["/chat/"]) * 1000, 1),
+        "conversation_200_messages_ttfb_ms_median": round(statistics.median(ttfb[f"/chat/{long.pk}/"]) * 1000, 1),
+        "renders": len(ms),
+        "render_ms_median": round(statistics.median(ms), 2),
+        "render_ms_p95": round(sorted(ms)[int(len(ms) * 0.95) - 1 if len(ms) > 1 else 0], 2),
+        "render_ms_max": round(max(ms), 2),
+    }
+    print("\nchat measurements:", json.dumps(out, indent=1))
+    (SHOTS.parent / "chat-measurements.json").write_text(json.dumps(out, indent=1) + "\n")
+    shot(page, "chat-200-messages")

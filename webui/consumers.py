@@ -40,6 +40,10 @@ def error_event(e: ApiError) -> dict:
 
 
 class ChatConsumer(AsyncJsonWebsocketConsumer):
+    # no channel layer: a chat socket talks to its own job only. (With one, channels_redis's 5 s blocking
+    # read races redis-py 8's default 5 s socket timeout and kills the socket after 5 idle seconds.)
+    channel_layer_alias = "chat has none"
+
     async def connect(self):
         self.task: asyncio.Task | None = None
         self.job = None  # the running generation's, once submitted

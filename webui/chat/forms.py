@@ -29,13 +29,20 @@ def _sampling_field(name: str) -> forms.Field:
     return forms.FloatField(required=False, help_text=spec.help, widget=forms.NumberInput({**attrs, "step": "any"}))
 
 
+def model_defaults(generation: dict | None) -> dict:
+    """What an empty sampling field means for a model: its generation config, else the engine's default
+    (the engine's own rule, `SamplingParams.resolve`); fields without one (max tokens, seed) left out."""
+    resolved = SamplingParams().resolve(generation or {})
+    return {name: getattr(resolved, name) for name in SAMPLING if getattr(resolved, name) is not None}
+
+
 class NewChatForm(forms.Form):
     model = forms.ChoiceField()
     system = forms.CharField(required=False, max_length=20000, label="System prompt",
                              widget=forms.Textarea(attrs={"rows": 3, "placeholder": "You are a helpful assistant."}))
     locals().update({name: _sampling_field(name) for name in SAMPLING})
     stop = forms.CharField(required=False, max_length=2000, help_text="strings that end the answer, one a line",
-                           widget=forms.Textarea(attrs={"rows": 2}))
+                           widget=forms.Textarea(attrs={"rows": 2, "placeholder": "strings that end the answer, one a line"}))
     text = forms.CharField(required=False, max_length=200000, label="Message", strip=False,
                            widget=forms.Textarea(attrs={"rows": 3, "placeholder": "Ask something"}))
 
@@ -46,8 +53,9 @@ class NewChatForm(forms.Form):
             if name != "text":
                 f.widget.attrs["form"] = "composer"  # the page's one composer form sends them with the message
 
-    def sampling(self) -> list:
-        return [self[name] for name in (*SAMPLING, "stop")]
+    def sampling(self, defaults: dict) -> list[tuple]:
+        """(bound field, its default for the chosen model) in the page's order."""
+        return [(self[name], defaults.get(name)) for name in (*SAMPLING, "stop")]
 
     def clean(self):
         data = super().clean()

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from ..api.common import ApiError
 from . import conversations as conv
 from . import turns
-from .forms import ImportForm, NewChatForm, RenameForm
+from .forms import ImportForm, NewChatForm, RenameForm, model_defaults
 from .render import ALLOWED, markdown
 
 PAGE = 60
@@ -55,18 +55,19 @@ def chat_view(view):
     return wrapper
 
 
-def _page(request, who: conv.Who, template: str, **ctx) -> HttpResponse:
+def _page(request, who: conv.Who, template: str, catalog: dict | None = None, **ctx) -> HttpResponse:
     q = request.GET.get("q", "").strip()[:200]
     try:
         n = max(PAGE, min(int(request.GET.get("n", PAGE)), 10000))
     except ValueError:
         n = PAGE
     chats = conv.listing(who, q, n + 1)
-    catalog = async_to_sync(turns.models)()
+    catalog = async_to_sync(turns.models)() if catalog is None else catalog
     if ctx.get("session"):
         ctx["context"] = (catalog.get(ctx["session"].model) or {}).get("context")
-    config = {"session": str(ctx["session"].pk) if ctx.get("session") else None, "allowed": {k: sorted(v) for k, v in ALLOWED.items()},
-              "models": {name: {"context": d.get("context"), "defaults": d.get("generation") or {}}
+    config = {"session": str(ctx["session"].pk) if ctx.get("session") else None,
+              "allowed": {k: sorted(v) for k, v in ALLOWED.items()},
+              "models": {name: {"context": d.get("context"), "defaults": model_defaults(d.get("generation"))}
                          for name, d in catalog.items()}}
     return render(request, template, {"section": "chat", "chats": chats[:n], "more": n + PAGE if len(chats) > n else None,
                                       "q": q, "config": config, "catalog": catalog, **ctx})
@@ -75,9 +76,11 @@ def _page(request, who: conv.Who, template: str, **ctx) -> HttpResponse:
 @require_GET
 @chat_view
 def index(request, who):
-    catalog_names = list(async_to_sync(turns.models)())
-    form = NewChatForm(models=catalog_names)
-    return _page(request, who, "webui/chat/new.html", form=form, sampling=form.sampling())
+    catalog = async_to_sync(turns.models)()
+    form = NewChatForm(models=list(catalog))
+    first = next(iter(catalog.values()), {})
+    return _page(request, who, "webui/chat/new.html", catalog, form=form,
+                 sampling=form.sampling(model_defaults(first.get("generation"))))
 
 
 @require_GET

@@ -98,6 +98,7 @@ class Turn:
     prefix: str = ""  # the cut-off answer a continuation extends
     user_index: int | None = None  # the user message this turn stored, if any
     extra: dict = field(default_factory=dict)  # payload fields beyond kind/model/messages/params
+    created: bool = False  # this turn started the conversation
 
     @property
     def payload(self) -> dict:

@@ -14,6 +14,7 @@ import uuid
 from typing import AsyncIterator, Literal
 
 from asgiref.sync import sync_to_async
+from django.template.loader import render_to_string
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from appliance.events import Delta, Final, as_dict
@@ -67,7 +68,9 @@ async def begin(who: conv.Who, a: Action) -> conv.Turn:
         session = await sync_to_async(_get)(who, a.session)
     try:
         if a.action == "send":
-            return await sync_to_async(conv.send)(session, a.text or "")
+            turn = await sync_to_async(conv.send)(session, a.text or "")
+            turn.created = a.session is None
+            return turn
         if a.action == "regenerate":
             return await sync_to_async(conv.regenerate)(session)
         if a.action == "edit":
@@ -90,12 +93,17 @@ def _get(who, pk):
 
 async def announce(turn: conv.Turn) -> dict:
     """The `turn` event: the conversation, where the answer goes, the user's message as stored, the
-    cut-off answer a continuation extends."""
+    cut-off answer a continuation extends; for a new conversation its header and list entry too."""
     out = {"t": "turn", "session": str(turn.session.pk), "index": turn.index, "prefix": turn.prefix,
            "model": turn.session.model}
     if turn.user_index is not None:
         msg = await sync_to_async(turn.session.messages.get)(index=turn.user_index)
         out["user"] = {"index": msg.index, "html": message(turn.session, msg)}
+    if turn.created:  # the page was the new-chat form: the conversation's header and its place in the list
+        context = ((await models()).get(turn.session.model) or {}).get("context")
+        ctx = {"session": turn.session, "c": turn.session, "used": 0, "context": context}
+        out["head"] = render_to_string("webui/chat/_head.html", ctx)
+        out["item"] = render_to_string("webui/chat/_item.html", ctx)
     return out
 
 

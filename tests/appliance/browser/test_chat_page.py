@@ -50,7 +50,7 @@ def test_a_prompt_streams_over_several_renders_and_ends_rendered_by_the_server(p
     page.fill("#id_system", "You are a storyteller.")
     shot(page, "chat-new")
     new_chat(page, "Tell a short story about a cat.", max_tokens=60)
-    page.wait_for_function("window.chatStats.renders >= 1")
+    page.wait_for_function("window.chatStats.renders >= 4", timeout=60000)
     shot(page, "chat-streaming")
     page.wait_for_selector(ANSWERED, timeout=60000)
     lengths = page.evaluate("window.chatStats.lengths")
@@ -58,6 +58,10 @@ def test_a_prompt_streams_over_several_renders_and_ends_rendered_by_the_server(p
     assert "/chat/" in page.url and page.url.rstrip("/").split("/")[-1] != "chat"
     metrics = page.locator(ANSWERED).inner_text()
     assert "TTFT" in metrics and "decode" in metrics and "prompt" in metrics
+    # the new-chat form became the conversation's header, and the list shows it
+    gauge = page.locator("#gauge-text").inner_text()
+    assert gauge.endswith("/ 512 tokens") and not gauge.startswith("0 ")
+    assert page.locator("#chat-list li[aria-current] a").inner_text() == "Tell a short story about a cat."
     page.reload()  # the same conversation, rendered on the server
     assert page.locator("li.msg").count() == 2 and "/ 512 tokens" in page.locator("#gauge-text").inner_text()
     shot(page, "chat-answered")

@@ -173,13 +173,22 @@
       config.session = ev.session;
       history.replaceState(null, "", "/chat/" + ev.session + "/");
       const settings = $("#new-chat");
-      if (settings) settings.hidden = true;
+      if (settings && ev.head) settings.replaceWith(fromServer(ev.head));
+      const chats = $("#chat-list");
+      if (chats && ev.item) {
+        chats.querySelectorAll("li.muted, li[aria-current]").forEach((li) => {
+          if (li.classList.contains("muted")) li.remove();
+          else li.removeAttribute("aria-current");
+        });
+        chats.prepend(fromServer(ev.item));
+      }
     }
     const from = ev.user ? ev.user.index : ev.index;
     list.querySelectorAll("li.msg").forEach((li) => {
       if (Number(li.dataset.index) >= from) li.remove();
     });
     if (ev.user) list.append(fromServer(ev.user.html));
+    setStatus("Waiting for the worker…");
     startAnswer(ev.index, ev.prefix, ev.model);
     scrollDown();
   }

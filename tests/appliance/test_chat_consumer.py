@@ -145,3 +145,42 @@ def test_continue_extends_a_cut_off_answer_in_place(socket_of, stack):
     msg = ChatMessage.objects.get(session_id=first[0]["session"], index=1)
     assert msg.content.startswith(more[0]["prefix"]) and len(msg.content) > len(more[0]["prefix"])
     stack.idle(10)
+
+
+def test_while_it_waits_the_page_gets_the_queue_position_loading_and_prefill_progress(socket_of, stack):
+    """The worker's status events (`appliance.events`: queued, loading, prefill) pass through as they come.
+    Here a second request waits behind a long one, and its status events are written into its stream as
+    a worker writes them."""
+    from appliance import bus
+    from appliance.events import Loading, PrefillProgress, Queued
+
+    r = stack.r()
+
+    async def scenario():
+        busy, waiting = socket_of("chatter"), socket_of("chatter")
+        await busy.connect()
+        await waiting.connect()
+        await busy.send_json_to({"action": "send", "text": "Tell a long story.", "new": {"model": "smollm2",
+                                                                                         "max_tokens": 300}})
+        while (await busy.receive_json_from(timeout=30))["t"] != "delta":
+            pass
+        await waiting.send_json_to({"action": "send", "text": "hi", "new": {"model": "smollm2", "max_tokens": 2}})
+        assert (await waiting.receive_json_from(timeout=10))["t"] == "turn"
+        running = stack.registration("board-a")["running"]
+        ids = await asyncio.to_thread(lambda: stack.wait_until(
+            lambda: [i for i in r.zrange("rkmojo:queue:smollm2", 0, -1) if i != running]))
+        for ev in (Queued(position=1), Loading(model="smollm2"), PrefillProgress(done=512, total=1800)):
+            bus.emit(r, ids[0], ev)
+        got = [await waiting.receive_json_from(timeout=10) for _ in range(3)]
+        await busy.send_json_to({"action": "stop"})
+        await until_end(busy)
+        rest = await until_end(waiting)
+        for ws in (busy, waiting):
+            await ws.disconnect()
+        return got, rest
+
+    got, rest = asyncio.run(scenario())
+    assert got == [{"t": "queued", "position": 1}, {"t": "loading", "model": "smollm2"},
+                   {"t": "prefill", "done": 512, "total": 1800}]
+    assert rest[-1]["t"] == "final"
+    stack.idle(10)

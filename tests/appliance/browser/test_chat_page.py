@@ -95,8 +95,12 @@ def test_regenerate_replaces_the_answer_and_edit_resends_dropping_what_followed(
     page.wait_for_function("!document.querySelector('li.msg.assistant[data-old]') && "
                            f"document.querySelectorAll({ANSWERED!r}).length == 1", timeout=60000)
     assert page.locator("li.msg").count() == 2
-    page.fill("#composer textarea[name=text]", "And a fruit?")
-    page.press("#composer textarea[name=text]", "Enter")
+    box = page.locator("#composer textarea[name=text]")
+    box.fill("And a fruit?")
+    box.press("Shift+Enter")  # a new line, not a send
+    box.type("Just one.")
+    assert box.input_value() == "And a fruit?\nJust one." and page.locator("li.msg").count() == 2
+    box.press("Enter")
     page.wait_for_function(f"document.querySelectorAll({ANSWERED!r}).length == 2", timeout=60000)
     first = page.locator("li.msg.user").first
     first.locator("summary").click()
@@ -109,6 +113,31 @@ def test_regenerate_replaces_the_answer_and_edit_resends_dropping_what_followed(
     page.reload()
     assert page.locator("li.msg").count() == 2 and "Name an animal." in page.locator("li.msg.user .body").inner_text()
     shot(page, "chat-edited")
+
+
+def test_while_it_waits_the_page_shows_the_queue_position_loading_and_prefill_progress(page, users, stack):
+    """A request waits behind an API client's long answer; its status events are written into its stream
+    as a worker writes them (the worker's own emission of them is tested on the worker's side)."""
+    from appliance import bus
+    from appliance.events import Loading, PrefillProgress, Queued
+
+    sign_in(page, "alice")
+    long = stack.openai().chat.completions.create(model="smollm2", max_tokens=300, stream=True,
+                                                  messages=[{"role": "user", "content": "Tell a long story."}])
+    next(iter(long))
+    running = stack.registration("board-a")["running"]
+    new_chat(page, "Hi!", max_tokens=4)
+    r = stack.r()
+    rid = stack.wait_until(lambda: [i for i in r.zrange("rkmojo:queue:smollm2", 0, -1) if i != running])[0]
+    for ev, text in ((Queued(position=2), "2 requests ahead…"), (Loading(model="smollm2"), "Loading smollm2…"),
+                     (PrefillProgress(done=512, total=1800), "prompt 512 / 1800")):
+        bus.emit(r, rid, ev)
+        page.wait_for_function("t => document.querySelector('#status').textContent === t", arg=text)
+        if ev.t != "loading":
+            shot(page, f"chat-waiting-{ev.t}")
+    long.close()  # the API client leaves: the worker takes the page's request
+    page.wait_for_selector(ANSWERED, timeout=60000)
+    assert page.locator("#status").inner_text() == ""
 
 
 def test_a_code_block_is_highlighted_and_copied(page, users, stack):

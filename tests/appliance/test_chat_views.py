@@ -144,3 +144,22 @@ def test_the_page_shows_the_models_and_sends_without_javascript(people, stack):
     shown = ann.get(f"/chat/{s.pk}/").content.decode()
     assert 'data-m="ttft"' in shown and 'data-m="decode"' in shown and "/ 512 tokens" in shown
     stack.idle(10)
+
+
+def test_with_chat_open_an_anonymous_browser_chats_and_keeps_its_conversations_to_itself(people, monkeypatch):
+    from django.conf import settings
+
+    from webui.models import ChatSession
+
+    monkeypatch.setitem(settings.RKMOJO, "CHAT_OPEN", True)
+    monkeypatch.setitem(settings.RKMOJO, "API_KEYS", "never")
+    visitor, other = client_of(), client_of()
+    assert visitor.get("/chat/").status_code == 200 and visitor.session.session_key
+    r = visitor.post("/chat/act/", {"model": "smollm2", "max_tokens": "2", "temperature": "0", "text": "Hi."})
+    s = ChatSession.objects.get(pk=r["Location"].split("/")[2])
+    assert s.owner is None and s.visitor == visitor.session.session_key and s.messages.count() == 2
+    assert visitor.get(f"/chat/{s.pk}/").status_code == 200
+    other.get("/chat/")
+    assert other.get(f"/chat/{s.pk}/").status_code == 404
+    monkeypatch.setitem(settings.RKMOJO, "API_KEYS", "always")  # a client that needs a key: sign in instead
+    assert visitor.get("/chat/").status_code == 302

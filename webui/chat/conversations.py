@@ -225,7 +225,7 @@ def export(sessions: list[ChatSession]) -> Export:
     convs = []
     for s in sessions:
         msgs = [ExportedMessage(role=m.role, content=m.content, **{f: getattr(m, f) for f in METRICS})
-                for m in s.messages.order_by("index") if m.role in ROLES]
+                for m in s.messages.all() if m.role in ROLES]  # in index order (Meta), prefetched by the caller
         convs.append(ExportedConversation(title=s.title, model=s.model, system=s.system, params=s.params,
                                           created=s.created, messages=msgs))
     return Export(conversations=convs)
@@ -237,7 +237,7 @@ def markdown(sessions: list[ChatSession]) -> str:
         parts.append(f"# {s.title or 'Untitled'}\n\n_{s.model} · {s.created:%Y-%m-%d %H:%M} UTC_\n")
         if s.system:
             parts.append(f"**System:** {s.system}\n")
-        for m in s.messages.order_by("index"):
+        for m in s.messages.all():
             parts.append(f"## {m.role.capitalize()}\n\n{m.content}\n")
     return "\n".join(parts)
 

@@ -245,3 +245,40 @@ def test_measure_ttfb_with_200_conversations_and_render_time_at_the_end_of_200_m
     print("\nchat measurements:", json.dumps(out, indent=1))
     (SHOTS.parent / "chat-measurements.json").write_text(json.dumps(out, indent=1) + "\n")
     page.screenshot(path=str(SHOTS / "chat-200-messages.png"))  # the end of it: a full page is 40,000 px tall
+
+
+def test_without_javascript_the_forms_send_continue_and_regenerate(chromium, users, stack):
+    """Plain form posts: each returns when the answer is complete, and the server renders everything."""
+    from .conftest import DESKTOP, Guard
+
+    ctx = chromium.new_context(viewport=DESKTOP, base_url=stack.url, java_script_enabled=False)
+    guard = Guard("127.0.0.1")
+    ctx.route("**/*", guard.route)
+    page = ctx.new_page()
+    page.set_default_timeout(90000)
+    try:
+        sign_in(page, "alice")
+        page.click("details.settings summary")
+        page.fill("#id_max_tokens", "6")
+        page.fill("#id_temperature", "0")
+        page.fill("#composer textarea[name=text]", "Tell a story about a cat.")
+        page.click("#composer button[type=submit]")
+        page.wait_for_url("**/chat/*/#m1")
+        from webui.models import ChatMessage
+
+        sid = page.url.split("/")[-2]
+        first = ChatMessage.objects.get(session_id=sid, index=1).content
+        assert "cut off" in page.locator("li.msg.assistant .metrics").inner_text()
+        page.click("#continue")
+        page.wait_for_load_state()
+        longer = ChatMessage.objects.get(session_id=sid, index=1).content
+        assert longer.startswith(first) and len(longer) > len(first), (first, longer)
+        assert page.locator("li.msg").count() == 2
+        assert " ".join(longer.split()) == " ".join(page.locator("li.msg.assistant .body").inner_text().split())
+        shot(page, "chat-no-js")
+        page.click("#regenerate")
+        page.wait_for_load_state()
+        assert page.locator("li.msg").count() == 2 and page.locator("li.msg.assistant .metrics").count() == 1
+    finally:
+        ctx.close()
+    guard.check()

@@ -11,6 +11,9 @@ the conventions transformers established and every published template relies on:
 - globals `raise_exception(msg)` (→ `ChatTemplateError`), `strftime_now(fmt)`, `namespace` (which
   refuses underscore names), a `tojson` filter that keeps non-ASCII text and takes `indent`,
   `separators`, `sort_keys`;
+- `continue_final_message`: the prompt ends inside the last message (an assistant's answer cut off),
+  not after it: rendered without a generation prompt and cut right after that message's text, as
+  transformers does;
 - messages are normalised first: keys whose value is None are dropped, and a message's reasoning
   (`reasoning_content`, `thinking` or `reasoning`) is offered under both `reasoning_content` and
   `thinking`, the names templates read.
@@ -163,12 +166,14 @@ class ChatTemplate:
             raise ChatTemplateError(f"chat template does not compile (line {e.lineno}: {e.message})") from None
 
     def render(self, messages: list[dict], *, add_generation_prompt: bool = True, tools: list[dict] | None = None,
-               documents: list[dict] | None = None, **kwargs) -> str:
+               documents: list[dict] | None = None, continue_final_message: bool = False, **kwargs) -> str:
         """The prompt text for `messages`.
 
         Args:
             messages: [{"role": ..., "content": ..., optional "tool_calls", "reasoning_content", …}].
             add_generation_prompt: end with the header of an assistant turn.
+            continue_final_message: end inside the last message instead, right after its text, so that
+                the model writes on (`add_generation_prompt` is then ignored).
             tools: JSON schemas of functions ({"type": "function", "function": {...}}), for templates that use them.
             documents: retrieval documents, for templates that use them.
             kwargs: further template variables (`enable_thinking=False`, …); they override special tokens.
@@ -176,6 +181,8 @@ class ChatTemplate:
             ChatTemplateError: the template's `raise_exception`, or any error while rendering.
         """
         variables = {**self.special_tokens, **_plain(kwargs)}
+        if continue_final_message:
+            return self._continued(messages, tools, documents, variables)
         try:
             return self._template.render(messages=normalize_messages(messages), tools=_plain(tools),
                                          documents=_plain(documents), add_generation_prompt=add_generation_prompt,
@@ -186,3 +193,14 @@ class ChatTemplate:
             raise ChatTemplateError(f"chat template: {e}") from None
         except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
             raise ChatTemplateError(f"chat template failed on these messages: {type(e).__name__}: {e}") from None
+
+    def _continued(self, messages: list[dict], tools, documents, variables: dict) -> str:
+        final = (messages[-1].get("content") if messages else None) or ""
+        if not isinstance(final, str) or not final.strip():
+            raise ChatTemplateError("continue_final_message needs a last message with text to continue")
+        text = self.render(messages, add_generation_prompt=False, tools=tools, documents=documents, **variables)
+        at = text.rfind(final.strip())  # templates often strip the content; the model goes on from its end
+        if at < 0:
+            raise ChatTemplateError("continue_final_message: the chat template does not write the last "
+                                    "message's text as it is, so the prompt cannot end inside it")
+        return text[:at + len(final.strip())]

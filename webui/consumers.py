@@ -1,13 +1,19 @@
-"""WebSocket consumers. The chat consumer streams a generation's events to the browser page (next issue).
+"""WebSocket consumers. The chat consumer runs the chat page's actions and streams their events back.
 
-Client → server: {"model", "messages", "session"?, "params"?}; server → client: the request's events
-({"t": "queued" | "loading" | "start" | "prefill" | "delta" | "final" | "error", …}: while it waits its
-place in the queue, then the worker's); the final event carries the session id to continue with.
-Closing the socket cancels the running generation.
+Client → server (`webui.chat.turns.Action`): {"action": "send", "session"?, "text", "new"?} (no session:
+a new conversation with `new`'s model, system prompt and sampling, checked as the page's form is),
+{"action": "regenerate" | "continue", "session"}, {"action": "edit", "session", "index", "text"},
+{"action": "stop"}.
+Server → client: first {"t": "turn", "session", "index", "user"?, "prefix"} (`turns.announce`), then
+the worker's events (`appliance.events`: queued, loading, start, prefill, delta, final, error); the
+final event carries the stored answer rendered on the server (`message`) and the context used.
+`stop` asks the worker to stop at its next token: the answer so far is stored (finish_reason
+cancelled) and the socket stays open. Closing the socket cancels the running generation.
 Same-origin browser pages only: the socket is wrapped in Channels' origin check in `appliance.asgi`.
 A socket needs a logged-in session, or `RKMOJO_CHAT_OPEN` and a client the API key rule lets in
 without a key (`key_required`): every way into generation follows that rule. Others are refused at
 the handshake (HTTP 403). Messages are checked as HTTP bodies are (`webui.door.load_json`).
+A conversation is reached only through its owner (`webui.chat.conversations.owned`).
 """
 from __future__ import annotations
 
@@ -15,25 +21,17 @@ import asyncio
 import contextlib
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
-from django.conf import settings
 
-from appliance.events import Delta, Error, Final, as_dict
-from inference.options import OPENAI
+from appliance.events import Error, as_dict
 
-from . import sessions
-from .api.common import ApiError, key_required
-from .api.jobs import Job
-from .api.params import chat_messages, check_sampling
+from .api.common import ApiError
+from .chat import conversations, turns
 from .door import load_json
 
 
 def may_chat(scope: dict) -> bool:
-    """A logged-in user, or (RKMOJO_CHAT_OPEN) a client that needs no API key."""
-    user = scope.get("user")
-    if user is not None and user.is_authenticated:
-        return True
-    client = (scope.get("client") or [None])[0]
-    return settings.RKMOJO["CHAT_OPEN"] and not key_required(settings.RKMOJO["API_KEYS"], client)
+    """The chat page's rule (`conversations.may_chat`) for a socket."""
+    return conversations.may_chat(scope.get("user"), (scope.get("client") or [None])[0])
 
 
 def error_event(e: ApiError) -> dict:
@@ -42,12 +40,19 @@ def error_event(e: ApiError) -> dict:
 
 
 class ChatConsumer(AsyncJsonWebsocketConsumer):
+    # no channel layer: a chat socket talks to its own job only. (With one, channels_redis's 5 s blocking
+    # read races redis-py 8's default 5 s socket timeout and kills the socket after 5 idle seconds.)
+    channel_layer_alias = "chat has none"
+
     async def connect(self):
         self.task: asyncio.Task | None = None
-        self.busy = False  # a generation runs (its last event not yet sent)
+        self.job = None  # the running generation's, once submitted
+        self.stopping = False  # stop arrived before the job was submitted
+        self.busy = False  # an action runs (its last event not yet sent)
         if not may_chat(self.scope):
             await self.close()  # before accept: the handshake is answered 403
             return
+        self.who = conversations.Who.of(self.scope.get("user"), self.scope.get("session"))
         await self.accept()
 
     async def receive(self, text_data=None, bytes_data=None, **kwargs):
@@ -62,28 +67,33 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         await self.receive_json(content, **kwargs)
 
     async def receive_json(self, content, **kwargs):
-        if self.busy:
-            await self.send_json(error_event(ApiError(409, "a generation is already running")))
-            return
-        self.busy = True
-        self.task = asyncio.create_task(self._generate(content))
-
-    async def _generate(self, content: dict):
-        job = None
         try:
-            model = content.get("model")
-            payload = {"kind": "chat", "model": model, "messages": chat_messages(content.get("messages") or []),
-                       "params": check_sampling(dict(content.get("params") or {}), OPENAI), "session": content.get("session")}
-            job = await Job.submit("rkmojo.generate", model, payload, names={"prompt": "messages"})
-            parts = []
-            async for ev in job.events():
-                out = as_dict(ev)
-                if isinstance(ev, Delta):
-                    parts.append(ev.text)
-                elif isinstance(ev, Final):
-                    out["session"] = await sessions.record("web", model, payload["messages"], "".join(parts),
-                                                           ev.usage_dict(), content.get("session"))
-                if isinstance(ev, (Final, Error)):
+            action = turns.Action.parse(content)
+        except ApiError as e:
+            await self.send_json(error_event(e))
+            return
+        if action.action == "stop":
+            self.stopping = self.busy
+            if self.job is not None:
+                await self.job.stop()
+            return
+        if self.busy:
+            await self.send_json(error_event(ApiError(409, "a generation is already running; stop it first")))
+            return
+        self.busy, self.stopping = True, False
+        self.task = asyncio.create_task(self._run(action))
+
+    async def _run(self, action: turns.Action):
+        try:
+            if self.who.user is None and not self.who.visitor:
+                raise ApiError(403, "this browser has no session yet: open the chat page first")
+            turn = await turns.begin(self.who, action)
+            await self.send_json(await turns.announce(turn))
+            self.job = await turns.submit(turn, (self.scope.get("client") or [None])[0])
+            if self.stopping:
+                await self.job.stop()
+            async for out in turns.follow(turn, self.job):
+                if out["t"] in ("final", "error"):
                     self.busy = False
                 await self.send_json(out)
         except ApiError as e:
@@ -91,6 +101,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json(error_event(e))
         finally:
             self.busy = False
+            job, self.job = self.job, None
             if job is not None:
                 await job.close()
 

@@ -5,6 +5,7 @@ import hashlib
 import secrets
 import uuid
 
+from django.conf import settings
 from django.db import models
 
 KEY_PREFIX = "rkm-"
@@ -45,9 +46,18 @@ class ApiKey(models.Model):
 
 
 class ChatSession(models.Model):
-    """A conversation: through the web UI (by id) or the API (found again by its messages' digest)."""
+    """A conversation: through the web UI (by id) or the API (found again by its messages' digest).
+
+    A chat page's conversation belongs to its `owner`, or with `RKMOJO_CHAT_OPEN` to an anonymous
+    browser's session (`visitor`, its session key); API sessions have neither.
+    """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE,
+                              related_name="chats")
+    visitor = models.CharField(max_length=64, blank=True, db_index=True)
+    system = models.TextField(blank=True, help_text="the system prompt the conversation starts with")
+    params = models.JSONField(default=dict, blank=True, help_text="sampling options (SamplingParams fields)")
     model = models.CharField(max_length=200)
     title = models.CharField(max_length=200, blank=True)
     source = models.CharField(max_length=20, default="api")  # openai | ollama | web
@@ -57,6 +67,7 @@ class ChatSession(models.Model):
 
     class Meta:
         ordering = ["-updated"]
+        indexes = [models.Index(fields=["owner", "-updated"], name="chats_of_owner")]
 
     def __str__(self) -> str:
         return self.title or str(self.id)
@@ -71,6 +82,12 @@ class ChatMessage(models.Model):
     prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
     cached_tokens = models.PositiveIntegerField(null=True, blank=True)
     completion_tokens = models.PositiveIntegerField(null=True, blank=True)
+    # an answer's measurements (`appliance.events.Timings`) and why it ended (stop, length, cancelled)
+    ttft = models.FloatField(null=True, blank=True)
+    prefill_tps = models.FloatField(null=True, blank=True)
+    decode_tps = models.FloatField(null=True, blank=True)
+    expert_hit_rate = models.FloatField(null=True, blank=True)
+    finish_reason = models.CharField(max_length=20, blank=True)
 
     class Meta:
         ordering = ["session", "index"]

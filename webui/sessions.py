@@ -1,14 +1,14 @@
 """Chat sessions in the database: each answered chat request extends its conversation's session.
 
 An API request names no session: it continues the session whose messages (reply included) are exactly
-the request's messages before its last one, else it starts a new session. The web UI names its
-session by id. The prompt-cache reuse happens on the worker either way (by token prefix).
+the request's messages before its last one, else it starts a new session. The chat page keeps its
+own conversations, with their owners (`webui.chat.conversations`). The prompt-cache reuse happens on
+the worker either way (by token prefix).
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import uuid
 
 from django.db import transaction
 from asgiref.sync import sync_to_async
@@ -22,16 +22,12 @@ def digest(messages: list[dict]) -> str:
 
 
 @sync_to_async
-def record(source: str, model: str, messages: list[dict], reply: str, usage: dict | None,
-           session_id: str | None = None) -> str:
+def record(source: str, model: str, messages: list[dict], reply: str, usage: dict | None) -> str:
     """Store the exchange; returns the session id."""
     conversation = messages + [{"role": "assistant", "content": reply}]
     with transaction.atomic():
-        session = None
-        if session_id and _is_uuid(session_id):
-            session = ChatSession.objects.filter(pk=session_id).first()
-        if session is None and len(messages) > 1:
-            session = ChatSession.objects.filter(digest=digest(messages[:-1]), model=model).first()
+        session = (ChatSession.objects.filter(digest=digest(messages[:-1]), model=model, owner=None).first()
+                   if len(messages) > 1 else None)  # never a chat page's conversation
         if session is None:
             first_user = next((m.get("content") or "" for m in messages if m["role"] == "user"), "")
             session = ChatSession.objects.create(model=model, source=source, title=first_user[:80],
@@ -47,14 +43,6 @@ def record(source: str, model: str, messages: list[dict], reply: str, usage: dic
         session.digest = digest(conversation)
         session.save(update_fields=["digest", "updated"])
     return str(session.pk)
-
-
-def _is_uuid(value) -> bool:
-    try:
-        uuid.UUID(str(value))
-    except ValueError:
-        return False
-    return True
 
 
 def _usage(usage: dict | None) -> dict:

@@ -187,10 +187,10 @@ def test_under_the_remote_policy_loopback_placeholder_keys_pass_and_chat_open_le
         async def socket():  # no session: let in by RKMOJO_CHAT_OPEN, as a client that needs no key
             url = f"ws://127.0.0.1:{port}/ws/chat/"
             async with websockets.connect(url, additional_headers={"Origin": f"http://127.0.0.1:{port}"}) as ws:
-                await ws.send('{"model": "smollm2", "messages": [{"role": "user", "content": "\\ud800"}]}')
+                await ws.send('{"action": "send", "text": "\\ud800", "new": {"model": "smollm2"}}')
                 return json.loads(await asyncio.wait_for(ws.recv(), 10))
 
         ev = asyncio.run(socket())
-        assert ev["t"] == "error" and ev["status"] == 400 and ev["param"] == "messages[0].content"
+        assert ev["t"] == "error" and ev["status"] == 400 and ev["param"] == "text"
     finally:
         web.stop()

@@ -172,8 +172,7 @@ out["pull_etc_passwd"] = httpx.post(url + "/api/pull", json={"model": "/etc/pass
 async def socket(headers):
     try:
         async with websockets.connect(url.replace("http", "ws") + "/ws/chat/", additional_headers=headers) as ws:
-            await ws.send(json.dumps({"model": a["model"], "messages": [{"role": "user", "content": "hi"}],
-                                      "params": {"max_tokens": 2}}))
+            await ws.send(json.dumps({"action": "send", "text": "hi", "new": {"model": a["model"], "max_tokens": 2}}))
             while True:
                 ev = json.loads(await asyncio.wait_for(ws.recv(), 60))
                 if ev["t"] in ("final", "error"):

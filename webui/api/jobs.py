@@ -129,11 +129,11 @@ class Job:
             await self.close()
             raise
 
-    async def events(self) -> AsyncIterator[Event]:
+    async def events(self, *, statuses: bool = False) -> AsyncIterator[Event]:
         """The request's events from the first; ends after Final/Error.
 
-        Claim is kept on the job, not yielded; the status events (`STATUS`) are yielded and the latest kept
-        as `status`.
+        Claim and the status events (Queued, Loading, PrefillProgress) are kept on the job; the status
+        events are yielded too with `statuses` (the chat page shows them while it waits).
         """
         r = redis()
         waiting_since = checked = time.monotonic()
@@ -166,7 +166,8 @@ class Job:
                     continue
                 if isinstance(ev, STATUS):
                     self.status = ev
-                    yield ev
+                    if statuses:
+                        yield ev
                     continue
                 if isinstance(ev, Error) and ev.param in self.names:
                     ev = ev.model_copy(update={"param": self.names[ev.param]})
@@ -238,6 +239,11 @@ class Job:
                          message=f"no worker serving {self.model or self.worker} came up within "
                                  f"{settings.RKMOJO['NO_WORKER_TIMEOUT']:.0f} s; retry later")
         return None
+
+    async def stop(self) -> None:
+        """Ask the worker to stop at its next token; the stream goes on to a Final (finish_reason cancelled)."""
+        if not self.settled:
+            await bus.cancel(redis(), self.id)
 
     async def close(self) -> None:
         """Cancel the request unless it finished, and drop it from its queue. Safe to call twice.

@@ -1,0 +1,254 @@
+"""The chat page's conversations in the database: whose they are, the turns that extend them, export and import.
+
+Whose: a signed-in user's (`ChatSession.owner`), or with `RKMOJO_CHAT_OPEN` an anonymous browser's
+(`visitor`: its Django session key). Every lookup goes through `owned(who)`, so a conversation of
+someone else is a 404, never a 403 that tells it exists.
+
+A turn (`Turn`) is one answer to compute: `send` appends a user message, `regenerate` drops the last
+answer, `edit` rewrites an earlier user message and drops what followed it, `proceed` continues a
+cut-off answer. Each stores the user's side first (so a failed generation loses no typing) and says
+where the answer goes (`index`); `record` stores the answer with its measurements when it ends.
+
+Export is JSON (`Export`, the format import reads back) or Markdown.
+"""
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass, field
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import QuerySet
+from django.http import Http404
+from django.utils import timezone
+from pydantic import BaseModel, ConfigDict, Field
+
+from appliance.events import Final
+
+from ..models import ChatMessage, ChatSession
+
+TITLE_LENGTH = 80
+ROLES = ("user", "assistant")
+
+
+@dataclass(frozen=True)
+class Who:
+    """The person at the page: a user, or an anonymous visitor's session key (RKMOJO_CHAT_OPEN)."""
+    user: object = None
+    visitor: str = ""
+
+    @classmethod
+    def of(cls, user, session) -> "Who":
+        if user is not None and user.is_authenticated:
+            return cls(user=user)
+        return cls(visitor=(session.session_key or "") if session is not None else "")
+
+
+def may_chat(user, client_addr: str | None) -> bool:
+    """A signed-in user, or (RKMOJO_CHAT_OPEN) a client that the API key rule lets in without a key."""
+    from django.conf import settings
+
+    from ..api.common import key_required
+
+    if user is not None and user.is_authenticated:
+        return True
+    return settings.RKMOJO["CHAT_OPEN"] and not key_required(settings.RKMOJO["API_KEYS"], client_addr)
+
+
+def owned(who: Who) -> QuerySet[ChatSession]:
+    if who.user is not None:
+        return ChatSession.objects.filter(owner=who.user)
+    if who.visitor:
+        return ChatSession.objects.filter(owner=None, source="web", visitor=who.visitor)
+    return ChatSession.objects.none()
+
+
+def get(who: Who, pk) -> ChatSession:
+    """The conversation `pk` of `who`. Raises Http404 for any other (or a malformed id)."""
+    try:
+        return owned(who).get(pk=pk)
+    except (ChatSession.DoesNotExist, ValueError, ValidationError) as e:  # a malformed UUID is ValidationError
+        raise Http404("no such conversation") from e
+
+
+def listing(who: Who, query: str = "", limit: int = 50) -> list[ChatSession]:
+    """The newest `limit` conversations, those whose title or messages hold `query` if given."""
+    qs = owned(who).only("id", "title", "model", "updated")
+    if query:
+        qs = qs.filter(title__icontains=query) | qs.filter(messages__content__icontains=query)
+        qs = qs.distinct()
+    return list(qs.order_by("-updated")[:limit])
+
+
+def create(who: Who, model: str, system: str = "", params: dict | None = None, title: str = "") -> ChatSession:
+    return ChatSession.objects.create(owner=who.user, visitor="" if who.user else who.visitor, source="web",
+                                      model=model, system=system, params=params or {}, title=title[:200])
+
+
+# --- turns -----------------------------------------------------------------------------------------
+class TurnError(ValueError):
+    """An action that does not fit the conversation (edit a reply, continue a question, …)."""
+
+
+@dataclass
+class Turn:
+    session: ChatSession
+    index: int  # where the answer goes
+    messages: list[dict]  # what the worker gets, system prompt first
+    prefix: str = ""  # the cut-off answer a continuation extends
+    user_index: int | None = None  # the user message this turn stored, if any
+    extra: dict = field(default_factory=dict)  # payload fields beyond kind/model/messages/params
+    created: bool = False  # this turn started the conversation
+
+    @property
+    def payload(self) -> dict:
+        return {"kind": "chat", "model": self.session.model, "messages": self.messages,
+                "params": dict(self.session.params), "session": str(self.session.pk), **self.extra}
+
+
+def _history(session: ChatSession, upto: int | None = None) -> list[dict]:
+    msgs = session.messages.order_by("index").only("role", "content")
+    if upto is not None:
+        msgs = msgs.filter(index__lte=upto)
+    out = [{"role": "system", "content": session.system}] if session.system else []
+    return out + [{"role": m.role, "content": m.content} for m in msgs]
+
+
+def _last(session: ChatSession) -> ChatMessage | None:
+    return session.messages.order_by("-index").first()
+
+
+@transaction.atomic
+def send(session: ChatSession, text: str) -> Turn:
+    if not text.strip():
+        raise TurnError("the message is empty")
+    last = _last(session)
+    if last is not None and last.role == "user":  # an unanswered question (its answer failed): replace it
+        last.delete()
+        last = _last(session)
+    index = 0 if last is None else last.index + 1
+    ChatMessage.objects.create(session=session, index=index, role="user", content=text)
+    if not session.title:
+        session.title = " ".join(text.split())[:TITLE_LENGTH]
+    session.save()
+    return Turn(session, index + 1, _history(session), user_index=index)
+
+
+@transaction.atomic
+def regenerate(session: ChatSession) -> Turn:
+    last = _last(session)
+    if last is not None and last.role == "assistant":
+        last.delete()
+        last = _last(session)
+    if last is None or last.role != "user":
+        raise TurnError("there is no question to answer again")
+    session.save()
+    return Turn(session, last.index + 1, _history(session))
+
+
+@transaction.atomic
+def edit(session: ChatSession, index: int, text: str) -> Turn:
+    msg = session.messages.filter(index=index).first()
+    if msg is None or msg.role != "user":
+        raise TurnError(f"message {index} is not a question of yours; only those can be edited")
+    if not text.strip():
+        raise TurnError("the message is empty")
+    session.messages.filter(index__gt=index).delete()  # what followed answered the old text
+    msg.content = text
+    msg.save(update_fields=["content"])
+    session.save()
+    return Turn(session, index + 1, _history(session), user_index=index)
+
+
+@transaction.atomic
+def proceed(session: ChatSession) -> Turn:
+    """Continue the last answer where it was cut off (the chat template's continue_final_message)."""
+    last = _last(session)
+    if last is None or last.role != "assistant" or not last.content.strip():
+        raise TurnError("there is no answer to continue")
+    session.save()
+    return Turn(session, last.index, _history(session), prefix=last.content,
+                extra={"template": {"continue_final_message": True}})
+
+
+def record(turn: Turn, text: str, final: Final) -> ChatMessage:
+    """Store the answer (the continued one extended) with the final event's measurements."""
+    t, u = final.timings, final.usage
+    fields = {"role": "assistant", "content": turn.prefix + text, "finish_reason": final.finish_reason,
+              "prompt_tokens": u and u.prompt_tokens, "cached_tokens": u and u.cached_tokens,
+              "completion_tokens": u and u.completion_tokens, "ttft": t and t.ttft,
+              "prefill_tps": t and t.prefill_tps, "decode_tps": t and t.decode_tps,
+              "expert_hit_rate": t and t.expert_hit_rate}
+    with transaction.atomic():
+        msg, _ = ChatMessage.objects.update_or_create(session=turn.session, index=turn.index, defaults=fields)
+        ChatSession.objects.filter(pk=turn.session.pk).update(updated=timezone.now())
+    return msg
+
+
+# --- export and import -------------------------------------------------------------------------------
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class ExportedMessage(_Strict):
+    role: str = Field(pattern="^(user|assistant)$")
+    content: str
+    finish_reason: str = ""
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    ttft: float | None = None
+    prefill_tps: float | None = None
+    decode_tps: float | None = None
+    expert_hit_rate: float | None = None
+
+
+class ExportedConversation(_Strict):
+    title: str = Field("", max_length=200)
+    model: str = Field(max_length=200)
+    system: str = ""
+    params: dict = {}
+    created: datetime.datetime | None = None
+    messages: list[ExportedMessage]
+
+
+class Export(_Strict):
+    format: str = Field("rkmojo-chat", pattern="^rkmojo-chat$")
+    version: int = 1
+    conversations: list[ExportedConversation]
+
+
+METRICS = [f for f in ExportedMessage.model_fields if f not in ("role", "content")]
+
+
+def export(sessions: list[ChatSession]) -> Export:
+    convs = []
+    for s in sessions:
+        msgs = [ExportedMessage(role=m.role, content=m.content, **{f: getattr(m, f) for f in METRICS})
+                for m in s.messages.all() if m.role in ROLES]  # in index order (Meta), prefetched by the caller
+        convs.append(ExportedConversation(title=s.title, model=s.model, system=s.system, params=s.params,
+                                          created=s.created, messages=msgs))
+    return Export(conversations=convs)
+
+
+def markdown(sessions: list[ChatSession]) -> str:
+    parts = []
+    for s in sessions:
+        parts.append(f"# {s.title or 'Untitled'}\n\n_{s.model} · {s.created:%Y-%m-%d %H:%M} UTC_\n")
+        if s.system:
+            parts.append(f"**System:** {s.system}\n")
+        for m in s.messages.all():
+            parts.append(f"## {m.role.capitalize()}\n\n{m.content}\n")
+    return "\n".join(parts)
+
+
+@transaction.atomic
+def import_(who: Who, data: Export) -> list[ChatSession]:
+    made = []
+    for c in data.conversations:
+        s = create(who, c.model, c.system, c.params, c.title)
+        ChatMessage.objects.bulk_create([ChatMessage(session=s, index=i, role=m.role, content=m.content,
+                                                     **{f: getattr(m, f) for f in METRICS})
+                                         for i, m in enumerate(c.messages)])
+        made.append(s)
+    return made

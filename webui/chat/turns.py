@@ -1,0 +1,131 @@
+"""One chat page action, from the request to the stored answer: the WebSocket's and the plain form's.
+
+    turn = await begin(who, Action(...), client)       # ApiError 400/404 naming the field
+    job = await submit(turn, client)                    # the model's queue (404, 429 as ApiError)
+    async for out in follow(turn, job): ...            # browser events, the last one final or error
+
+`follow` yields the worker's events as browsers get them (`appliance.events.as_dict`), the status
+events included (queued, loading, prefill); the `final` event gains `message`: the stored answer
+rendered on the server with its measurements, and `context`: tokens used of the model's context.
+"""
+from __future__ import annotations
+
+import uuid
+from typing import AsyncIterator, Literal
+
+from asgiref.sync import sync_to_async
+from django.template.loader import render_to_string
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from appliance.events import Delta, Final, as_dict
+
+from ..api.common import ApiError
+from ..api.jobs import Job, catalog
+from . import conversations as conv
+from .forms import NewChatForm
+from .render import message
+
+
+class Action(BaseModel):
+    """A message from the chat page's socket (or its forms)."""
+    model_config = ConfigDict(extra="forbid")
+    action: Literal["send", "regenerate", "edit", "continue", "stop"]
+    session: uuid.UUID | None = None  # none with send: a new conversation, `new` its settings
+    text: str | None = None
+    index: int | None = None
+    new: dict | None = None  # NewChatForm's fields
+
+    @classmethod
+    def parse(cls, content) -> "Action":
+        try:
+            return cls.model_validate(content)
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = ".".join(str(p) for p in err["loc"]) or "the message"
+            raise ApiError(400, f"{where}: {err['msg']}", param=where) from None
+
+
+async def models() -> dict[str, dict]:
+    """{model name: its description and `context`} over every live worker, by name."""
+    out = {}
+    for name, entries in sorted((await catalog()).items()):
+        w, desc = entries[0]
+        loaded = {m["name"]: m.get("context") for w, _ in entries for m in w.get("loaded", [])}
+        out[name] = {**desc, "context": loaded.get(name) or desc.get("context")}
+    return out
+
+
+async def begin(who: conv.Who, a: Action) -> conv.Turn:
+    if a.session is None:
+        if a.action != "send":
+            raise ApiError(400, f"{a.action} needs the conversation's id", param="session")
+        form = NewChatForm({**(a.new or {}), "text": a.text or ""}, models=list(await models()))
+        if not form.is_valid():
+            raise form.first_error()
+        d = form.cleaned_data
+        session = await sync_to_async(conv.create)(who, d["model"], d["system"], d["params"])
+    else:
+        session = await sync_to_async(_get)(who, a.session)
+    try:
+        if a.action == "send":
+            turn = await sync_to_async(conv.send)(session, a.text or "")
+            turn.created = a.session is None
+            return turn
+        if a.action == "regenerate":
+            return await sync_to_async(conv.regenerate)(session)
+        if a.action == "edit":
+            if a.index is None:
+                raise ApiError(400, "edit needs the index of the message", param="index")
+            return await sync_to_async(conv.edit)(session, a.index, a.text or "")
+        return await sync_to_async(conv.proceed)(session)
+    except conv.TurnError as e:
+        raise ApiError(400, str(e), param="action") from None
+
+
+def _get(who, pk):
+    from django.http import Http404
+
+    try:
+        return conv.get(who, pk)
+    except Http404:
+        raise ApiError(404, f"conversation {pk} is not one of yours", param="session") from None
+
+
+async def announce(turn: conv.Turn) -> dict:
+    """The `turn` event: the conversation, where the answer goes, the user's message as stored, the
+    cut-off answer a continuation extends; for a new conversation its header and list entry too."""
+    out = {"t": "turn", "session": str(turn.session.pk), "index": turn.index, "prefix": turn.prefix,
+           "model": turn.session.model}
+    if turn.user_index is not None:
+        msg = await sync_to_async(turn.session.messages.get)(index=turn.user_index)
+        out["user"] = {"index": msg.index, "html": message(turn.session, msg)}
+    if turn.created:  # the page was the new-chat form: the conversation's header and its place in the list
+        context = ((await models()).get(turn.session.model) or {}).get("context")
+        ctx = {"session": turn.session, "c": turn.session, "used": 0, "context": context}
+        out["head"] = render_to_string("webui/chat/_head.html", ctx)
+        out["item"] = render_to_string("webui/chat/_item.html", ctx)
+    return out
+
+
+async def submit(turn: conv.Turn, client: str | None) -> Job:
+    return await Job.submit("rkmojo.generate", turn.session.model, turn.payload, client=client,
+                            names={"prompt": "messages"})
+
+
+async def follow(turn: conv.Turn, job: Job) -> AsyncIterator[dict]:
+    parts = []
+    async for ev in job.events(statuses=True):
+        out = as_dict(ev)
+        if isinstance(ev, Delta):
+            parts.append(ev.text)
+        elif isinstance(ev, Final):
+            msg = await sync_to_async(conv.record)(turn, "".join(parts), ev)
+            out["message"] = {"index": msg.index, "html": message(turn.session, msg)}
+            out["context"] = await context_used(turn, ev)
+        yield out
+
+
+async def context_used(turn: conv.Turn, final: Final) -> dict:
+    used = (final.usage.prompt_tokens + final.usage.completion_tokens) if final.usage else 0
+    info = (await models()).get(turn.session.model) or {}
+    return {"used": used, "context": info.get("context")}

@@ -1,0 +1,288 @@
+// The chat page's script. The page works without it (its forms post and the server renders every
+// message); with it the same forms go over the WebSocket (/ws/chat/, protocol in webui/consumers.py)
+// and the answer streams. Only the message being written re-renders, at most once per animation frame:
+// marked, then DOMPurify with the server's own allow-list, then highlight.js. When the answer ends the
+// server's rendering of it replaces the streamed one. Data comes from #chat-config (json_script).
+(function () {
+  "use strict";
+  const config = JSON.parse(document.getElementById("chat-config").textContent);
+  const $ = (sel, root) => (root || document).querySelector(sel);
+  const list = $("#messages");
+  const statusEl = $("#status");
+  const stopBtn = $("#stop");
+  const purify = {
+    ALLOWED_TAGS: Object.keys(config.allowed),
+    ALLOWED_ATTR: Array.from(new Set(Object.values(config.allowed).flat())),
+  };
+  const stats = (window.chatStats = { renders: 0, renderMs: [], lengths: [] }); // read by the browser tests
+  let ws = null;
+  let live = null; // the answer being written: {li, body, text, scheduled}
+  let busy = false;
+
+  // --- the socket ---------------------------------------------------------------------------------
+  function connect() {
+    ws = new WebSocket(location.protocol.replace("http", "ws") + "//" + location.host + "/ws/chat/");
+    ws.addEventListener("message", (e) => onEvent(JSON.parse(e.data)));
+    ws.addEventListener("close", () => {
+      ws = null;
+      if (busy) {
+        setStatus("The connection to the board was lost; reload the page to see what was stored.", true);
+        setBusy(false);
+      }
+    });
+  }
+
+  function send(msg) {
+    if (ws && ws.readyState === WebSocket.OPEN) {
+      ws.send(JSON.stringify(msg));
+      return;
+    }
+    if (!ws) connect();
+    ws.addEventListener("open", () => ws.send(JSON.stringify(msg)), { once: true });
+  }
+
+  // --- what the page shows ------------------------------------------------------------------------
+  function setStatus(text, error) {
+    statusEl.textContent = text;
+    statusEl.classList.toggle("error", !!error);
+  }
+
+  function setBusy(on) {
+    busy = on;
+    stopBtn.hidden = !on;
+    document.querySelectorAll("form[data-ws] button[type=submit]").forEach((b) => { b.disabled = on; });
+  }
+
+  function showControls(finish) {
+    $("#regenerate").hidden = false;
+    $("#continue").hidden = !(finish === "length" || finish === "cancelled");
+  }
+
+  function fromServer(html) {
+    // a message the server rendered (and sanitized); its forms get this page's CSRF token
+    const t = document.createElement("template");
+    t.innerHTML = html;
+    const el = t.content.firstElementChild;
+    const token = $("input[name=csrfmiddlewaretoken]");
+    el.querySelectorAll("form").forEach((f) => {
+      if (token && !f.querySelector("input[name=csrfmiddlewaretoken]")) f.prepend(token.cloneNode());
+    });
+    decorate(el);
+    return el;
+  }
+
+  function decorate(root) {
+    // a copy button on every code block
+    root.querySelectorAll("pre").forEach((pre) => {
+      if (pre.parentElement.classList.contains("code")) return;
+      const wrap = document.createElement("div");
+      wrap.className = "code";
+      const btn = document.createElement("button");
+      btn.type = "button";
+      btn.className = "copy";
+      btn.textContent = "Copy";
+      pre.replaceWith(wrap);
+      wrap.append(btn, pre);
+    });
+  }
+
+  function copy(text) {
+    if (navigator.clipboard && window.isSecureContext) return navigator.clipboard.writeText(text);
+    const ta = document.createElement("textarea"); // plain http on the LAN is no secure context
+    ta.value = text;
+    ta.setAttribute("readonly", "");
+    ta.style.position = "fixed";
+    ta.style.opacity = "0";
+    document.body.append(ta);
+    ta.select();
+    document.execCommand("copy");
+    ta.remove();
+    return Promise.resolve();
+  }
+
+  function nearBottom() {
+    const el = document.scrollingElement;
+    return el.scrollHeight - el.scrollTop - el.clientHeight < 120;
+  }
+
+  function scrollDown() {
+    const el = document.scrollingElement;
+    el.scrollTop = el.scrollHeight;
+  }
+
+  // --- the answer being written -------------------------------------------------------------------
+  function startAnswer(index, prefix, model) {
+    const li = $("#answer-template").content.firstElementChild.cloneNode(true);
+    li.dataset.index = index;
+    li.id = "m" + index;
+    $(".who", li).textContent = model;
+    list.append(li);
+    live = { li, body: $(".body", li), text: prefix || "", scheduled: false };
+    schedule();
+  }
+
+  function schedule() {
+    if (live && !live.scheduled) {
+      live.scheduled = true;
+      requestAnimationFrame(renderLive);
+    }
+  }
+
+  function renderLive() {
+    if (!live) return;
+    live.scheduled = false;
+    const t0 = performance.now();
+    const follow = nearBottom();
+    live.body.innerHTML = DOMPurify.sanitize(marked.parse(live.text), purify);
+    live.body.querySelectorAll("pre code").forEach((c) => hljs.highlightElement(c));
+    decorate(live.body);
+    if (follow) scrollDown(); // reads the layout: the time below includes it
+    stats.renderMs.push(performance.now() - t0);
+    stats.lengths.push(live.text.length);
+    stats.renders += 1;
+  }
+
+  // --- events from the socket ---------------------------------------------------------------------
+  function plural(n, word) {
+    return n + " " + word + (n === 1 ? "" : "s");
+  }
+
+  function onEvent(ev) {
+    switch (ev.t) {
+      case "turn": return onTurn(ev);
+      case "queued":
+        return setStatus(ev.position === 0 ? "Next in line…" : plural(ev.position, "request") + " ahead…");
+      case "loading": return setStatus("Loading " + ev.model + "…");
+      case "start": return setStatus("Reading the prompt (" + plural(ev.prompt_tokens, "token") + ")…");
+      case "prefill": return setStatus("prompt " + ev.done + " / " + ev.total);
+      case "delta":
+        if (live) {
+          if (!live.started) setStatus("");
+          live.started = true;
+          live.text += ev.text;
+          schedule();
+        }
+        return;
+      case "final": return onFinal(ev);
+      case "error": return onError(ev);
+    }
+  }
+
+  function onTurn(ev) {
+    if (config.session !== ev.session) { // the first answer of a new conversation
+      config.session = ev.session;
+      history.replaceState(null, "", "/chat/" + ev.session + "/");
+      const settings = $("#new-chat");
+      if (settings && ev.head) settings.replaceWith(fromServer(ev.head));
+      const chats = $("#chat-list");
+      if (chats && ev.item) {
+        chats.querySelectorAll("li.muted, li[aria-current]").forEach((li) => {
+          if (li.classList.contains("muted")) li.remove();
+          else li.removeAttribute("aria-current");
+        });
+        chats.prepend(fromServer(ev.item));
+      }
+    }
+    const from = ev.user ? ev.user.index : ev.index;
+    list.querySelectorAll("li.msg").forEach((li) => {
+      if (Number(li.dataset.index) >= from) li.remove();
+    });
+    if (ev.user) list.append(fromServer(ev.user.html));
+    setStatus("Waiting for the worker…");
+    startAnswer(ev.index, ev.prefix, ev.model);
+    scrollDown();
+  }
+
+  function onFinal(ev) {
+    if (live) {
+      const li = fromServer(ev.message.html);
+      live.li.replaceWith(li);
+      live = null;
+    }
+    if (ev.context && ev.context.context) {
+      const gauge = $("#gauge");
+      if (gauge) {
+        gauge.max = ev.context.context;
+        gauge.value = ev.context.used;
+        $("#gauge-text").textContent = ev.context.used + " / " + ev.context.context + " tokens";
+      }
+    }
+    setStatus("");
+    setBusy(false);
+    showControls(ev.finish_reason);
+  }
+
+  function onError(ev) {
+    if (live) {
+      if (!live.text) live.li.remove();
+      live = null;
+    }
+    setStatus(ev.message, true);
+    setBusy(false);
+  }
+
+  // --- the page's forms, keys and buttons ---------------------------------------------------------
+  document.addEventListener("submit", (e) => {
+    const form = e.target;
+    if (!form.matches("form[data-ws]")) return;
+    e.preventDefault();
+    if (busy) return;
+    const data = new FormData(form, e.submitter);
+    const msg = { action: data.get("action") || "send", session: config.session };
+    if (data.has("text")) msg.text = data.get("text");
+    if (data.has("index")) msg.index = Number(data.get("index"));
+    if ((msg.action === "send" || msg.action === "edit") && !(msg.text || "").trim()) return;
+    if (!config.session) {
+      msg.new = {};
+      for (const [k, v] of data) {
+        if (!["action", "text", "csrfmiddlewaretoken"].includes(k)) msg.new[k] = v;
+      }
+    }
+    setBusy(true);
+    setStatus("Sending…");
+    send(msg);
+    if (msg.action === "send") form.querySelector("textarea[name=text]").value = "";
+  });
+
+  document.addEventListener("keydown", (e) => {
+    if (e.key !== "Enter" || e.shiftKey || e.isComposing) return;
+    if (!e.target.matches("form[data-ws] textarea[name=text]")) return;
+    e.preventDefault();
+    e.target.form.requestSubmit();
+  });
+
+  document.addEventListener("click", (e) => {
+    const btn = e.target.closest("button.copy");
+    if (!btn) return;
+    copy($("pre", btn.parentElement).innerText).then(() => {
+      btn.textContent = "Copied";
+      setTimeout(() => { btn.textContent = "Copy"; }, 1500);
+    });
+  });
+
+  stopBtn.addEventListener("click", () => {
+    send({ action: "stop" });
+    setStatus("Stopping…");
+  });
+
+  // the new chat's model picker: its context and its own sampling defaults beside the fields
+  const picker = $("#id_model");
+  function showDefaults() {
+    const m = config.models[picker.value] || { defaults: {} };
+    $("#model-info").textContent = m.context ? "context " + m.context + " tokens" : "";
+    document.querySelectorAll("[data-default-for]").forEach((span) => {
+      const v = m.defaults[span.dataset.defaultFor];
+      span.textContent = v === undefined || v === null ? "" : "model default: " + v;
+      const input = $("[name=" + span.dataset.defaultFor + "]");
+      if (input) input.placeholder = v === undefined || v === null ? "default" : String(v);
+    });
+  }
+  if (picker) {
+    picker.addEventListener("change", showDefaults);
+    showDefaults();
+  }
+
+  decorate(document);
+  if (config.session) scrollDown();
+  connect();
+})();

@@ -64,18 +64,22 @@ def test_a_live_group_member_receives_the_stats_about_once_a_second(django_for_s
 
 def test_a_waiting_chat_request_sees_its_place_in_the_queue_fall_before_it_starts(session_cookie, stack):
     cookie = session_cookie("queuer").encode()
-    story = [{"role": "user", "content": "Tell a long story about a dragon."}]
+    story = "Tell a long story about a dragon."
+
+    def new_chat(max_tokens: int, text: str = story, **params) -> dict:
+        return {"action": "send", "text": text, "new": {"model": "smollm2", "max_tokens": max_tokens, **params}}
 
     async def scenario():
         socks = [socket(cookie) for _ in range(3)]
         for ws in socks:
             assert (await ws.connect())[0]
-        await socks[0].send_json_to({"model": "smollm2", "messages": story, "params": {"max_tokens": 40}})
+        await socks[0].send_json_to(new_chat(40))
         while (await socks[0].receive_json_from(timeout=30))["t"] != "start":
             pass
-        await socks[1].send_json_to({"model": "smollm2", "messages": story, "params": {"max_tokens": 20}})
+        await socks[1].send_json_to(new_chat(20))
+        assert (await socks[1].receive_json_from(timeout=10))["t"] == "turn"  # the page shows the user's message
         assert (await socks[1].receive_json_from(timeout=10)) == {"t": "queued", "position": 1}
-        await socks[2].send_json_to({"model": "smollm2", "messages": story, "params": {"max_tokens": 2}})
+        await socks[2].send_json_to(new_chat(2))
         third = await until_end(socks[2])
         rest = [await until_end(ws) for ws in socks[:2]]
         for ws in socks:
@@ -100,8 +104,8 @@ def test_a_long_prompt_reports_its_prefill_progress_between_start_and_the_answer
     async def scenario():
         ws = socket(cookie)
         assert (await ws.connect())[0]
-        await ws.send_json_to({"model": "smollm2", "messages": [{"role": "user", "content": long}],
-                               "params": {"max_tokens": 3, "temperature": 0}})
+        await ws.send_json_to({"action": "send", "text": long,
+                               "new": {"model": "smollm2", "max_tokens": 3, "temperature": 0}})
         out = await until_end(ws)
         await ws.disconnect()
         return out

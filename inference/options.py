@@ -178,11 +178,11 @@ def from_flags(cls: type, namespace) -> dict:
         ValueError: naming the flag (`--temperature=5.0 is out of range; allowed: [0, 2]`).
     """
     given = {n: getattr(namespace, n) for n in specs(cls) if getattr(namespace, n, None) is not None}
-    return {name: _read(cls, name, value, CLI) for name, value in given.items()}
+    return {name: read_value(cls, name, value, CLI) for name, value in given.items()}
 
 
-def _read(cls: type, name: str, value: Any, surface: Surface) -> Any:
-    """`value` (text from a flag or a variable, or already typed) as option `name`, checked.
+def read_value(cls: type, name: str, value: Any, surface: Surface) -> Any:
+    """`value` (text from a flag, a variable or a saved setting, or already typed) as option `name`, checked.
 
     Raises:
         ValueError: naming the option as `surface` spells it.
@@ -208,4 +208,4 @@ def from_env(cls: type, environ: Mapping[str, str] | None = None, names: tuple[s
     """
     environ = os.environ if environ is None else environ
     given = {n: environ.get(ENV.spell(n), "").strip() for n in specs(cls) if names is None or n in names}
-    return {name: _read(cls, name, raw, ENV) for name, raw in given.items() if raw}
+    return {name: read_value(cls, name, raw, ENV) for name, raw in given.items() if raw}

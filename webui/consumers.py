@@ -14,25 +14,25 @@ import asyncio
 import contextlib
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
-from django.conf import settings
 
 from appliance.events import Delta, Error, Final, as_dict
 from inference.options import OPENAI
 
-from . import sessions
+from . import config, sessions
 from .api.common import ApiError, key_required
 from .api.jobs import Job
 from .api.params import chat_messages, check_sampling
 from .door import load_json
 
 
-def may_chat(scope: dict) -> bool:
-    """A logged-in user, or (RKMOJO_CHAT_OPEN) a client that needs no API key."""
+async def may_chat(scope: dict) -> bool:
+    """A logged-in user, or (chat without sign-in, `webui.config`) a client that needs no API key."""
     user = scope.get("user")
     if user is not None and user.is_authenticated:
         return True
     client = (scope.get("client") or [None])[0]
-    return settings.RKMOJO["CHAT_OPEN"] and not key_required(settings.RKMOJO["API_KEYS"], client)
+    eff = await config.acurrent()
+    return eff["chat_open"] and not key_required(eff["api_keys"], client)
 
 
 def error_event(e: ApiError) -> dict:
@@ -44,7 +44,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self):
         self.task: asyncio.Task | None = None
         self.busy = False  # a generation runs (its last event not yet sent)
-        if not may_chat(self.scope):
+        if not await may_chat(self.scope):
             await self.close()  # before accept: the handshake is answered 403
             return
         await self.accept()

@@ -43,7 +43,7 @@ class Effective:
         return self.values[name].value
 
 
-def _engine_defaults() -> dict[str, Any]:
+def engine_defaults() -> dict[str, Any]:
     from inference.engine import EngineConfig
 
     return {f.name: f.default for f in dataclasses.fields(EngineConfig)}
@@ -56,7 +56,7 @@ def _load() -> Effective:
     values: dict[str, Value] = {}
     for name, t in SERVICE.items():
         values[name] = _pick(t.env_given(), t.from_env, saved, name, t.default)
-    defaults = _engine_defaults()
+    defaults = engine_defaults()
     for name in ENGINE_NAMES:
         values[name] = _pick(engine_env_given(name), lambda n=name: engine_from_env(n), saved, name, defaults[name])
     values[DEFAULT_MODEL] = _pick(False, None, saved, DEFAULT_MODEL, None)

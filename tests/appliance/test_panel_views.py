@@ -161,3 +161,13 @@ def test_a_pull_of_an_unsupported_source_is_one_clear_message(people):
     staff, _ = people
     r = client(staff).post("/panel/models/pull/", {"source": "ftp://example.org/x.gguf"}, follow=True)
     assert r.status_code == 200 and b'<li class="error">ftp: URLs are taken as http:// or https:// only' in r.content
+
+
+def test_djangos_admin_is_served_with_its_style_sheets(people, stack):
+    import httpx
+
+    staff, _ = people
+    r = client(staff).get("/admin/")
+    assert r.status_code == 200 and b"/static/admin/css/base.css" in r.content
+    css = httpx.get(f"{stack.url}/static/admin/css/base.css", timeout=30)  # through daphne and WhiteNoise
+    assert css.status_code == 200 and "text/css" in css.headers["content-type"]

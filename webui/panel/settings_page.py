@@ -37,8 +37,13 @@ class Field:
     value: Any
     source: str  # env, saved, default
     choices: tuple[str, ...] = ()
+    default: Any = None
     text: str = ""  # as the form shows it
     error: str = ""
+
+    @property
+    def placeholder(self) -> str:
+        return f"default: {format_value(self.name, self.default) or 'automatic'}"
 
     @property
     def env(self) -> str:
@@ -69,15 +74,17 @@ def _fields(eff: config.Effective) -> list[Field]:
     from inference.options import allowed, specs
 
     out = []
+    defaults = config.engine_defaults()
     for name in ENGINE_NAMES:
         tp, spec = specs(EngineConfig)[name]
         v = eff.values[name]
-        out.append(Field(name, LABELS[name], f"{spec.help} ({allowed(tp, spec)})", "reload", v.value, v.source,
-                         spec.choices or ()))
+        rule = "" if name in SIZES else f" ({allowed(tp, spec)})"  # a size is typed as 6G, not as bytes
+        out.append(Field(name, LABELS[name], spec.help + rule, "reload", v.value, v.source, spec.choices or (),
+                         defaults[name]))
     for name, t in SERVICE.items():
         v = eff.values[name]
         choices = t.choices or (("on", "off") if t.kind == "bool" else ())
-        out.append(Field(name, LABELS[name], t.help, t.applies, v.value, v.source, choices))
+        out.append(Field(name, LABELS[name], t.help, t.applies, v.value, v.source, choices, t.default))
     for f in out:
         f.text = format_value(f.name, f.value) if f.source != "default" else ""
     return out

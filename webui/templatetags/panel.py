@@ -34,6 +34,6 @@ def membar(memory) -> str:
     """The stacked bar of a `MemoryBudget`: one span per part, its width its share of the budget."""
     whole = memory.total or sum(getattr(memory, k) for k, _ in MEMORY_PARTS) or 1
     parts = [(k, label, getattr(memory, k)) for k, label in MEMORY_PARTS if getattr(memory, k)]
-    return format_html_join("", '<span class="mem mem-{}" style="width:{:.2f}%" title="{}: {}"></span>',
-                            ((k, 100 * v / whole, label, bytes_h(v)) for k, label, v in parts)) or format_html(
+    return format_html_join("", '<span class="mem mem-{}" style="width:{}%" title="{}: {}"></span>',
+                            ((k, f"{100 * v / whole:.2f}", label, bytes_h(v)) for k, label, v in parts)) or format_html(
         '<span class="muted">no memory figures</span>')

@@ -60,7 +60,8 @@
     var width = Math.max(120, p.box.clientWidth);
     if (!p.plot) {
       p.plot = new uPlot({width: width, height: 110, legend: {show: false}, cursor: {show: false},
-                          scales: {x: {time: true}}, axes: [{size: 24, font: "10px system-ui"}, {size: 36, font: "10px system-ui"}],
+                          // a fixed window ending at the latest sample (one sample alone would span years)
+                          scales: {x: {time: true, range: function (u, min, max) { return [max - HISTORY, max]; }}}, axes: [{size: 24, font: "10px system-ui"}, {size: 36, font: "10px system-ui"}],
                           series: [{}, {stroke: p.spec[2], width: 1.5, fill: p.spec[2] + "22", spanGaps: true}]},
                          data, p.box);
     } else {
@@ -122,7 +123,8 @@
 
   function draw(c) {
     var h = c.heat.data, canvas = c.heat.canvas, mode = c.heat.mode;
-    var L = h.layer_ids.length, E = h.experts, cw = Math.max(2, Math.floor(512 / E)), ch = 8;
+    var L = h.layer_ids.length, E = h.experts, cw = Math.max(2, Math.floor(512 / E));
+    var ch = Math.max(4, Math.min(16, Math.floor(420 / L))); // a row tall enough for its label beside it
     canvas.width = E * cw; canvas.height = L * ch;
     var g = canvas.getContext("2d");
     var grid2 = mode === "residency" ? h.residency : h[mode];
@@ -153,7 +155,8 @@
     h.layer_ids.forEach(function (id, i) {
       var r = h.layer_hit_rate[i];
       var li = el("li", worst[i] ? "worst" : null);
-      li.style.height = rowH + "px";
+      li.style.height = li.style.lineHeight = rowH + "px";
+      li.style.fontSize = Math.max(6, Math.min(11, rowH - 2)) + "px";
       li.title = "layer " + id + (worst[i] ? " (among the worst)" : "");
       var barw = el("span", "rate");
       barw.style.width = (r == null ? 0 : 30 * r).toFixed(0) + "px";
@@ -202,7 +205,7 @@
 
   var retry = 500;
   function connect() {
-    var ws = new WebSocket((location.protocol === "https:" ? "wss://" : "ws://") + location.host + "/ws/panel/live/");
+    var ws = new WebSocket(location.protocol.replace("http", "ws") + "//" + location.host + "/ws/panel/live/");
     ws.onopen = function () { retry = 500; };
     ws.onmessage = function (m) { update(JSON.parse(m.data)); };
     ws.onclose = function () {

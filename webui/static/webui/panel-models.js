@@ -8,6 +8,7 @@
   var numbers = document.getElementById("job-numbers"), errorEl = document.getElementById("job-error");
   var cancel = document.getElementById("job-cancel");
   var samples = []; // [seconds, bytes] of the last few progress events, for the rate
+  var shown = -1, finished = false, retry = 500;
   window.rkmojoJob = {progress: []}; // what the page showed, for tests
 
   function mib(n) { return (n / 1048576).toFixed(1) + " MiB"; }
@@ -15,7 +16,8 @@
 
   function progress(ev) {
     statusEl.textContent = ev.status;
-    if (ev.total == null || ev.completed == null) return;
+    if (ev.total == null || ev.completed == null || ev.completed < shown) return; // a reconnect replays the stream
+    shown = ev.completed;
     var now = performance.now() / 1000;
     samples.push([now, ev.completed]);
     while (samples.length > 2 && now - samples[0][0] > 5) samples.shift();
@@ -31,6 +33,7 @@
   }
 
   function end(ok, message) {
+    finished = true;
     cancel.hidden = true;
     if (ok) {
       bar.value = bar.max;
@@ -44,16 +47,27 @@
     }
   }
 
-  var ws = new WebSocket((location.protocol === "https:" ? "wss://" : "ws://") + location.host +
-                         "/ws/panel/job/" + encodeURIComponent(box.dataset.worker) + "/" + encodeURIComponent(box.dataset.job) + "/");
-  ws.onmessage = function (m) {
-    var ev = JSON.parse(m.data);
-    if (ev.t === "progress") progress(ev);
-    else if (ev.t === "start") statusEl.textContent = "started";
-    else if (ev.t === "final") end(ev.finish_reason !== "cancelled", "cancelled");
-    else if (ev.t === "error") end(false, ev.message);
-  };
-  ws.onclose = function () { if (!cancel.hidden) statusEl.textContent = "lost the connection; reload to see the state"; };
+  var ws;
+  function connect() { // the job's events are kept in Redis: a new socket replays them from the first
+    ws = new WebSocket(location.protocol.replace("http", "ws") + "//" + location.host + "/ws/panel/job/" +
+                       encodeURIComponent(box.dataset.worker) + "/" + encodeURIComponent(box.dataset.job) + "/");
+    ws.onopen = function () { retry = 500; };
+    ws.onmessage = function (m) {
+      var ev = JSON.parse(m.data);
+      if (finished) return;
+      if (ev.t === "progress") progress(ev);
+      else if (ev.t === "start" && shown < 0) statusEl.textContent = "started";
+      else if (ev.t === "final") end(ev.finish_reason !== "cancelled", "cancelled");
+      else if (ev.t === "error") end(false, ev.message);
+    };
+    ws.onclose = function () {
+      if (finished) return;
+      statusEl.textContent = "reconnecting…";
+      setTimeout(connect, retry);
+      retry = Math.min(retry * 2, 8000);
+    };
+  }
+  connect();
   cancel.addEventListener("click", function () {
     ws.send(JSON.stringify({cancel: true}));
     cancel.disabled = true;

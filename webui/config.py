@@ -6,7 +6,8 @@
 
 Both read the table at most every `CACHE` seconds, so a save in the panel reaches every web process within
 that long, without a restart. `save` stores a change and writes every saved value to Redis
-(`bus.K_SETTINGS`), where the workers read them at each heartbeat (their own environment still wins).
+(`bus.K_SETTINGS`), where the workers read them at each heartbeat (their own environment still wins);
+a read that finds the key gone (Redis restarted empty) writes it again.
 """
 from __future__ import annotations
 
@@ -60,6 +61,8 @@ def _load() -> Effective:
     for name in ENGINE_NAMES:
         values[name] = _pick(engine_env_given(name), lambda n=name: engine_from_env(n), saved, name, defaults[name])
     values[DEFAULT_MODEL] = _pick(False, None, saved, DEFAULT_MODEL, None)
+    if saved and not _redis().exists(bus.K_SETTINGS):  # Redis restarted empty: the workers need them again
+        publish()
     return Effective(values, saved, time.monotonic())
 
 
@@ -114,8 +117,13 @@ def publish() -> None:
     from .models import Setting
 
     saved = dict(Setting.objects.values_list("name", "value"))
-    bus.connect(settings.REDIS_URL).set(bus.K_SETTINGS, json.dumps(saved, sort_keys=True))
+    _redis().set(bus.K_SETTINGS, json.dumps(saved, sort_keys=True))
 
 
-def as_json(eff: Effective) -> str:
-    return json.dumps({k: v.value for k, v in eff.values.items()})
+_REDIS: list = []
+
+
+def _redis():
+    if not _REDIS:
+        _REDIS.append(bus.connect(settings.REDIS_URL))
+    return _REDIS[0]

@@ -101,3 +101,23 @@ def test_a_job_socket_follows_a_verify_to_its_end(staff_cookie, stack):
     events = asyncio.run(scenario())
     progress = [e for e in events if e["t"] == "progress"]
     assert events[-1]["t"] == "final" and progress and progress[-1]["completed"] == progress[-1]["total"]
+
+
+def test_chat_without_sign_in_saved_in_the_panel_opens_the_chat_socket_within_seconds(django_for_stack, monkeypatch):
+    from webui import config
+
+    monkeypatch.setenv("RKMOJO_API_KEYS", "never")  # this process serves the socket: no key asked of anyone
+
+    async def connects():
+        ws = socket("/ws/chat/", None)
+        ok, _ = await ws.connect()
+        await ws.disconnect()
+        return ok
+
+    config.save({})
+    try:
+        assert not asyncio.run(connects())
+        config.save({"chat_open": True})
+        assert asyncio.run(connects())
+    finally:
+        config.save({"chat_open": None})

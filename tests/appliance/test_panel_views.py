@@ -171,3 +171,21 @@ def test_djangos_admin_is_served_with_its_style_sheets(people, stack):
     assert r.status_code == 200 and b"/static/admin/css/base.css" in r.content
     css = httpx.get(f"{stack.url}/static/admin/css/base.css", timeout=30)  # through daphne and WhiteNoise
     assert css.status_code == 200 and "text/css" in css.headers["content-type"]
+
+
+def test_a_model_is_unloaded_loaded_and_made_the_default(people, stack, clean_settings):
+    from webui import config
+
+    staff, _ = people
+    c = client(staff)
+
+    def loaded():
+        return [m["name"] for m in stack.registration("board-a")["loaded"]]
+
+    r = c.post("/panel/models/smollm2/load/", {"unload": "1"}, follow=True)
+    assert b"Unloaded smollm2." in r.content and loaded() == []
+    r = c.post("/panel/models/smollm2/load/", follow=True)
+    assert b"Loaded smollm2." in r.content and loaded() == ["smollm2"]
+    c.post("/panel/models/smollm2/default/")
+    assert config.current()["default_model"] == "smollm2"
+    assert '<span class="badge">default</span>' in c.get("/panel/models/").content.decode()

@@ -45,6 +45,10 @@ class NewUserForm(UserCreationForm):
         model = get_user_model()
         fields = ("username",)
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["username"].widget.attrs.pop("autofocus", None)  # the form sits below the list
+
 
 @staff_only
 def users(request):

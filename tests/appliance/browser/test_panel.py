@@ -192,3 +192,19 @@ def test_the_panel_works_at_phone_size(phone, users, stack):
         assert width <= 362, f"{path} is {width} px wide on a 360 px phone"
         shot(phone, name)
     stack.r().delete("rkmojo:stats:board-demo")
+
+
+def test_the_people_and_sessions_pages(admin, stack):
+    from webui.models import ChatMessage, ChatSession
+
+    s = ChatSession.objects.create(model="smollm2", title="What is an expert cache?", source="web", digest="tour")
+    ChatMessage.objects.create(session=s, index=0, role="user", content="What is an expert cache?")
+    ChatMessage.objects.create(session=s, index=1, role="assistant", content="A few experts kept in memory.",
+                               prompt_tokens=12, cached_tokens=0, completion_tokens=8)
+    page = admin
+    for path, name in (("/panel/users/", "panel-users"), ("/panel/sessions/", "panel-sessions"),
+                       (f"/panel/sessions/{s.pk}/", "panel-session")):
+        page.goto(path)
+        shot(page, name)
+    page.click("text=Delete this conversation")
+    page.wait_for_selector(".messages >> text=Deleted the conversation")

@@ -117,8 +117,8 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("RKMOJO_MAX_REQUEST_BYTES", 16 * 2**20, mi
 
 # --- Redis: broker, event streams, worker registry, channel layer -------------------------------
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
-# a consumer waits for its channel with BZPOPMIN for 5 s (channels_redis' brpop_timeout); redis-py 8 reads
-# with a 5 s socket timeout by default, which ends such a wait with a TimeoutError that closes the socket
+# redis-py 8 reads with a 5 s socket timeout by default, and channels_redis waits for a socket's next message
+# with a 5 s BZPOPMIN: a socket idle that long raised TimeoutError in its consumer. Wait longer than the pop.
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
                               "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}],
                                          "prefix": "rkmojo:channels:"}}}

@@ -11,6 +11,7 @@ a read that finds the key gone (Redis restarted empty) writes it again.
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import time
@@ -83,12 +84,26 @@ def _fresh() -> Effective | None:
 
 
 def current() -> Effective:
-    """The settings in effect (sync code; reads the database at most every `CACHE` seconds)."""
+    """The settings in effect (sync code; reads the database at most every `CACHE` seconds).
+
+    Called from async code (which cannot read the database), it gives the last read: such code awaits
+    `acurrent()` first, or uses it instead.
+    """
     eff = _fresh()
+    if eff is None and _current and _in_event_loop():
+        return _current[0]
     if eff is None:
         eff = _load()
         _current[:] = [eff]
     return eff
+
+
+def _in_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 async def acurrent() -> Effective:

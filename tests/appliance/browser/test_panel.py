@@ -232,3 +232,25 @@ def test_the_live_view_follows_the_real_worker(admin, stack):
     assert card.locator('[data-f="loaded"]').inner_text() == "smollm2"
     assert card.locator('[data-f="ttft"]').inner_text() != "—"
     shot(page, "panel-live-real-worker")
+
+
+def test_a_model_of_an_unsupported_architecture_fails_with_one_clear_message(admin, gguf_server, stack):
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(gguf_server.root / "mamba-tiny.gguf"), "mamba")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    page = admin
+    page.goto("/panel/models/")
+    page.fill("#id_source", f"{gguf_server.url}/cdn/mamba-tiny.gguf")
+    page.click("#pull-form button[type=submit]")
+    page.wait_for_selector("#job-error:not([hidden])", timeout=60000)
+    assert "architecture 'mamba' is not supported" in page.inner_text("#job-error")
+    assert page.locator(".error:visible").count() == 1
+    shot(page, "panel-pull-unsupported")
+    shutil.rmtree(stack.data / "models" / ".mamba-tiny.pull", ignore_errors=True)

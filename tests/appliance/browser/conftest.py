@@ -31,7 +31,9 @@ PHONE = {"width": 360, "height": 740}
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 
-@pytest.fixture(scope="session")
+# package scope: Playwright's sync API runs an event loop on the main thread while it lives, and the tests
+# after this package (asyncio.run, Django's test client in async views) cannot run beside one
+@pytest.fixture(scope="package")
 def chromium():
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: run `scripts/setup --test` (it installs Debian's chromium)")

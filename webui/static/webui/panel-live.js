@@ -60,8 +60,10 @@
     var width = Math.max(100, p.box.clientWidth);
     if (!p.plot) {
       p.plot = new uPlot({width: width, height: 110, legend: {show: false}, cursor: {show: false},
-                          // a fixed window ending at the latest sample (one sample alone would span years)
-                          scales: {x: {time: true, range: function (u, min, max) { return [max - HISTORY, max + 1]; }}}, axes: [{size: 24, font: "10px system-ui"}, {size: 36, font: "10px system-ui"}],
+                          // a window ending at the latest sample, 30 s to two minutes wide (one sample alone
+                          // would span years)
+                          scales: {x: {time: true, range: function (u, min, max) {
+                            return [max - Math.min(HISTORY, Math.max(30, max - min)), max + 1]; }}}, axes: [{size: 24, font: "10px system-ui"}, {size: 36, font: "10px system-ui"}],
                           series: [{}, {stroke: p.spec[2], width: 1.5, fill: p.spec[2] + "22", spanGaps: true,
                                             points: {show: function (u, si, i0, i1) { return i1 - i0 < 30; }}}]},
                          data, p.box);

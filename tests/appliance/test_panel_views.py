@@ -193,3 +193,27 @@ def test_a_model_is_unloaded_loaded_and_made_the_default(people, stack, clean_se
     c.post("/panel/models/smollm2/default/")
     assert config.current()["default_model"] == "smollm2"
     assert '<span class="badge">default</span>' in c.get("/panel/models/").content.decode()
+
+
+def test_the_first_administrator_lands_on_the_panel_signed_in(django_for_stack, stack):
+    import re
+
+    import httpx
+    from django.contrib.auth import get_user_model
+
+    get_user_model().objects.all().delete()  # a fresh appliance (the fixtures above make their users again)
+    (stack.data / "setup-done").unlink(missing_ok=True)
+    token = stack.base / "setup-token"
+    token.write_text("Zq3vR8kTn2WcY5hLp7Xa\n")
+    try:
+        with httpx.Client(base_url=stack.url, timeout=30) as browser:
+            form = browser.get("/setup/").text
+            csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form).group(1)
+            r = browser.post("/setup/", data={"csrfmiddlewaretoken": csrf, "token": "Zq3vR8kTn2WcY5hLp7Xa",
+                                              "username": "first", "password1": "a long passphrase 7",
+                                              "password2": "a long passphrase 7"})
+            assert r.status_code == 302 and r.headers["location"] == "/panel/"
+            panel = browser.get("/panel/")
+            assert panel.status_code == 200 and "<h1>Live" in panel.text
+    finally:
+        token.unlink(missing_ok=True)

@@ -154,6 +154,8 @@ def expert_layout(name: str) -> dict | None:
 class JobConsumer(AsyncJsonWebsocketConsumer):
     """`ws/panel/job/WORKER/ID/`: a board job's events (`events.as_dict`) from the first; staff only."""
 
+    channel_layer_alias = "none"  # it reads the job's Redis stream; no channel of its own to wait on
+
     async def connect(self):
         self.task = None
         if not staff_scope(self.scope):

@@ -198,6 +198,8 @@
       if (t.length > HISTORY) Object.keys(c.hist).forEach(function (k) { c.hist[k].shift(); });
     }
     CHARTS.forEach(function (spec) { plot(c, spec[0]); });
+    c.plots.hit.box.firstChild.textContent = "hit rate %" + (c.hist.hit.some(function (v) { return v != null; })
+                                                            ? "" : " (no streamed experts yet)");
     heatmap(c, s.heatmap);
     live.renders++;
     status.textContent = "live · " + new Date(s.at * 1000).toLocaleTimeString();

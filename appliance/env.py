@@ -30,47 +30,29 @@ def env_str(name: str, default: str | None = None) -> str | None:
     return default if value is None else value
 
 
-def env_bool(name: str, default: bool) -> bool:
-    value = _raw(name)
-    if value is None:
-        return default
-    if value.lower() in _TRUE:
+# --- text → value: the same parsers read an environment variable and a settings form field -------------
+def parse_bool(text: str) -> bool:
+    if text.strip().lower() in _TRUE:
         return True
-    if value.lower() in _FALSE:
+    if text.strip().lower() in _FALSE:
         return False
-    raise _bad(name, value, "write 1/true/yes/on or 0/false/no/off")
+    raise ValueError("write 1/true/yes/on or 0/false/no/off")
 
 
-def env_int(name: str, default: int | None, *, minimum: int | None = None) -> int | None:
-    value = _raw(name)
-    if value is None:
-        return default
+def parse_int(text: str, minimum: int | None = None) -> int:
     try:
-        n = int(value)
+        n = int(text)
     except ValueError:
-        raise _bad(name, value, "not a whole number") from None
+        raise ValueError("not a whole number") from None
     if minimum is not None and n < minimum:
-        raise _bad(name, value, f"must be at least {minimum}")
+        raise ValueError(f"must be at least {minimum}")
     return n
 
 
-def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
-    value = _raw(name)
-    if value is None:
-        return default
-    if value.lower() not in choices:
-        raise _bad(name, value, f"choose one of {', '.join(choices)}")
-    return value.lower()
-
-
-def env_path(name: str, default: Path) -> Path:
-    value = _raw(name)
-    return Path(value).expanduser() if value is not None else default
-
-
-def env_list(name: str, default: list[str]) -> list[str]:
-    value = _raw(name)
-    return default if value is None else [v.strip() for v in value.split(",") if v.strip()]
+def parse_choice(text: str, choices: tuple[str, ...]) -> str:
+    if text.strip().lower() not in choices:
+        raise ValueError(f"choose one of {', '.join(choices)}")
+    return text.strip().lower()
 
 
 def parse_duration(text: str | int | float) -> float:
@@ -87,29 +69,58 @@ def parse_duration(text: str | int | float) -> float:
     return float(m.group(1)) * _UNITS[m.group(2)]
 
 
-def env_duration(name: str, default: float) -> float:
-    """Seconds; negative means "forever" where a setting allows it."""
-    value = _raw(name)
-    if value is None:
-        return default
-    try:
-        return parse_duration(value)
-    except ValueError:
-        raise _bad(name, value, "write a duration like 30s, 5m, 1.5h or 7d") from None
-
-
-def env_size(name: str, default: int | None) -> int | None:
+def parse_bytes(text: str) -> int:
     """Bytes from "512M", "4G", "3.5GiB" or a plain number of bytes."""
-    value = _raw(name)
-    if value is None:
-        return default
     from inference.engine import parse_size
     from inference.errors import RkmojoError
 
     try:
-        return parse_size(value)
+        return parse_size(text)
     except RkmojoError:
-        raise _bad(name, value, "write a size like 512M, 4G or 3.5GiB") from None
+        raise ValueError("write a size like 512M, 4G or 3.5GiB") from None
+
+
+def _env(name: str, default, parse, want: str | None = None):
+    """`parse(value)` of variable `name`, or `default` when unset; a ValueError names the variable."""
+    value = _raw(name)
+    if value is None:
+        return default
+    try:
+        return parse(value)
+    except ValueError as e:
+        raise _bad(name, value, want or str(e)) from None
+
+
+def env_bool(name: str, default: bool) -> bool:
+    return _env(name, default, parse_bool)
+
+
+def env_int(name: str, default: int | None, *, minimum: int | None = None) -> int | None:
+    return _env(name, default, lambda t: parse_int(t, minimum))
+
+
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    return _env(name, default, lambda t: parse_choice(t, choices))
+
+
+def env_path(name: str, default: Path) -> Path:
+    value = _raw(name)
+    return Path(value).expanduser() if value is not None else default
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    value = _raw(name)
+    return default if value is None else [v.strip() for v in value.split(",") if v.strip()]
+
+
+def env_duration(name: str, default: float) -> float:
+    """Seconds; negative means "forever" where a setting allows it."""
+    return _env(name, default, parse_duration, "write a duration like 30s, 5m, 1.5h or 7d")
+
+
+def env_size(name: str, default: int | None) -> int | None:
+    """Bytes from "512M", "4G", "3.5GiB" or a plain number of bytes."""
+    return _env(name, default, parse_bytes)
 
 
 def env_options(cls: type) -> dict:

@@ -15,8 +15,9 @@ import dj_database_url
 from inference.engine import EngineConfig
 from inference.sampler import SamplingParams
 
-from .env import env_bool, env_choice, env_duration, env_int, env_list, env_options, env_path, env_size, env_str
+from .env import env_bool, env_choice, env_duration, env_int, env_list, env_options, env_path, env_str
 from .hosts import MachineHosts
+from .tunables import SERVICE
 
 DATA_DIR = env_path("RKMOJO_DATA", env_path("RKMOJO_HOME", Path.home() / ".local" / "share" / "rkmojo"))
 MODELS_DIR = DATA_DIR / "models"
@@ -134,27 +135,17 @@ CELERY_ACCEPT_CONTENT = ["json"]
 
 # --- the appliance ------------------------------------------------------------------------------
 RKMOJO = {
-    # requests waiting per worker behind the running one; past it: 429 (OpenAI) / 503 (Ollama)
-    "QUEUE_LIMIT": env_int("RKMOJO_QUEUE_LIMIT", 8, minimum=0),
+    # the settings the admin panel also edits (`tunables.SERVICE`: queue limit, keep-alive, API-key policy,
+    # prompt-cache days and size, chat without sign-in), as the environment gives them; the web process
+    # reads the effective values (environment > saved in the panel > default) through `webui.config`
+    **{name.upper(): t.from_env() for name, t in SERVICE.items()},
     # seconds the API tells a refused client to wait
     "RETRY_AFTER": env_int("RKMOJO_RETRY_AFTER", 5, minimum=1),
-    # a model unused this long is unloaded (Ollama's keep_alive per request overrides); negative: never
-    "KEEP_ALIVE": env_duration("RKMOJO_KEEP_ALIVE", 30 * 60),
-    # "remote": keys required for clients off loopback, and a loopback client's key is not checked (as
-    # Ollama: home apps configured with a placeholder key work on the same machine); "always": every
-    # client shows a valid key; "never"
-    "API_KEYS": env_choice("RKMOJO_API_KEYS", "remote", ("remote", "always", "never")),
-    # the chat WebSocket without a logged-in session: off; on, it follows the API key rule for keyless
-    # clients (RKMOJO_API_KEYS=never opens it to the LAN, "remote" to this machine's own browsers)
-    "CHAT_OPEN": env_bool("RKMOJO_CHAT_OPEN", False),
     # /api/pull and install take local files only from inside this directory (a file path anywhere else
     # is refused: the web side must not read what the service user can read)
     "IMPORT_DIR": env_path("RKMOJO_IMPORT_DIR", DATA_DIR / "import"),
     # texts one embedding request may carry (each is one forward pass on the only worker)
     "MAX_EMBED_INPUTS": env_int("RKMOJO_MAX_EMBED_INPUTS", 256, minimum=1),
-    # prompt-cache files: expiry and total size cap (oldest dropped first)
-    "PROMPT_CACHE_DAYS": env_int("RKMOJO_PROMPT_CACHE_DAYS", 7, minimum=0),
-    "PROMPT_CACHE_MAX": env_size("RKMOJO_PROMPT_CACHE_MAX", 2 * 2**30),
     # the worker: its name (one per board), the model it loads at start, the engine's options
     "WORKER_NAME": env_str("RKMOJO_WORKER_NAME", socket.gethostname()),
     "PRELOAD": env_str("RKMOJO_PRELOAD", ""),

@@ -241,6 +241,7 @@ def install(req: dict) -> None:
 
 def _install(b, req: dict, node: str) -> None:
     from inference.errors import RkmojoError, disk_full
+    from inference.pull import PullCancelled
 
     rid, name, source = req["id"], req["name"], req["source"]
     stop = threading.Event()
@@ -261,7 +262,8 @@ def _install(b, req: dict, node: str) -> None:
         else:
             from inference.pull import pull
 
-            pull(source, b.models_dir, name=name, progress=False)
+            pull(source, b.models_dir, name=name, progress=False,
+                 cancel=lambda: bus.cancelled_at(b.r, rid) is not None)  # the panel's Cancel
         stop.set()
         bus.emit(b.r, rid, Progress(status="verifying"))
         from inference.models_dir import quick_check
@@ -280,6 +282,8 @@ def _install(b, req: dict, node: str) -> None:
         bus.emit(b.r, rid, Final(finish_reason="stop"))
     except RequestError as e:
         bus.emit(b.r, rid, e.event())
+    except PullCancelled:
+        bus.emit(b.r, rid, Final(finish_reason="cancelled"))
     except (RkmojoError, OSError, ValueError) as e:
         status = 507 if disk_full(e) else 400  # the store writer removed its half-written work
         bus.emit(b.r, rid, RequestError(status, f"pull {source}: {e}", code="disk_full" if status == 507 else None).event())

@@ -24,14 +24,15 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from appliance.events import Error, as_dict
 
+from . import config
 from .api.common import ApiError
 from .chat import conversations, turns
 from .door import load_json
 
 
-def may_chat(scope: dict) -> bool:
-    """The chat page's rule (`conversations.may_chat`) for a socket."""
-    return conversations.may_chat(scope.get("user"), (scope.get("client") or [None])[0])
+async def may_chat(scope: dict) -> bool:
+    """The chat page's rule (`conversations.may_chat`) for a socket, with the settings in effect now."""
+    return conversations.may_chat(scope.get("user"), (scope.get("client") or [None])[0], await config.acurrent())
 
 
 def error_event(e: ApiError) -> dict:
@@ -49,7 +50,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
         self.job = None  # the running generation's, once submitted
         self.stopping = False  # stop arrived before the job was submitted
         self.busy = False  # an action runs (its last event not yet sent)
-        if not may_chat(self.scope):
+        if not await may_chat(self.scope):
             await self.close()  # before accept: the handshake is answered 403
             return
         self.who = conversations.Who.of(self.scope.get("user"), self.scope.get("session"))

@@ -92,3 +92,16 @@ class ChatMessage(models.Model):
     class Meta:
         ordering = ["session", "index"]
         constraints = [models.UniqueConstraint(fields=["session", "index"], name="one_message_per_index")]
+
+
+class Setting(models.Model):
+    """A setting the administrator saved in the panel (`appliance.tunables`), by name; the value as JSON.
+
+    Read through `webui.config` (the environment wins over it), never directly."""
+
+    name = models.CharField(max_length=64, primary_key=True)
+    value = models.JSONField()
+    updated = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.name}={self.value!r}"

@@ -6,10 +6,11 @@ Sign-in is Django's own (`LoginView`, CSRF on the form, a session cookie); there
 """
 from __future__ import annotations
 
-from django.conf import settings
 from django.contrib.auth import views as auth
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.views.decorators.http import require_GET
+
+from . import config
 
 OLLAMA_PROBE = "Ollama is running (rkmojo)"
 
@@ -21,7 +22,7 @@ def wants_html(request: HttpRequest) -> bool:
 @require_GET
 def root(request: HttpRequest) -> HttpResponse:
     if wants_html(request):
-        if request.user.is_authenticated or settings.RKMOJO["CHAT_OPEN"]:
+        if request.user.is_authenticated or config.current()["chat_open"]:
             return HttpResponseRedirect("/chat/")
         return HttpResponseRedirect("/login/?next=/chat/")
     return HttpResponse(OLLAMA_PROBE, content_type="text/plain")

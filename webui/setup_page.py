@@ -16,7 +16,7 @@ from pathlib import Path
 
 from django import forms
 from django.conf import settings
-from django.contrib.auth import get_user_model
+from django.contrib.auth import get_user_model, login
 from django.contrib.auth.forms import UserCreationForm
 from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse
@@ -59,7 +59,7 @@ def _page(request: HttpRequest, form: SetupForm, status: int = 200) -> HttpRespo
 
 @require_http_methods(["GET", "POST"])
 def setup(request: HttpRequest) -> HttpResponse:
-    """GET: the form. POST: with the right token, create the superuser and go to the admin pages."""
+    """GET: the form. POST: with the right token, create the superuser, sign them in and go to the panel."""
     if not settings.RKMOJO["SETUP_TOKEN_FILE"]:
         raise Http404("this appliance has no setup page; create an administrator with "
                       "`python -m django createsuperuser` (settings: appliance.settings)")
@@ -84,4 +84,5 @@ def setup(request: HttpRequest) -> HttpResponse:
         user.is_staff = user.is_superuser = True
         user.save()
     (settings.DATA_DIR / DONE_MARKER).touch(exist_ok=True)
-    return redirect("/admin/")
+    login(request, user, backend="django.contrib.auth.backends.ModelBackend")  # signed in: on to the panel
+    return redirect("/panel/")

@@ -32,11 +32,11 @@ import urllib.parse
 from pathlib import Path
 
 from .gguf import pull_gguf
-from .http import PullError, Remote
+from .http import PullCancelled, PullError, Remote
 from .repo import DEFAULT_ENDPOINT, pull_repo
 from .staging import PullLock
 
-__all__ = ["pull", "pull_repo", "pull_gguf", "PullError", "PullLock", "Remote", "describe_partial", "default_name",
+__all__ = ["pull", "pull_repo", "pull_gguf", "PullError", "PullCancelled", "PullLock", "Remote", "describe_partial", "default_name",
            "DEFAULT_ENDPOINT"]
 
 

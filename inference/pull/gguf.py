@@ -14,10 +14,11 @@ from .repo import staging_dir
 from .staging import Journal, PullLock, Spool
 
 
-def pull_gguf(url: str, out: Path, *, token: str | None = None, progress: bool = True, retries: int = 6) -> Path:
+def pull_gguf(url: str, out: Path, *, token: str | None = None, progress: bool = True, retries: int = 6,
+              cancel=None) -> Path:
     """Download one GGUF file by URL (resumable, chunk digests), convert it into `out`, drop the download."""
     parsed = urllib.parse.urlsplit(url)
-    remote = Remote(url, parsed.path.rsplit("/", 1)[-1] or url, token=token, retries=retries)
+    remote = Remote(url, parsed.path.rsplit("/", 1)[-1] or url, token=token, retries=retries, cancel=cancel)
     staging = staging_dir(out)
     with PullLock(staging, out.name):
         journal = Journal(staging / "journal.jsonl")

@@ -16,15 +16,21 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from typing import Callable
 
 from ..errors import DiskFullError, RkmojoError, disk_full
 
 BLOCK = 2**20  # socket read size
+CANCEL_POLL = 0.25  # seconds between two questions to `cancel`
 RETRIABLE = {408, 425, 429, 500, 502, 503, 504}
 
 
 class PullError(RkmojoError):
     """A pull cannot go on (HTTP error, server without Range support, changed source, …)."""
+
+
+class PullCancelled(PullError):
+    """The caller's `cancel()` said stop; the part downloaded so far is kept for a resume."""
 
 
 class _SameHostAuth(urllib.request.HTTPRedirectHandler):
@@ -47,10 +53,11 @@ class Remote:
         label: how errors name the source ("Qwen/Qwen3-30B-A3B@main").
         token: bearer token, sent to `base`'s host only.
         retries: attempts after the first for transient failures.
+        cancel: asked between blocks (at most every `CANCEL_POLL` s); True stops with `PullCancelled`.
     """
 
     def __init__(self, base: str, label: str, *, token: str | None = None, retries: int = 6,
-                 backoff: float = 0.5, timeout: float = 60.0):
+                 backoff: float = 0.5, timeout: float = 60.0, cancel: Callable[[], bool] | None = None):
         self.base = base.rstrip("/")
         self.label = label
         self.token = token
@@ -58,6 +65,15 @@ class Remote:
         self.backoff = backoff
         self.timeout = timeout
         self.opener = urllib.request.build_opener(_SameHostAuth)
+        self.cancel = cancel
+        self._asked = 0.0
+
+    def check_cancel(self) -> None:
+        if self.cancel is None or time.monotonic() - self._asked < CANCEL_POLL:
+            return
+        self._asked = time.monotonic()
+        if self.cancel():
+            raise PullCancelled(f"{self.label}: cancelled; the part downloaded so far is kept, pull again to resume")
 
     def url(self, file: str) -> str:
         return f"{self.base}/{urllib.parse.quote(file)}" if file else self.base
@@ -135,6 +151,7 @@ class Remote:
                     raise http.client.IncompleteRead(b"", end - pos)
                 sink(block)
                 pos += len(block)
+                self.check_cancel()
 
         if start < end:
             self._call(file, lambda: (pos, end), read)

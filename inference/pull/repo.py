@@ -144,7 +144,7 @@ class ResumableWriter(StoreWriter):
 
 
 def pull_repo(repo: str, out: Path, *, revision: str = "main", endpoint: str | None = None, quant: str = "q4",
-              token: str | None = None, progress: bool = True, retries: int = 6) -> Path:
+              token: str | None = None, progress: bool = True, retries: int = 6, cancel=None) -> Path:
     """Install `repo` (a Hugging Face repository id) at `out`, converting as it downloads.
 
     Raises:
@@ -152,7 +152,7 @@ def pull_repo(repo: str, out: Path, *, revision: str = "main", endpoint: str | N
     """
     endpoint = (endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
     remote = Remote(f"{endpoint}/{repo}/resolve/{urllib.parse.quote(revision, safe='')}", f"{repo}@{revision}",
-                    token=token, retries=retries)
+                    token=token, retries=retries, cancel=cancel)
     source = {"type": "hf", "endpoint": endpoint, "repo": repo, "revision": revision}
     staging = staging_dir(out)
     with PullLock(staging, out.name):

@@ -62,7 +62,7 @@ def test_passwords_that_differ_create_nobody(token_file, browser):
 def test_the_token_creates_the_administrator_once(token_file, browser, stack):
     r = post_form(browser, token=TOKEN, username="admin", password1="a long passphrase 7",
                   password2="a long passphrase 7")
-    assert r.status_code == 302 and r.headers["location"] == "/admin/"
+    assert r.status_code == 302 and r.headers["location"] == "/panel/"
     assert superusers() == ["admin"]
     assert (stack.data / "setup-done").exists()  # the next boot removes the token file
 

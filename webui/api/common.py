@@ -16,7 +16,6 @@ from datetime import timedelta
 import kombu.exceptions
 import pydantic
 import redis.exceptions
-from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
@@ -120,7 +119,9 @@ async def check_api_key(request: HttpRequest) -> None:
     """
     from webui.models import ApiKey, hash_key
 
-    policy = settings.RKMOJO["API_KEYS"]
+    from webui import config
+
+    policy = (await config.acurrent())["api_keys"]
     if not key_required(policy, request.META.get("REMOTE_ADDR")):
         return
     header = request.headers.get("Authorization", "")

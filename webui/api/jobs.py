@@ -33,6 +33,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from appliance import bus
 from appliance.events import Claim, Error, Event, Final, Loading, PrefillProgress, Queued, Start
 
+from .. import config
 from .common import ApiError
 
 _CLIENTS: dict = {}
@@ -100,7 +101,7 @@ class Job:
         """
         workers, _ = await find_model(model)
         rid = payload.setdefault("id", uuid.uuid4().hex)
-        capacity = (1 + settings.RKMOJO["QUEUE_LIMIT"]) * len(workers)
+        capacity = (1 + (await config.acurrent())["queue_limit"]) * len(workers)  # as saved in the panel
         info = {"id": rid, "model": model, "kind": payload.get("kind"), "client": client, "created": time.time()}
         if not await bus.admit(redis(), model, rid, capacity, info):
             wait = settings.RKMOJO["RETRY_AFTER"]

@@ -20,9 +20,8 @@ from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from appliance.events import Delta, Error, Final, Progress, Usage, logprob_dicts
-from appliance.sources import SourceError, local_path
 
-from . import jobs
+from . import board, jobs
 from .common import ApiError, api_view, log, ollama_model_name
 from .openai import embedding_result
 from inference.engine import EngineConfig
@@ -418,49 +417,16 @@ async def version(request, body):
 
 @api_view("ollama", ("DELETE",))
 async def delete(request, body):
-    name = ModelRequest.model_validate(body).target()
-    try:
-        workers, _ = await jobs.find_model(name)
-    except ApiError:
-        raise ApiError(404, f"model '{name}' not found") from None
-    for w in workers:
-        job = await jobs.Job.submit_board("rkmojo.delete", w["name"], {"name": name})
-        try:
-            async for ev in job.events():
-                if isinstance(ev, Error):
-                    raise ApiError.from_event(ev)
-        finally:
-            await job.close()
+    await board.delete(ModelRequest.model_validate(body).target())
     return JsonResponse({})
 
 
 @api_view("ollama")
 async def pull(request, body):
-    from appliance import bus
-    from inference.pull import default_name
-
     req = PullRequest.model_validate(body)
-    source = req.model or req.name
-    if not source:
-        raise ApiError(400, "model is required: a repository id (owner/name), a .gguf URL or a path on the worker",
-                       param="model")
-    try:
-        local = local_path(source, settings.RKMOJO["IMPORT_DIR"])
-    except SourceError as e:
-        raise ApiError(400, str(e), param="model") from None
-    if local is not None:  # a file in the import directory
-        name = local.name.removesuffix(".gguf").lower()
-    else:
-        name = ollama_model_name(default_name(source))
-    if name in await jobs.catalog():
+    job, _ = await board.start_install(req.model or req.name or "", req.worker)
+    if job is None:  # installed already
         return _pull_done(req.stream is not False, [{"status": "success"}])
-    workers = await bus.workers(jobs.redis())
-    if req.worker:
-        workers = [w for w in workers if w["name"] == req.worker]
-    if not workers:
-        raise ApiError(503, f"no worker {'named ' + req.worker + ' ' if req.worker else ''}is running to install it")
-    job = await jobs.Job.submit_board("rkmojo.install", workers[0]["name"],
-                                      {"source": str(local or source), "name": name})
     await job.started()
 
     async def lines():

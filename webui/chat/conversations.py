@@ -44,15 +44,16 @@ class Who:
         return cls(visitor=(session.session_key or "") if session is not None else "")
 
 
-def may_chat(user, client_addr: str | None) -> bool:
-    """A signed-in user, or (RKMOJO_CHAT_OPEN) a client that the API key rule lets in without a key."""
-    from django.conf import settings
-
+def may_chat(user, client_addr: str | None, eff=None) -> bool:
+    """A signed-in user, or (chat without sign-in) a client that the API key rule lets in without a key.
+    `eff`: the settings in effect (`webui.config`); read here when not given (sync code only)."""
+    from .. import config
     from ..api.common import key_required
 
     if user is not None and user.is_authenticated:
         return True
-    return settings.RKMOJO["CHAT_OPEN"] and not key_required(settings.RKMOJO["API_KEYS"], client_addr)
+    eff = eff or config.current()
+    return eff["chat_open"] and not key_required(eff["api_keys"], client_addr)
 
 
 def owned(who: Who) -> QuerySet[ChatSession]:

@@ -1,0 +1,64 @@
+"""Sessions: every conversation (web and API), viewed and deleted; the prompt-cache files' total size and a
+button that clears them (the workers then recompute prompts until they save new ones)."""
+from __future__ import annotations
+
+import shutil
+
+from django.conf import settings
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from ..models import ChatSession
+from .access import staff_only
+
+PAGE = 50
+
+
+def prompt_cache_usage() -> tuple[int, int]:
+    """(files, bytes) of the prompt-cache directory's `.kv` files."""
+    files = total = 0
+    root = settings.PROMPT_CACHE_DIR
+    for kv in root.glob("*/*.kv") if root.is_dir() else ():
+        try:
+            total += kv.stat().st_size
+        except FileNotFoundError:
+            continue
+        files += 1
+    return files, total
+
+
+@staff_only
+def sessions(request):
+    q = request.GET.get("q", "").strip()
+    rows = ChatSession.objects.all()
+    if q:
+        rows = rows.filter(title__icontains=q)
+    page = Paginator(rows, PAGE).get_page(request.GET.get("page"))
+    files, size = prompt_cache_usage()
+    return render(request, "webui/panel/sessions.html", {
+        "section": "panel", "tab": "sessions", "page": page, "q": q, "cache_files": files, "cache_bytes": size})
+
+
+@staff_only
+def session(request, pk):
+    s = get_object_or_404(ChatSession, pk=pk)
+    if request.method == "POST":
+        s.delete()
+        messages.success(request, f"Deleted the conversation {s.title or s.pk}.")
+        return redirect("/panel/sessions/")
+    return render(request, "webui/panel/session.html", {"section": "panel", "tab": "sessions", "s": s,
+                                                        "chat_messages": s.messages.all()})
+
+
+@staff_only
+@require_POST
+def clear_prompt_cache(request):
+    root = settings.PROMPT_CACHE_DIR
+    files, size = prompt_cache_usage()
+    for d in root.iterdir() if root.is_dir() else ():
+        if d.is_dir():
+            shutil.rmtree(d, ignore_errors=True)
+    messages.success(request, f"Cleared {files} prompt-cache file{'s' * (files != 1)} ({size / 2**20:.1f} MiB).")
+    return redirect("/panel/sessions/")

@@ -146,13 +146,21 @@ def test_the_page_shows_the_models_and_sends_without_javascript(people, stack):
     stack.idle(10)
 
 
-def test_with_chat_open_an_anonymous_browser_chats_and_keeps_its_conversations_to_itself(people, monkeypatch):
-    from django.conf import settings
+@pytest.fixture
+def chat_open(people):
+    """Chat without sign-in switched on as the panel does (saved settings), and off again afterwards."""
+    from webui import config
+
+    config.save({"chat_open": True, "api_keys": "never"})
+    yield
+    config.save({"chat_open": None, "api_keys": None})
+
+
+def test_with_chat_open_an_anonymous_browser_chats_and_keeps_its_conversations_to_itself(chat_open):
+    from webui import config
 
     from webui.models import ChatSession
 
-    monkeypatch.setitem(settings.RKMOJO, "CHAT_OPEN", True)
-    monkeypatch.setitem(settings.RKMOJO, "API_KEYS", "never")
     visitor, other = client_of(), client_of()
     assert visitor.get("/chat/").status_code == 200 and visitor.session.session_key
     r = visitor.post("/chat/act/", {"model": "smollm2", "max_tokens": "2", "temperature": "0", "text": "Hi."})
@@ -161,5 +169,5 @@ def test_with_chat_open_an_anonymous_browser_chats_and_keeps_its_conversations_t
     assert visitor.get(f"/chat/{s.pk}/").status_code == 200
     other.get("/chat/")
     assert other.get(f"/chat/{s.pk}/").status_code == 404
-    monkeypatch.setitem(settings.RKMOJO, "API_KEYS", "always")  # a client that needs a key: sign in instead
+    config.save({"api_keys": "always"})  # a client that needs a key: sign in instead
     assert visitor.get("/chat/").status_code == 302

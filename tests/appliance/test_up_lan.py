@@ -143,9 +143,10 @@ def test_the_printed_setup_url_makes_the_first_administrator_once(up):
         no_csrf = c.post("/setup/", data={"token": token, "username": "x", "password1": "p", "password2": "p"})
         assert no_csrf.status_code == 403  # forms carry CSRF tokens
         r = form_post(c, "/setup/", token=token, username="admin", password1="a long pass 42", password2="a long pass 42")
-        assert r.status_code == 302 and r.headers["location"] == "/admin/"
+        assert r.status_code == 302 and r.headers["location"] == "/panel/"
         assert c.get("/setup/").status_code == 410
-        assert "base.css" in c.get("/admin/login/").text and c.get("/static/admin/css/base.css").status_code == 200
+        # /setup/ signed the administrator in: the admin index itself, with its style sheet
+        assert "base.css" in c.get("/admin/").text and c.get("/static/admin/css/base.css").status_code == 200
     spent = subprocess.run([sys.executable, "-m", "django", "setuptoken"], env={**up.env, "DJANGO_SETTINGS_MODULE":
                            "appliance.settings"}, cwd=ROOT, capture_output=True, text=True, check=True)
     assert spent.stdout.strip() == "" and not (up.data / "setup-token").exists()

@@ -147,11 +147,12 @@
         g.fillRect(e * cw, l * ch, cw - (cw > 3 ? 1 : 0), ch - 1);
       }
     }
-    // per-layer hit rate beside the rows; the three worst layers marked
+    // per-layer hit rate beside the rows; the worst layers marked
     var rated = h.layer_hit_rate.map(function (r, i) { return [r, i]; }).filter(function (p) { return p[0] != null; });
     rated.sort(function (a, b) { return a[0] - b[0]; });
     var worst = {};
-    rated.slice(0, Math.min(3, rated.length)).forEach(function (p) { worst[p[1]] = true; });
+    // a quarter of the layers at most (3 on a deep model, 1 of 2 on a tiny one): "worst" must single some out
+    rated.slice(0, Math.min(3, Math.max(1, Math.floor(rated.length / 4)))).forEach(function (p) { worst[p[1]] = true; });
     var ol = c.heat.rates;
     ol.textContent = "";
     var rowH = canvas.clientHeight / L;

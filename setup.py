@@ -4,6 +4,7 @@ The kernels are tuned for the machine that builds them (`-march=native`, `-mcpu=
 RKMOJO_ARCH_FLAGS replaces that choice for a build meant for another machine, e.g. the image's
 aarch64 wheel: `RKMOJO_ARCH_FLAGS="-march=armv8-a -mtune=cortex-a76"` (see docs/image.md).
 """
+
 import os
 import platform
 import shlex
@@ -32,8 +33,12 @@ def kernel_builds() -> list[Extension]:
         Extension(
             f"inference.kernels.{name}",
             sources=["inference/kernels/rkkernels.c"],
-            depends=["inference/kernels/rkkernels_simd.h", "inference/kernels/rkpool.h", "inference/kernels/rkpython.h",
-                     "inference/kernels/rkattention.h"],
+            depends=[
+                "inference/kernels/rkkernels_simd.h",
+                "inference/kernels/rkpool.h",
+                "inference/kernels/rkpython.h",
+                "inference/kernels/rkattention.h",
+            ],
             extra_compile_args=["-O3", "-fopenmp", "-std=c11", *arch_flags(), f"-DRK_MODULE={name}", *flags],
             extra_link_args=["-fopenmp"],
             libraries=["m"],

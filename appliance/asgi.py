@@ -4,6 +4,7 @@ HTTP bodies over the size limit are refused before Django reads them (`webui.doo
 WebSockets pass Channels' origin check against the machine's names (`ALLOWED_HOSTS`: a missing,
 "null" or foreign Origin is refused) and carry the Django session, which the consumers require.
 """
+
 import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "appliance.settings")
@@ -21,7 +22,9 @@ django_app = get_asgi_application()  # sets Django up before the consumers impor
 websocket_urlpatterns = import_string("webui.routing.websocket_urlpatterns")
 BodyLimit = import_string("webui.door.BodyLimit")
 
-application = ProtocolTypeRouter({
-    "http": BodyLimit(django_app, settings.DATA_UPLOAD_MAX_MEMORY_SIZE),
-    "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
-})
+application = ProtocolTypeRouter(
+    {
+        "http": BodyLimit(django_app, settings.DATA_UPLOAD_MAX_MEMORY_SIZE),
+        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+    }
+)

@@ -20,6 +20,7 @@ Keys (all under `rkmojo:`):
 
 Events are `appliance.events` types, written and read only through its `encode` and `decode`.
 """
+
 from __future__ import annotations
 
 import json
@@ -97,16 +98,22 @@ def _retry(cls):
 def connect(url: str) -> redis.Redis:
     from redis.retry import Retry
 
-    return redis.Redis.from_url(url, decode_responses=True, health_check_interval=30, retry=_retry(Retry),
-                                retry_on_error=[redis.ConnectionError, redis.TimeoutError])
+    return redis.Redis.from_url(
+        url,
+        decode_responses=True,
+        health_check_interval=30,
+        retry=_retry(Retry),
+        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+    )
 
 
 def connect_async(url: str):
     import redis.asyncio as aioredis
     from redis.asyncio.retry import Retry
 
-    return aioredis.Redis.from_url(url, decode_responses=True, retry=_retry(Retry),
-                                   retry_on_error=[redis.ConnectionError, redis.TimeoutError])
+    return aioredis.Redis.from_url(
+        url, decode_responses=True, retry=_retry(Retry), retry_on_error=[redis.ConnectionError, redis.TimeoutError]
+    )
 
 
 # --- admission ---------------------------------------------------------------------------------

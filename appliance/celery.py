@@ -3,6 +3,7 @@
 Workers run with the solo pool (`appliance.processes.worker_argv`): one task at a time, in the
 process that owns the engine. `appliance.worker` connects the worker's start-up and shut-down.
 """
+
 from __future__ import annotations
 
 import os

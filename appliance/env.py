@@ -3,6 +3,7 @@
 A bad value raises `ImproperlyConfigured` naming the variable, the value and what would be accepted,
 so `rkmojo up` (or daphne, or the worker) stops at start instead of misbehaving later.
 """
+
 from __future__ import annotations
 
 import os

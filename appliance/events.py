@@ -21,6 +21,7 @@ Each event is a frozen pydantic model tagged by `t`; `encode` and `decode` are t
 Redis. The wire format is JSON (`{"t": "delta", "text": …}`), fields that are None left out. Decoding
 an unknown or malformed event raises `EventError` naming the event, never a KeyError further on.
 """
+
 from __future__ import annotations
 
 import json
@@ -136,6 +137,7 @@ class Error(_Event):
 
 class MemoryBudget(_Event):
     """Where a worker's memory goes, in bytes (the live view's stacked bar)."""
+
     total: int = Field(0, ge=0)  # the budget: RKMOJO_MEMORY or the machine's RAM
     dense: int = Field(0, ge=0)  # resident weights of the loaded models
     kv: int = Field(0, ge=0)  # KV caches as allocated
@@ -153,6 +155,7 @@ class Heatmap(_Event):
     per layer over the same window (None: no requests yet). Layers are the model's MoE layers in order,
     named by `layer_ids`.
     """
+
     model: str
     layer_ids: list[int]
     experts: int = Field(ge=1)
@@ -165,6 +168,7 @@ class Heatmap(_Event):
 
 class WorkerStats(_Event):
     """A worker's once-a-second summary for the live view: `bus.k_stats` and the `bus.LIVE_GROUP` push."""
+
     t: Literal["stats"] = "stats"
     worker: str
     boot: str
@@ -191,8 +195,10 @@ class WorkerStats(_Event):
     heatmap: Heatmap | None = None  # the loaded MoE model with streamed experts, if any
 
 
-Event = Annotated[Union[Claim, Queued, Loading, Start, PrefillProgress, Delta, Embeddings, Progress, Final, Error,
-                        WorkerStats], Field(discriminator="t")]
+Event = Annotated[
+    Union[Claim, Queued, Loading, Start, PrefillProgress, Delta, Embeddings, Progress, Final, Error, WorkerStats],
+    Field(discriminator="t"),
+]
 TYPES: dict[str, type[_Event]] = {cls.model_fields["t"].default: cls for cls in get_args(get_args(Event)[0])}
 _ADAPTER: TypeAdapter = TypeAdapter(Event)
 

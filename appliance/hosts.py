@@ -6,6 +6,7 @@ addresses change (DHCP, a cable plugged in after boot), so the list is computed 
 older than `REFRESH` seconds; Django (`request.get_host`) and Channels (`OriginValidator`) iterate the
 setting on every request, which is what makes a live list work. Interface addresses come from psutil.
 """
+
 from __future__ import annotations
 
 import logging

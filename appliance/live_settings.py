@@ -17,6 +17,7 @@ What the worker made of them is in its registration, `info()["settings"]` (`Reso
 `applied`, `pending` (a loaded model runs with another value: "takes effect after reload"),
 `environment` (saved, but an environment variable wins) and `invalid` (name → why).
 """
+
 from __future__ import annotations
 
 import json
@@ -48,10 +49,21 @@ class Resolved:
             want = EngineConfig(**self.engine)
         except ValueError:
             want = None
-        pending = sorted({name for cfg in loaded if cfg is not None and want is not None
-                          for name in specs(EngineConfig) if getattr(cfg, name) != getattr(want, name)})
-        return {"applied": [n for n in self.saved if n not in pending], "pending": pending,
-                "environment": list(self.environment), "invalid": dict(self.invalid)}
+        pending = sorted(
+            {
+                name
+                for cfg in loaded
+                if cfg is not None and want is not None
+                for name in specs(EngineConfig)
+                if getattr(cfg, name) != getattr(want, name)
+            }
+        )
+        return {
+            "applied": [n for n in self.saved if n not in pending],
+            "pending": pending,
+            "environment": list(self.environment),
+            "invalid": dict(self.invalid),
+        }
 
 
 def _env_set(environ: Mapping[str, str], variable: str) -> bool:

@@ -4,6 +4,7 @@
 terminal's Ctrl-C reaches only `rkmojo up`, which stops the children in order) and is asked by the
 kernel to get SIGTERM should its parent die without stopping it (PR_SET_PDEATHSIG): no orphans.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -29,22 +30,65 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 def redis_argv(data_dir: Path) -> tuple[list[str], str]:
     """A private redis-server on a unix socket in `data_dir` (no TCP port, no persistence); (argv, REDIS_URL)."""
     sock = data_dir / "redis.sock"
-    argv = ["redis-server", "--port", "0", "--unixsocket", str(sock), "--unixsocketperm", "700",
-            "--save", "", "--appendonly", "no", "--dir", str(data_dir), "--daemonize", "no",
-            "--logfile", str(data_dir / "logs" / "redis.log")]
+    argv = [
+        "redis-server",
+        "--port",
+        "0",
+        "--unixsocket",
+        str(sock),
+        "--unixsocketperm",
+        "700",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(data_dir),
+        "--daemonize",
+        "no",
+        "--logfile",
+        str(data_dir / "logs" / "redis.log"),
+    ]
     return argv, f"unix://{sock}?db=0"
 
 
 def daphne_argv(host: str, port: int) -> list[str]:
-    return [sys.executable, "-m", "appliance.serve", "-b", host, "-p", str(port), "--application-close-timeout", "5",
-            "appliance.asgi:application"]
+    return [
+        sys.executable,
+        "-m",
+        "appliance.serve",
+        "-b",
+        host,
+        "-p",
+        str(port),
+        "--application-close-timeout",
+        "5",
+        "appliance.asgi:application",
+    ]
 
 
 def worker_argv(name: str, loglevel: str = "info") -> list[str]:
     """A Celery worker with the solo pool: one task at a time in the process that owns the engine."""
-    return [sys.executable, "-m", "celery", "-A", "appliance.celery", "worker", "--pool", "solo",
-            "--concurrency", "1", "--prefetch-multiplier", "1", "-n", f"{name}@%h", "--without-gossip",
-            "--without-mingle", "--loglevel", loglevel]
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "appliance.celery",
+        "worker",
+        "--pool",
+        "solo",
+        "--concurrency",
+        "1",
+        "--prefetch-multiplier",
+        "1",
+        "-n",
+        f"{name}@%h",
+        "--without-gossip",
+        "--without-mingle",
+        "--loglevel",
+        loglevel,
+    ]
 
 
 def migrate_argv() -> list[str]:
@@ -72,9 +116,16 @@ class Child:
             self.log.parent.mkdir(parents=True, exist_ok=True)
             out = open(self.log, "ab")
         try:
-            self.proc = subprocess.Popen(self.argv, env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL,
-                                         stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                         preexec_fn=_die_with_parent)
+            self.proc = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                cwd=self.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
         finally:
             if out is not subprocess.DEVNULL:
                 out.close()
@@ -117,8 +168,10 @@ def wait_for(check, timeout: float, what: str, interval: float = 0.1, child: Chi
         if check():
             return
         if child is not None and not child.alive():
-            raise RuntimeError(f"{child.name} exited with status {child.proc.returncode} while waiting for {what}"
-                               + (f"; see {child.log}" if child.log else ""))
+            raise RuntimeError(
+                f"{child.name} exited with status {child.proc.returncode} while waiting for {what}"
+                + (f"; see {child.log}" if child.log else "")
+            )
         time.sleep(interval)
     raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
 

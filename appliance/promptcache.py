@@ -6,6 +6,7 @@ longest token prefix with it, when that beats what the engine's KV already holds
 whose messages extend an earlier conversation continues from its cache, whichever requests ran in
 between. Files expire after N days and the directory is capped in total size, oldest first.
 """
+
 from __future__ import annotations
 
 import hashlib

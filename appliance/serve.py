@@ -8,6 +8,7 @@ request is then answered 413 (in the API's error format, `webui.door`) without r
 chunked body has no length up front: `handleContentChunk` counts it and swaps in the sink once past
 the limit. (twisted still receives the rest of a refused body before it lets us answer.)
 """
+
 from __future__ import annotations
 
 import io

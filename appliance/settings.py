@@ -3,6 +3,7 @@
 The data directory (`RKMOJO_DATA`, else `RKMOJO_HOME`, else ~/.local/share/rkmojo) holds models/,
 prompt-cache/, db.sqlite3, the generated secret key and logs; on a board it is the NVMe mount.
 """
+
 from __future__ import annotations
 
 import os
@@ -85,19 +86,24 @@ X_FRAME_OPTIONS = "DENY"
 
 ROOT_URLCONF = "appliance.urls"
 ASGI_APPLICATION = "appliance.asgi.application"
-TEMPLATES = [{
-    "BACKEND": "django.template.backends.django.DjangoTemplates",
-    "DIRS": [],
-    "APP_DIRS": True,
-    "OPTIONS": {"context_processors": [
-        "django.template.context_processors.request",
-        "django.contrib.auth.context_processors.auth",
-        "django.contrib.messages.context_processors.messages",
-    ]},
-}]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
 
-DATABASES = {"default": dj_database_url.parse(
-    env_str("DATABASE_URL", f"sqlite:///{DATA_DIR / 'db.sqlite3'}"), conn_max_age=0)}
+DATABASES = {
+    "default": dj_database_url.parse(env_str("DATABASE_URL", f"sqlite:///{DATA_DIR / 'db.sqlite3'}"), conn_max_age=0)
+}
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # daphne's thread pool and the async ORM write from several threads: wait for the lock instead of failing
     DATABASES["default"]["OPTIONS"] = {"timeout": 20, "transaction_mode": "IMMEDIATE"}
@@ -119,9 +125,12 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("RKMOJO_MAX_REQUEST_BYTES", 16 * 2**20, mi
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 # redis-py 8 reads with a 5 s socket timeout by default, and channels_redis waits for a socket's next message
 # with a 5 s BZPOPMIN: a socket idle that long raised TimeoutError in its consumer. Wait longer than the pop.
-CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
-                              "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}],
-                                         "prefix": "rkmojo:channels:"}}}
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 15}], "prefix": "rkmojo:channels:"},
+    }
+}
 
 # Celery reads every CELERY_* name below (appliance/celery.py).
 CELERY_BROKER_URL = REDIS_URL
@@ -170,6 +179,8 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env_choice("RKMOJO_LOG_LEVEL", "info",
-                                                         ("debug", "info", "warning", "error")).upper()},
+    "root": {
+        "handlers": ["console"],
+        "level": env_choice("RKMOJO_LOG_LEVEL", "info", ("debug", "info", "warning", "error")).upper(),
+    },
 }

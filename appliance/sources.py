@@ -7,6 +7,7 @@ whether or not it exists, so the API is no oracle for the service user's files, 
 a byte of a file's content. The check is on the path as written (`..` resolved lexically): a link
 placed in the import directory by the administrator may point anywhere, a caller cannot make one.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,11 +36,14 @@ def local_path(source: str, import_dir: Path) -> Path | None:
     # a path: lexically, so that a link the administrator put in the import directory may point elsewhere
     path = Path(os.path.normpath(import_dir / Path(source).expanduser()))  # an absolute source replaces it
     if not path.is_relative_to(os.path.normpath(import_dir)):
-        raise SourceError(f"{source}: local files are installed only from inside {import_dir}; copy or "
-                          "link the model there")
+        raise SourceError(
+            f"{source}: local files are installed only from inside {import_dir}; copy or link the model there"
+        )
     if path.is_file():
         return path
     if "/" in source:
         raise SourceError(f"{source}: no such file in {import_dir}")
-    raise SourceError(f"{source!r}: give a repository id like Qwen/Qwen3-30B-A3B, the http(s) URL of a .gguf "
-                      f"file, or the name of a file in {import_dir}")
+    raise SourceError(
+        f"{source!r}: give a repository id like Qwen/Qwen3-30B-A3B, the http(s) URL of a .gguf "
+        f"file, or the name of a file in {import_dir}"
+    )

@@ -12,6 +12,7 @@ lock, so a running generation never waits for it (a counter may be one request b
 the difference of two samples over the time between them. A sample that fails is logged and the next
 one tried: the live view never stops a worker.
 """
+
 from __future__ import annotations
 
 import logging
@@ -87,8 +88,15 @@ def memory_budget(engines: list, rss: int, total: int) -> MemoryBudget:
         kv += sum(layer.k.nbytes + layer.v.nbytes for layer in list(eng.cache.layers))
     held = dense + kv + slots + prefetch
     runtime = max(0, rss - held)
-    return MemoryBudget(total=total, dense=dense, kv=kv, expert_slots=slots, prefetch_slots=prefetch,
-                        runtime=runtime, free=max(0, total - held - runtime))
+    return MemoryBudget(
+        total=total,
+        dense=dense,
+        kv=kv,
+        expert_slots=slots,
+        prefetch_slots=prefetch,
+        runtime=runtime,
+        free=max(0, total - held - runtime),
+    )
 
 
 def expert_totals(engines: dict) -> dict:
@@ -98,8 +106,7 @@ def expert_totals(engines: dict) -> dict:
         experts = streamed(eng)
         if experts is not None:
             layers = [c.stats for c in list(experts.caches.values())]
-            out[key] = (sum(s.hits for s in layers), sum(s.requests for s in layers),
-                        sum(s.bytes_read for s in layers))
+            out[key] = (sum(s.hits for s in layers), sum(s.requests for s in layers), sum(s.bytes_read for s in layers))
     return out
 
 
@@ -132,9 +139,16 @@ class HeatmapWindow:
         self.seen = counts
         h, req = self.hits.sum(axis=1), (self.hits + self.misses).sum(axis=1)  # [L]
         rate = [round(float(a / b), 4) if b > 1e-9 else None for a, b in zip(h, req)]
-        return Heatmap(model=model, layer_ids=layers, experts=n, half_life=self.half_life,
-                       hits=np.round(self.hits, 2).tolist(), misses=np.round(self.misses, 2).tolist(),
-                       residency=residency.tolist(), layer_hit_rate=rate)
+        return Heatmap(
+            model=model,
+            layer_ids=layers,
+            experts=n,
+            half_life=self.half_life,
+            hits=np.round(self.hits, 2).tolist(),
+            misses=np.round(self.misses, 2).tolist(),
+            residency=residency.tolist(),
+            layer_hit_rate=rate,
+        )
 
 
 # --- the sampler ---------------------------------------------------------------------------------
@@ -164,18 +178,30 @@ class Sampler:
         m = machine(self.sysfs)
         busy = state != "idle"
         return WorkerStats(
-            worker=b.name, boot=b.boot, at=time.time(), state=state, running=b.running, running_model=running_model,
+            worker=b.name,
+            boot=b.boot,
+            at=time.time(),
+            state=state,
+            running=b.running,
+            running_model=running_model,
             prefill_done=prefill[0] if state == "prefill" and prefill else None,
             prefill_total=prefill[1] if state == "prefill" and prefill else None,
-            loaded=sorted(loaded), queue_depth=len(queue),
+            loaded=sorted(loaded),
+            queue_depth=len(queue),
             oldest_wait=max(0.0, time.time() - oldest) if oldest is not None else 0.0,
-            tokens_per_s=tokens / dt, ttft=b.last_ttft,
-            expert_hit_rate=hits / requests if requests else None, disk_mb_per_s=read / dt / 1e6,
+            tokens_per_s=tokens / dt,
+            ttft=b.last_ttft,
+            expert_hit_rate=hits / requests if requests else None,
+            disk_mb_per_s=read / dt / 1e6,
             memory=memory_budget(list(engines.values()), self.process.memory_info().rss, b.budget()),
-            cpu_percent=psutil.cpu_percent(None), load_average=os.getloadavg()[0],
-            temperatures=m.temperatures, cpu_mhz=m.cpu_mhz, cpu_max_mhz=m.cpu_max_mhz,
+            cpu_percent=psutil.cpu_percent(None),
+            load_average=os.getloadavg()[0],
+            temperatures=m.temperatures,
+            cpu_mhz=m.cpu_mhz,
+            cpu_max_mhz=m.cpu_max_mhz,
             throttled=None if not (m.cpu_mhz and m.cpu_max_mhz) else busy and m.cpu_mhz < THROTTLE * m.cpu_max_mhz,
-            heatmap=self._heatmap(loaded, running_model, dt))
+            heatmap=self._heatmap(loaded, running_model, dt),
+        )
 
     def _experts_since(self, engines: dict) -> tuple[int, int, int]:
         """Expert cache hits, requests and bytes read since the last sample, over the streaming engines
@@ -217,6 +243,7 @@ class Sampler:
                 self.publish(self.sample())
                 failing = False
             except Exception as e:  # Redis restarting, an engine closing under us: the next second tries again
-                log.warning("live stats of %s failed: %s: %s", self.board.name, type(e).__name__, e,
-                            exc_info=not failing)
+                log.warning(
+                    "live stats of %s failed: %s: %s", self.board.name, type(e).__name__, e, exc_info=not failing
+                )
                 failing = True

@@ -16,6 +16,7 @@ While a task computes it keeps the board's live-view fields current (`Board.stat
 `generate` serves the model queues: chat, complete, embed, load, unload. `install`, `delete` and
 `verify` serve the board queue.
 """
+
 from __future__ import annotations
 
 import base64
@@ -32,8 +33,20 @@ from django.conf import settings
 from inference.options import ENV, OptionError
 
 from . import bus
-from .events import (Claim, Delta, Embeddings, Error, Final, Loading, Logprob, PrefillProgress, Progress, Start,
-                     Timings, Usage)
+from .events import (
+    Claim,
+    Delta,
+    Embeddings,
+    Error,
+    Final,
+    Loading,
+    Logprob,
+    PrefillProgress,
+    Progress,
+    Start,
+    Timings,
+    Usage,
+)
 from .promptcache import common_prefix
 from .sources import SourceError, local_path
 from .worker import board
@@ -75,11 +88,18 @@ def generate(req: dict) -> None:
     except RequestError as e:
         bus.emit(b.r, rid, e.event())
     except OptionError as e:  # the engine names the option; this worker's operator set it as RKMOJO_*
-        bus.emit(b.r, rid, Error(status=500, code="engine_options",
-                                 message=f"worker {b.name} cannot open {req['model']}: {ENV.error(e)}"))
+        bus.emit(
+            b.r,
+            rid,
+            Error(
+                status=500, code="engine_options", message=f"worker {b.name} cannot open {req['model']}: {ENV.error(e)}"
+            ),
+        )
     except Exception as e:  # a bug or a broken store: the client gets an error event, the worker lives on
         log.exception("request %s failed", rid)
-        bus.emit(b.r, rid, Error(status=500, code="internal_error", message=f"the worker failed: {type(e).__name__}: {e}"))
+        bus.emit(
+            b.r, rid, Error(status=500, code="internal_error", message=f"the worker failed: {type(e).__name__}: {e}")
+        )
     finally:
         b.r.zrem(bus.k_queue(req["model"]), rid)
 
@@ -90,8 +110,9 @@ def _run(b, req: dict) -> None:
 
     rid, name, kind = req["id"], req["model"], req["kind"]
     if name not in b.models and name not in b.scan():
-        raise RequestError(404, f"model {name!r} is not installed on worker {b.name}", code="model_not_found",
-                           param="model")
+        raise RequestError(
+            404, f"model {name!r} is not installed on worker {b.name}", code="model_not_found", param="model"
+        )
     if kind == "unload":
         unloaded = b.unload(name)
         bus.emit(b.r, rid, Start())
@@ -132,8 +153,15 @@ def _embed(b, eng, req: dict, load_s: float) -> None:
     except ValueError as e:
         raise RequestError(400, str(e), param="input") from None
     bus.emit(b.r, req["id"], Start(prompt_tokens=sum(counts), load_duration=load_s))
-    bus.emit(b.r, req["id"], Embeddings(shape=vecs.shape, prompt_tokens=sum(counts),
-                                        data=base64.b64encode(np.ascontiguousarray(vecs, "<f4").tobytes()).decode()))
+    bus.emit(
+        b.r,
+        req["id"],
+        Embeddings(
+            shape=vecs.shape,
+            prompt_tokens=sum(counts),
+            data=base64.b64encode(np.ascontiguousarray(vecs, "<f4").tobytes()).decode(),
+        ),
+    )
     bus.emit(b.r, req["id"], Final(finish_reason="stop", load_duration=load_s, usage=Usage(prompt_tokens=sum(counts))))
 
 
@@ -188,12 +216,22 @@ def _generate(b, eng, req: dict, load_s: float) -> None:
                 raise RequestError(503, f"the worker {b.name} is stopping; retry the request", code="worker_stopping")
             cancel = {}
             if "at" in cancel_seen:
-                cancel = {"cancel_latency": cancel_seen["seen"] - cancel_seen["at"],
-                          "tokens_after_cancel": n_tokens - cancel_seen["tokens"]}
-            bus.emit(b.r, rid, Final(finish_reason=ev.finish_reason, load_duration=load_s,
-                                     usage=Usage.model_validate(ev.usage, from_attributes=True),
-                                     timings=Timings.model_validate(ev.timings, from_attributes=True),
-                                     logprobs=pending_lp or None, **cancel))
+                cancel = {
+                    "cancel_latency": cancel_seen["seen"] - cancel_seen["at"],
+                    "tokens_after_cancel": n_tokens - cancel_seen["tokens"],
+                }
+            bus.emit(
+                b.r,
+                rid,
+                Final(
+                    finish_reason=ev.finish_reason,
+                    load_duration=load_s,
+                    usage=Usage.model_validate(ev.usage, from_attributes=True),
+                    timings=Timings.model_validate(ev.timings, from_attributes=True),
+                    logprobs=pending_lp or None,
+                    **cancel,
+                ),
+            )
 
 
 def _prefill_reporter(b, rid: str):
@@ -230,8 +268,11 @@ def install(req: dict) -> None:
     rid = req["id"]
     bus.emit(b.r, rid, Claim(worker=b.name, boot=b.boot))
     if b.installing:
-        bus.emit(b.r, rid, RequestError(409, f"worker {b.name} is already installing "
-                                             f"{b.installing['name']}; wait for it").event())
+        bus.emit(
+            b.r,
+            rid,
+            RequestError(409, f"worker {b.name} is already installing {b.installing['name']}; wait for it").event(),
+        )
         return
     b.installing = {"name": req["name"], "source": req["source"], "started": time.time()}
     bus.emit(b.r, rid, Start())
@@ -262,8 +303,9 @@ def _install(b, req: dict, node: str) -> None:
         else:
             from inference.pull import pull
 
-            pull(source, b.models_dir, name=name, progress=False,
-                 cancel=lambda: bus.cancelled_at(b.r, rid) is not None)  # the panel's Cancel
+            pull(
+                source, b.models_dir, name=name, progress=False, cancel=lambda: bus.cancelled_at(b.r, rid) is not None
+            )  # the panel's Cancel
         stop.set()
         bus.emit(b.r, rid, Progress(status="verifying"))
         from inference.models_dir import quick_check
@@ -286,7 +328,9 @@ def _install(b, req: dict, node: str) -> None:
         bus.emit(b.r, rid, Final(finish_reason="cancelled"))
     except (RkmojoError, OSError, ValueError) as e:
         status = 507 if disk_full(e) else 400  # the store writer removed its half-written work
-        bus.emit(b.r, rid, RequestError(status, f"pull {source}: {e}", code="disk_full" if status == 507 else None).event())
+        bus.emit(
+            b.r, rid, RequestError(status, f"pull {source}: {e}", code="disk_full" if status == 507 else None).event()
+        )
     except Exception as e:
         log.exception("install of %s failed", source)
         bus.emit(b.r, rid, RequestError(500, f"pull {source}: {type(e).__name__}: {e}").event())
@@ -305,8 +349,11 @@ def _watch_pull(b, rid: str, out: Path, stop: threading.Event) -> None:
         info = describe_partial(staging) if staging.is_dir() else None
         if info and (info["done"], info["total"]) != last:
             last = (info["done"], info["total"])
-            bus.emit(b.r, rid, Progress(status=f"pulling {out.name}", digest=out.name, completed=info["done"],
-                                        total=info["total"]))
+            bus.emit(
+                b.r,
+                rid,
+                Progress(status=f"pulling {out.name}", digest=out.name, completed=info["done"], total=info["total"]),
+            )
 
 
 @shared_task(name="rkmojo.delete", ignore_result=True)
@@ -362,4 +409,3 @@ def verify(req: dict) -> None:
         bus.emit(b.r, rid, RequestError(422, str(e)).event())
         return
     bus.emit(b.r, rid, Final(finish_reason="stop"))
-

@@ -12,6 +12,7 @@ variable. Precedence everywhere: the environment, then what the administrator sa
 - `applies` tells who applies a setting: `web` (the web process, within seconds of a save), `worker`
   (at its next heartbeat), `reload` (an engine option: when the worker next loads a model).
 """
+
 from __future__ import annotations
 
 import os
@@ -53,19 +54,52 @@ class Tunable:
 
 API_KEY_POLICIES = ("remote", "always", "never")
 
-SERVICE: dict[str, Tunable] = {t.name: t for t in (
-    Tunable("queue_limit", 8, "requests waiting per worker behind the running one; past it the API answers "
-            "429 (OpenAI) or 503 (Ollama)", "web", lambda t: parse_int(t, 0)),
-    Tunable("keep_alive", 30 * 60.0, "a model unused this long is unloaded (30s, 5m, 2h; negative: never)",
-            "worker", parse_duration, "duration"),
-    Tunable("api_keys", "remote", "who must show an API key: remote (all but this machine), always, never",
-            "web", lambda t: parse_choice(t, API_KEY_POLICIES), "choice", API_KEY_POLICIES),
-    Tunable("prompt_cache_days", 7, "days a prompt-cache file lives unused", "worker", lambda t: parse_int(t, 0)),
-    Tunable("prompt_cache_max", 2 * 2**30, "prompt-cache files in all, at most (512M, 2G)", "worker", parse_bytes,
-            "size"),
-    Tunable("chat_open", False, "the chat page without signing in (for clients the API-key rule lets in)",
-            "web", parse_bool, "bool"),
-)}
+SERVICE: dict[str, Tunable] = {
+    t.name: t
+    for t in (
+        Tunable(
+            "queue_limit",
+            8,
+            "requests waiting per worker behind the running one; past it the API answers 429 (OpenAI) or 503 (Ollama)",
+            "web",
+            lambda t: parse_int(t, 0),
+        ),
+        Tunable(
+            "keep_alive",
+            30 * 60.0,
+            "a model unused this long is unloaded (30s, 5m, 2h; negative: never)",
+            "worker",
+            parse_duration,
+            "duration",
+        ),
+        Tunable(
+            "api_keys",
+            "remote",
+            "who must show an API key: remote (all but this machine), always, never",
+            "web",
+            lambda t: parse_choice(t, API_KEY_POLICIES),
+            "choice",
+            API_KEY_POLICIES,
+        ),
+        Tunable("prompt_cache_days", 7, "days a prompt-cache file lives unused", "worker", lambda t: parse_int(t, 0)),
+        Tunable(
+            "prompt_cache_max",
+            2 * 2**30,
+            "prompt-cache files in all, at most (512M, 2G)",
+            "worker",
+            parse_bytes,
+            "size",
+        ),
+        Tunable(
+            "chat_open",
+            False,
+            "the chat page without signing in (for clients the API-key rule lets in)",
+            "web",
+            parse_bool,
+            "bool",
+        ),
+    )
+}
 
 # the engine options the settings page offers (the rest stay RKMOJO_* variables and CLI flags)
 ENGINE_NAMES = ("memory_budget", "expert_slots", "prefetch", "kv_dtype", "threads", "context")

@@ -8,6 +8,7 @@ dies is restarted (web and worker reconnect to Redis by themselves); Ctrl-C or
 SIGTERM stops every child (web and worker first, Redis last) and waits for each. The children also
 get SIGTERM from the kernel should this process die without stopping them (`processes.Child`).
 """
+
 from __future__ import annotations
 
 import os
@@ -49,7 +50,9 @@ def add_command(sub) -> None:
     up = sub.add_parser("up", help="run the appliance: web API (OpenAI and Ollama), a worker, Redis; Ctrl-C stops")
     up.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0: the LAN)")
     up.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
-    up.add_argument("--worker-name", default=None, help="this board's name (default $RKMOJO_WORKER_NAME, the host name)")
+    up.add_argument(
+        "--worker-name", default=None, help="this board's name (default $RKMOJO_WORKER_NAME, the host name)"
+    )
     up.add_argument("--no-demo", action="store_true", help="do not install the demo model on first start")
     up.add_argument("--create-api-key", metavar="NAME", help="create an API key, print it once, and exit")
     up.set_defaults(fn=_cmd_up)
@@ -99,22 +102,26 @@ def run(host: str, port: int, *, demo: bool = True, worker_name: str | None = No
             _say(f"REDIS_URL={redis_url} does not answer; start that Redis or unset REDIS_URL")
             return 1
         preload = s.RKMOJO["PRELOAD"] or (install_demo(s.MODELS_DIR) if demo else None) or ""
-        env = processes.base_env(REDIS_URL=redis_url, RKMOJO_DATA=str(data), RKMOJO_PRELOAD=preload,
-                                 RKMOJO_WORKER_NAME=worker_name)
+        env = processes.base_env(
+            REDIS_URL=redis_url, RKMOJO_DATA=str(data), RKMOJO_PRELOAD=preload, RKMOJO_WORKER_NAME=worker_name
+        )
         subprocess.run(processes.migrate_argv(), env=env, check=True)
         private_files(data)
-        token = subprocess.run(processes.setup_token_argv(), env=env, check=True, capture_output=True,
-                               text=True).stdout.strip()
+        token = subprocess.run(
+            processes.setup_token_argv(), env=env, check=True, capture_output=True, text=True
+        ).stdout.strip()
         web = processes.Child("daphne", processes.daphne_argv(host, port), env, logs / "daphne.log").start()
         children.append(web)
         name = worker_name or s.RKMOJO["WORKER_NAME"]
         worker = processes.Child("worker", processes.worker_argv(name), env, logs / "worker.log").start()
         children.append(worker)
         shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-        processes.wait_for(lambda: processes.tcp_open(shown, port) or bool(stopping["signal"]), 60,
-                           f"daphne on port {port}", child=web)
-        processes.wait_for(lambda: _registered(redis_url, name) or bool(stopping["signal"]), 120,
-                           "the worker to start", child=worker)
+        processes.wait_for(
+            lambda: processes.tcp_open(shown, port) or bool(stopping["signal"]), 60, f"daphne on port {port}", child=web
+        )
+        processes.wait_for(
+            lambda: _registered(redis_url, name) or bool(stopping["signal"]), 120, "the worker to start", child=worker
+        )
         if not stopping["signal"]:
             for line in startup_lines(host, port, s.RKMOJO["API_KEYS"], token, data):
                 _say(line)
@@ -149,15 +156,22 @@ def startup_lines(host: str, port: int, key_policy: str, setup_token: str, data:
         where = f"{host}, port {port}"
     urls = [f"http://{a}:{port}" for a in sorted(addrs, key=lambda a: (not a.startswith("127."), a))]
     first = urls[0]
-    keys = {"remote": "clients on other machines need an API key (this machine's do not)",
-            "always": "every client needs an API key", "never": "no client needs an API key (RKMOJO_API_KEYS=never)"}
-    lines = [f"listening on {where}", "  " + "  ".join(urls),
-             f"OpenAI base URL {first}/v1, Ollama host {first}",
-             f"API keys: {keys[key_policy]}" + ("" if key_policy == "never" else
-                                               "; make one with `rkmojo up --create-api-key NAME` or in the admin pages")]
+    keys = {
+        "remote": "clients on other machines need an API key (this machine's do not)",
+        "always": "every client needs an API key",
+        "never": "no client needs an API key (RKMOJO_API_KEYS=never)",
+    }
+    lines = [
+        f"listening on {where}",
+        "  " + "  ".join(urls),
+        f"OpenAI base URL {first}/v1, Ollama host {first}",
+        f"API keys: {keys[key_policy]}"
+        + ("" if key_policy == "never" else "; make one with `rkmojo up --create-api-key NAME` or in the admin pages"),
+    ]
     if setup_token:
-        lines.append(f"no administrator yet: open {first}/setup/?token={setup_token} to create one "
-                     "(the token works once)")
+        lines.append(
+            f"no administrator yet: open {first}/setup/?token={setup_token} to create one (the token works once)"
+        )
     lines.append(f"data in {data}, logs in {data / 'logs'}; Ctrl-C stops")
     return lines
 
@@ -184,8 +198,10 @@ def _supervise(children: list, stopping: dict) -> int:
             if child.alive() or stopping["signal"]:
                 continue
             if child.name not in RESTARTED:
-                _say(f"{child.name} exited with status {child.proc.returncode}; stopping"
-                     + (f" (see {child.log})" if child.log else ""))
+                _say(
+                    f"{child.name} exited with status {child.proc.returncode}; stopping"
+                    + (f" (see {child.log})" if child.log else "")
+                )
                 return 1
             now = time.monotonic()
             times = [t for t in restarts.get(child.name, []) if now - t < RESTART_WINDOW] + [now]

@@ -14,6 +14,7 @@ Celery signals wire it up: `worker_init` scans the models directory and subscrib
 model (`model.NAME`) and one for the board (`board.NAME`); `worker_ready` preloads a model and starts
 the heartbeat; `worker_shutdown` unregisters.
 """
+
 from __future__ import annotations
 
 import logging
@@ -140,9 +141,12 @@ class Board:
 
     def prompt_cache(self, name: str) -> PromptCache:
         if name not in self.caches:
-            self.caches[name] = PromptCache(Path(self.cfg["PROMPT_CACHE_DIR"]), name,
-                                            max_bytes=self.cfg["PROMPT_CACHE_MAX"],
-                                            max_age=self.cfg["PROMPT_CACHE_DAYS"] * 86400)
+            self.caches[name] = PromptCache(
+                Path(self.cfg["PROMPT_CACHE_DIR"]),
+                name,
+                max_bytes=self.cfg["PROMPT_CACHE_MAX"],
+                max_age=self.cfg["PROMPT_CACHE_DAYS"] * 86400,
+            )
         return self.caches[name]
 
     def save_state(self, name: str) -> None:
@@ -203,7 +207,10 @@ class Board:
 
     # --- expert popularity: warm caches after a restart -------------------------------------------
     def popularity_path(self, name: str) -> Path:
-        return Path(self.cfg.get("POPULARITY_DIR") or Path(self.cfg["PROMPT_CACHE_DIR"]).parent / "popularity") / f"{name}.npz"
+        return (
+            Path(self.cfg.get("POPULARITY_DIR") or Path(self.cfg["PROMPT_CACHE_DIR"]).parent / "popularity")
+            / f"{name}.npz"
+        )
 
     def warm(self, name: str) -> None:
         """Fill `name`'s expert caches with its most popular experts of earlier runs (while idle)."""
@@ -255,14 +262,27 @@ class Board:
     # --- registration --------------------------------------------------------------------------
     def info(self) -> dict:
         return {
-            "name": self.name, "hostname": self.hostname, "boot": self.boot, "pid": os.getpid(),
-            "started": self.started, "running": self.running, "installing": self.installing,
-            "state": self.state, "prefill": self.prefill,
+            "name": self.name,
+            "hostname": self.hostname,
+            "boot": self.boot,
+            "pid": os.getpid(),
+            "started": self.started,
+            "running": self.running,
+            "installing": self.installing,
+            "state": self.state,
+            "prefill": self.prefill,
             "models": [{k: v for k, v in m.items() if k != "path"} for m in self.models.values()],
-            "loaded": [{"name": n, "size": ld.size, "loaded_at": ld.loaded_at, "expires_at": ld.expires_at,
-                        "context": ld.engine.context_length,  # the limit its overflow errors name
-                        **_backend(ld.engine)}
-                       for n, ld in list(self.loaded.items())],
+            "loaded": [
+                {
+                    "name": n,
+                    "size": ld.size,
+                    "loaded_at": ld.loaded_at,
+                    "expires_at": ld.expires_at,
+                    "context": ld.engine.context_length,  # the limit its overflow errors name
+                    **_backend(ld.engine),
+                }
+                for n, ld in list(self.loaded.items())
+            ],
             "settings": self.settings.status([getattr(ld.engine, "cfg", None) for ld in list(self.loaded.values())]),
         }
 
@@ -320,11 +340,22 @@ def describe_model(m) -> dict:
     kv_heads = int(st.config.get("num_key_value_heads") or heads)
     kv = 2 * 4 * m.layers * 4096 * m.hidden * kv_heads // heads  # float32 K and V at a 4K context
     return {
-        "name": m.name, "path": str(m.path), "architecture": m.architecture, "digest": st.digest,
-        "size": m.disk_bytes, "params": m.params, "active_params": m.active_params, "quant": m.quant,
-        "context": m.context, "modified": (m.path / "manifest.json").stat().st_mtime,
-        "footprint": dense + experts + kv + RUNTIME_OVERHEAD, "has_template": m.has_template,
-        "family": m.architecture, "layers": m.layers, "hidden": m.hidden, "vocab": m.vocab,
+        "name": m.name,
+        "path": str(m.path),
+        "architecture": m.architecture,
+        "digest": st.digest,
+        "size": m.disk_bytes,
+        "params": m.params,
+        "active_params": m.active_params,
+        "quant": m.quant,
+        "context": m.context,
+        "modified": (m.path / "manifest.json").stat().st_mtime,
+        "footprint": dense + experts + kv + RUNTIME_OVERHEAD,
+        "has_template": m.has_template,
+        "family": m.architecture,
+        "layers": m.layers,
+        "hidden": m.hidden,
+        "vocab": m.vocab,
         "generation": m.generation,
     }
 
@@ -354,8 +385,13 @@ def _on_init(sender=None, **_):
     import socket
 
     cfg = _config()
-    _BOARD = Board(name=cfg["WORKER_NAME"], hostname=socket.gethostname(), redis_url=settings.REDIS_URL,
-                   models_dir=settings.MODELS_DIR, cfg=cfg)
+    _BOARD = Board(
+        name=cfg["WORKER_NAME"],
+        hostname=socket.gethostname(),
+        redis_url=settings.REDIS_URL,
+        models_dir=settings.MODELS_DIR,
+        cfg=cfg,
+    )
     _BOARD.scan()
     queues = sender.app.amqp.queues
     for q in _BOARD.queues():

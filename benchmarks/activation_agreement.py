@@ -9,6 +9,7 @@ and only agreement means something.
 
     .venv/bin/python benchmarks/activation_agreement.py [--tokens 1024] [--store DIR]
 """
+
 import argparse
 import sys
 import tempfile
@@ -50,8 +51,10 @@ def report(name: str, lg: dict[str, np.ndarray], ids: np.ndarray) -> None:
     f, q = lg["f32"], lg["q8"]
     agree = float((f.argmax(-1) == q.argmax(-1)).mean())
     err = float((np.abs(q - f).max(-1) / (f.max(-1) - f.min(-1))).max())
-    print(f"{name:<28}{len(ids):>7}{agree:>10.2%}{perplexity(f, ids):>11.3f}{perplexity(q, ids):>11.3f}{err:>12.2e}",
-          flush=True)
+    print(
+        f"{name:<28}{len(ids):>7}{agree:>10.2%}{perplexity(f, ids):>11.3f}{perplexity(q, ids):>11.3f}{err:>12.2e}",
+        flush=True,
+    )
 
 
 def main() -> None:

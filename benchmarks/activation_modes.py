@@ -7,6 +7,7 @@ RKMOJO_KERNELS picks the kernel build (native, avx2, scalar) for the whole run.
     .venv/bin/python benchmarks/activation_modes.py STORE [--modes f32 experts q8] [--prompt-tokens 128]
         [--tokens 16] [--rounds 3] [--threads 2]
 """
+
 import argparse
 import statistics
 import time
@@ -41,15 +42,22 @@ def main() -> None:
             for _ in range(a.tokens):
                 logits = e.forward([int(np.argmax(logits[-1]))])
             res[m]["decode"].append(a.tokens / (time.perf_counter() - t))
-        print(f"round {r}: " + "  ".join(f"{m} decode {res[m]['decode'][-1]:.2f} prefill {res[m]['prefill'][-1]:.1f}"
-                                          for m in a.modes), flush=True)
-    print(f"kernels {kernels.BACKEND} (int8 dot {kernels.DOT}), {a.threads} threads; tok/s best / median of {a.rounds}:")
+        print(
+            f"round {r}: "
+            + "  ".join(f"{m} decode {res[m]['decode'][-1]:.2f} prefill {res[m]['prefill'][-1]:.1f}" for m in a.modes),
+            flush=True,
+        )
+    print(
+        f"kernels {kernels.BACKEND} (int8 dot {kernels.DOT}), {a.threads} threads; tok/s best / median of {a.rounds}:"
+    )
     base = a.modes[0]
     for m in a.modes:
         d, pf = res[m]["decode"], res[m]["prefill"]
-        print(f"  {m:<8} decode {max(d):6.2f} / {statistics.median(d):6.2f} (x{max(d) / max(res[base]['decode']):.2f})  "
-              f"prefill {a.prompt_tokens}: {max(pf):7.1f} / {statistics.median(pf):7.1f} "
-              f"(x{max(pf) / max(res[base]['prefill']):.2f})")
+        print(
+            f"  {m:<8} decode {max(d):6.2f} / {statistics.median(d):6.2f} (x{max(d) / max(res[base]['decode']):.2f})  "
+            f"prefill {a.prompt_tokens}: {max(pf):7.1f} / {statistics.median(pf):7.1f} "
+            f"(x{max(pf) / max(res[base]['prefill']):.2f})"
+        )
 
 
 if __name__ == "__main__":

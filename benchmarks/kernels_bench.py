@@ -10,6 +10,7 @@ big last-level cache (the RK3588 has 3 MiB of L3; x86 servers can hold every sha
 
 `--activations` times each mode side by side in one run (RKMOJO_KERNELS=avx2 or scalar picks the build).
 """
+
 from __future__ import annotations
 
 import argparse

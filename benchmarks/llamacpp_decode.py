@@ -7,6 +7,7 @@ decoding after a fixed prompt of ids, the same workload `smollm2_vs_llamacpp.py`
 `--no-repack` keeps weights in the mmap (repacked weights are anonymous memory, which a memory
 cgroup cannot page out).
 """
+
 import argparse
 import json
 import resource
@@ -34,8 +35,16 @@ def main() -> None:
 
         llama_cpp.llama_model_default_params = params
         llama_cpp.llama.llama_cpp.llama_model_default_params = params
-    llm = llama_cpp.Llama(model_path=a.gguf, n_threads=a.threads, n_threads_batch=a.threads, n_ctx=2048,
-                          n_batch=128, verbose=False, use_mmap=True, logits_all=True)
+    llm = llama_cpp.Llama(
+        model_path=a.gguf,
+        n_threads=a.threads,
+        n_threads_batch=a.threads,
+        n_ctx=2048,
+        n_batch=128,
+        verbose=False,
+        use_mmap=True,
+        logits_all=True,
+    )
     prompt = [int(t) for t in a.prompt.split(",")]
     t = time.perf_counter()
     llm.eval(prompt)
@@ -44,8 +53,17 @@ def main() -> None:
     for _ in range(a.tokens):
         llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
     tok_s = a.tokens / (time.perf_counter() - t)
-    print(json.dumps({"tok_s": tok_s, "prefill_tok_s": prefill, "tokens": a.tokens, "repack": not a.no_repack,
-                      "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    print(
+        json.dumps(
+            {
+                "tok_s": tok_s,
+                "prefill_tok_s": prefill,
+                "tokens": a.tokens,
+                "repack": not a.no_repack,
+                "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

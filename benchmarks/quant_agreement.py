@@ -7,6 +7,7 @@ peaked distributions, so their agreement is higher.
 
     .venv/bin/python benchmarks/quant_agreement.py
 """
+
 import sys
 import tempfile
 from pathlib import Path
@@ -35,7 +36,9 @@ def main() -> None:
             for quant in ("f16", "q8", "q4"):
                 m = load_model(convert(src, Path(d) / quant, quant, progress=False), chunk=16)
                 cache = m.new_cache()
-                ours = np.concatenate([m.forward(ids[:40], cache)] + [m.forward(ids[i:i + 1], cache) for i in range(40, 104)])
+                ours = np.concatenate(
+                    [m.forward(ids[:40], cache)] + [m.forward(ids[i : i + 1], cache) for i in range(40, 104)]
+                )
                 agree = float((ours.argmax(-1) == ref.argmax(-1)).mean())
                 err = float((np.abs(ours - ref).max(-1) / (ref.max(-1) - ref.min(-1))).max())
                 print(f"{arch:<24}{quant:<7}{agree:>15.1%}{err:>18.2e}")

@@ -14,6 +14,7 @@ its own, since RKMOJO_KERNELS picks the build at import.
 rkmojo runs the store converted from the same GGUF (`python -m inference.demo install`); llama.cpp
 runs in a child process (`benchmarks/llamacpp_decode.py`, in a venv with llama-cpp-python==0.3.36).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,9 +37,26 @@ def rkmojo_decode(store: Path, tokens: int, prompt: list[int], threads: int, var
     if build == "baseline":  # another checkout's engine (--baseline-src), with its defaults
         env = {**os.environ, "PYTHONPATH": os.environ["RKMOJO_BASELINE_SRC"]}
         env.pop("RKMOJO_KERNELS", None)
-    out = subprocess.run([sys.executable, __file__, "--child", str(store), "--tokens", str(tokens), "--threads",
-                          str(threads), "--prompt", ",".join(map(str, prompt)), "--activations", activations],
-                         env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--child",
+            str(store),
+            "--tokens",
+            str(tokens),
+            "--threads",
+            str(threads),
+            "--prompt",
+            ",".join(map(str, prompt)),
+            "--activations",
+            activations,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -56,9 +74,22 @@ def child(store: Path, tokens: int, prompt: list[int], threads: int, activations
 
 
 def llama_decode(python: str, gguf: Path, tokens: int, prompt: list[int], threads: int) -> dict:
-    out = subprocess.run([python, str(HERE / "llamacpp_decode.py"), str(gguf), "--tokens", str(tokens),
-                          "--threads", str(threads), "--prompt", ",".join(map(str, prompt))],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            python,
+            str(HERE / "llamacpp_decode.py"),
+            str(gguf),
+            "--tokens",
+            str(tokens),
+            "--threads",
+            str(threads),
+            "--prompt",
+            ",".join(map(str, prompt)),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -72,16 +103,21 @@ def main(argv=None) -> int:
     p.add_argument("--store", help="rkmojo store (default: the demo model)")
     p.add_argument("--gguf", help="llama.cpp's GGUF of the same model (default: the demo GGUF)")
     p.add_argument("--prompt-tokens", type=int, default=8, help="prompt ids prefilled before decoding")
-    p.add_argument("--variants", default="native:", help="rkmojo runs as BUILD:ACTIVATIONS, comma-separated "
-                   "(build native|avx2|scalar|baseline; activations f32|q8|experts, empty: the default)")
+    p.add_argument(
+        "--variants",
+        default="native:",
+        help="rkmojo runs as BUILD:ACTIVATIONS, comma-separated "
+        "(build native|avx2|scalar|baseline; activations f32|q8|experts, empty: the default)",
+    )
     p.add_argument("--baseline-src", help="a checkout whose engine runs as the variant 'baseline:' (built in place)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--prompt", help=argparse.SUPPRESS)
     p.add_argument("--activations", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.child:
-        print(json.dumps(child(Path(a.child), a.tokens, [int(t) for t in a.prompt.split(",")], a.threads,
-                               a.activations)))
+        print(
+            json.dumps(child(Path(a.child), a.tokens, [int(t) for t in a.prompt.split(",")], a.threads, a.activations))
+        )
         return 0
     from inference.demo import demo_gguf, install
 
@@ -97,22 +133,29 @@ def main(argv=None) -> int:
         ours = {v: rkmojo_decode(store, a.tokens, prompt, a.threads, v) for v in variants}
         theirs = llama_decode(a.llama_python, gguf, a.tokens, prompt, a.threads)
         rows.append({"round": r, "load_before": load, "rkmojo": ours, "llama_cpp": theirs})
-        cells = "  ".join(f"{v} {o['tok_s']:.1f} tok/s (x{o['tok_s'] / theirs['tok_s']:.2f}), prefill "
-                          f"{o['prefill_tok_s']:.1f} (x{o['prefill_tok_s'] / theirs['prefill_tok_s']:.2f})"
-                          for v, o in ours.items())
-        print(f"round {r}: load {load:.2f}  llama.cpp {theirs['tok_s']:.1f} tok/s, prefill "
-              f"{theirs['prefill_tok_s']:.1f}  |  {cells}", flush=True)
-    med = {v: {k: statistics.median(x["rkmojo"][v][k] for x in rows) for k in ("tok_s", "prefill_tok_s")}
-           for v in variants}
+        cells = "  ".join(
+            f"{v} {o['tok_s']:.1f} tok/s (x{o['tok_s'] / theirs['tok_s']:.2f}), prefill "
+            f"{o['prefill_tok_s']:.1f} (x{o['prefill_tok_s'] / theirs['prefill_tok_s']:.2f})"
+            for v, o in ours.items()
+        )
+        print(
+            f"round {r}: load {load:.2f}  llama.cpp {theirs['tok_s']:.1f} tok/s, prefill "
+            f"{theirs['prefill_tok_s']:.1f}  |  {cells}",
+            flush=True,
+        )
+    med = {
+        v: {k: statistics.median(x["rkmojo"][v][k] for x in rows) for k in ("tok_s", "prefill_tok_s")} for v in variants
+    }
     med["llama_cpp"] = {k: statistics.median(x["llama_cpp"][k] for x in rows) for k in ("tok_s", "prefill_tok_s")}
-    result = {"threads": a.threads, "tokens": a.tokens, "prompt_tokens": a.prompt_tokens, "rounds": rows,
-              "median": med}
+    result = {"threads": a.threads, "tokens": a.tokens, "prompt_tokens": a.prompt_tokens, "rounds": rows, "median": med}
     lc = med["llama_cpp"]
     print(f"median of {a.rounds}: llama.cpp {lc['tok_s']:.1f} tok/s, prefill {lc['prefill_tok_s']:.1f} tok/s")
     for v in variants:
         m = med[v]
-        print(f"  rkmojo {v:<16} decode {m['tok_s']:.1f} tok/s (ratio {m['tok_s'] / lc['tok_s']:.2f}), prefill "
-              f"{m['prefill_tok_s']:.1f} tok/s (ratio {m['prefill_tok_s'] / lc['prefill_tok_s']:.2f})")
+        print(
+            f"  rkmojo {v:<16} decode {m['tok_s']:.1f} tok/s (ratio {m['tok_s'] / lc['tok_s']:.2f}), prefill "
+            f"{m['prefill_tok_s']:.1f} tok/s (ratio {m['prefill_tok_s'] / lc['prefill_tok_s']:.2f})"
+        )
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=1))
     return 0

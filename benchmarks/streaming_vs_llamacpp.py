@@ -16,6 +16,7 @@
     sudo .venv/bin/python benchmarks/streaming_vs_llamacpp.py --store /work/stores/qwen3-30b-a3b \\
         --gguf /work/stores/qwen3-30b-a3b-q4_0.gguf --memory 4G --curve 3G,4G,6G --json out.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,15 +49,25 @@ def llama_decode(gguf: str, tokens: int, limit: str, python: str, threads: int) 
         why = "killed by the OOM killer" if use["oom_kills"] else f"exit status {proc.returncode}"
         raise RkmojoError(f"llama.cpp run failed ({why}): {proc.stderr.strip()[-400:]}")
     r = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {**r, "peak_rss_gib": r["peak_rss_mib"] / 1024, "cgroup": use, "wall_s": wall, "drop_caches": dropped,
-            "cmd": cmd}
+    return {
+        **r,
+        "peak_rss_gib": r["peak_rss_mib"] / 1024,
+        "cgroup": use,
+        "wall_s": wall,
+        "drop_caches": dropped,
+        "cmd": cmd,
+    }
 
 
 def rkmojo(store: str, limit: str, w: Workload, *, threads: int | None, prefetch: int, **kw) -> dict:
     """`rkmojo bench` in a cgroup of `limit`, with the memory budget set to the same size."""
     drop_caches()
-    o = BenchOptions(engine=EngineConfig(memory_budget=limit, threads=threads, prefetch=prefetch), cgroup_memory=limit,
-                     workload=w, **kw)
+    o = BenchOptions(
+        engine=EngineConfig(memory_budget=limit, threads=threads, prefetch=prefetch),
+        cgroup_memory=limit,
+        workload=w,
+        **kw,
+    )
     return run_bench(store, o, echo=lambda line: print("  " + line))
 
 
@@ -74,8 +85,13 @@ def main(argv=None) -> int:
     p.add_argument("--llama-tokens", type=int, default=5, help="llama.cpp decode tokens (it runs at ~0.1 tok/s)")
     p.add_argument("--llama-python", default=LLAMA_PYTHON)
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--prefetch", type=int, default=0, metavar="SLOTS",
-                   help="rkmojo's gate-lookahead prefetch slots per layer (paid for out of the same budget)")
+    p.add_argument(
+        "--prefetch",
+        type=int,
+        default=0,
+        metavar="SLOTS",
+        help="rkmojo's gate-lookahead prefetch slots per layer (paid for out of the same budget)",
+    )
     p.add_argument("--json")
     a = p.parse_args(argv)
 
@@ -87,41 +103,65 @@ def main(argv=None) -> int:
                 json.dump(out, f, indent=1)
 
     print(f"rkmojo, {a.memory} cgroup, budget {a.memory}:")
-    w = Workload(decode_tokens=a.decode_tokens, runs=a.runs,
-                 prefill_tokens=tuple(int(x) for x in a.prefill_tokens.split(",")))
-    out["rkmojo"] = rkmojo(a.store, a.memory, w, threads=a.threads, compute_tokens=a.compute_tokens,
-                           prefetch=a.prefetch)
+    w = Workload(
+        decode_tokens=a.decode_tokens, runs=a.runs, prefill_tokens=tuple(int(x) for x in a.prefill_tokens.split(","))
+    )
+    out["rkmojo"] = rkmojo(
+        a.store, a.memory, w, threads=a.threads, compute_tokens=a.compute_tokens, prefetch=a.prefetch
+    )
     save()
     print(f"llama.cpp ({a.llama_python} {LLAMA_DRIVER}), {a.memory} cgroup, {a.llama_tokens} tokens:")
     out["llama_cpp"] = llama_decode(a.gguf, a.llama_tokens, a.memory, a.llama_python, a.threads or os.cpu_count())
     ours, theirs = out["rkmojo"]["decode"]["tok_s"], out["llama_cpp"]["tok_s"]
     out["ratio"] = ours / theirs
     save()
-    print(f"  llama.cpp decode {theirs:.3f} tok/s, peak RSS {out['llama_cpp']['peak_rss_gib']:.2f} GiB, "
-          f"cgroup peak {out['llama_cpp']['cgroup']['max_usage_bytes'] / 2**30:.2f} GiB")
+    print(
+        f"  llama.cpp decode {theirs:.3f} tok/s, peak RSS {out['llama_cpp']['peak_rss_gib']:.2f} GiB, "
+        f"cgroup peak {out['llama_cpp']['cgroup']['max_usage_bytes'] / 2**30:.2f} GiB"
+    )
 
     out["curve"] = []
     for size in [s for s in a.curve.split(",") if s.strip()]:
         print(f"rkmojo curve point: {size} cgroup, budget {size}:")
-        r = rkmojo(a.store, size, Workload(prefill_tokens=(128,), decode_tokens=a.curve_decode_tokens, runs=1),
-                   threads=a.threads, compute_bound=False, prefetch=a.prefetch)
-        out["curve"].append({"memory": size, "slots": r["engine"]["slots"], "tok_s": r["decode"]["tok_s"],
-                             "hit_rate": r["decode"]["hit_rate"], "peak_rss_bytes": r["peak_rss_bytes"],
-                             "cgroup": r["cgroup"], "io_bound_tok_s": r["bounds"]["io_bound_tok_s"],
-                             "others_cpu_max": r["decode"]["others_cpu_max"]})
+        r = rkmojo(
+            a.store,
+            size,
+            Workload(prefill_tokens=(128,), decode_tokens=a.curve_decode_tokens, runs=1),
+            threads=a.threads,
+            compute_bound=False,
+            prefetch=a.prefetch,
+        )
+        out["curve"].append(
+            {
+                "memory": size,
+                "slots": r["engine"]["slots"],
+                "tok_s": r["decode"]["tok_s"],
+                "hit_rate": r["decode"]["hit_rate"],
+                "peak_rss_bytes": r["peak_rss_bytes"],
+                "cgroup": r["cgroup"],
+                "io_bound_tok_s": r["bounds"]["io_bound_tok_s"],
+                "others_cpu_max": r["decode"]["others_cpu_max"],
+            }
+        )
         save()
 
     print(f"\n{'':<12}{'decode tok/s':>14}{'peak RSS GiB':>14}{'cgroup peak GiB':>17}")
     r, l = out["rkmojo"], out["llama_cpp"]
-    print(f"{'rkmojo':<12}{ours:>14.2f}{r['peak_rss_bytes'] / 2**30:>14.2f}{r['cgroup']['max_usage_bytes'] / 2**30:>17.2f}")
+    print(
+        f"{'rkmojo':<12}{ours:>14.2f}{r['peak_rss_bytes'] / 2**30:>14.2f}{r['cgroup']['max_usage_bytes'] / 2**30:>17.2f}"
+    )
     print(f"{'llama.cpp':<12}{theirs:>14.3f}{l['peak_rss_gib']:>14.2f}{l['cgroup']['max_usage_bytes'] / 2**30:>17.2f}")
-    print(f"rkmojo / llama.cpp = {out['ratio']:.1f}× (target ≥ {TARGET_RATIO:.0f}×: "
-          f"{'met' if out['ratio'] >= TARGET_RATIO else 'not met'})")
+    print(
+        f"rkmojo / llama.cpp = {out['ratio']:.1f}× (target ≥ {TARGET_RATIO:.0f}×: "
+        f"{'met' if out['ratio'] >= TARGET_RATIO else 'not met'})"
+    )
     if out["curve"]:
         print(f"\n{'memory':<8}{'slots':>7}{'decode tok/s':>14}{'hit rate':>10}{'IO bound':>10}")
         for c in out["curve"]:
-            print(f"{c['memory']:<8}{c['slots']:>7}{c['tok_s']:>14.2f}{100 * c['hit_rate']:>9.1f}%"
-                  f"{c['io_bound_tok_s']:>10.2f}")
+            print(
+                f"{c['memory']:<8}{c['slots']:>7}{c['tok_s']:>14.2f}{100 * c['hit_rate']:>9.1f}%"
+                f"{c['io_bound_tok_s']:>10.2f}"
+            )
     return 0
 
 

@@ -9,6 +9,7 @@ load, and that warming time is reported apart. Root is needed to drop the page c
     rkmojo synth --shape gemma4-26b-a4b --layers 6 --router skewed /work/stores/gemma6-skewed
     .venv/bin/python benchmarks/warm_start.py /work/stores/gemma6-skewed [--slots 16] [--tokens 64] [--rounds 3]
 """
+
 import argparse
 import json
 import statistics
@@ -53,8 +54,25 @@ def run(a, mode: str, seed: int) -> dict:
 
     if not drop_caches():
         sys.exit("warm_start: run as root (the page cache is dropped before each run)")
-    cmd = [sys.executable, __file__, "--child", mode, a.store, "--pop", a.pop, "--slots", str(a.slots),
-           "--prompt", str(a.prompt), "--tokens", str(a.tokens), "--threads", str(a.threads), "--seed", str(seed)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        mode,
+        a.store,
+        "--pop",
+        a.pop,
+        "--slots",
+        str(a.slots),
+        "--prompt",
+        str(a.prompt),
+        "--tokens",
+        str(a.tokens),
+        "--threads",
+        str(a.threads),
+        "--seed",
+        str(seed),
+    ]
     return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
 
 
@@ -82,14 +100,18 @@ def main() -> None:
         for mode in ("cold", "warm"):
             res[mode].append(run(a, mode, a.seed + r))
             x = res[mode][-1]
-            print(f"  round {r} {mode}: prompt {a.prompt} + {a.tokens} tokens in {x['first_tokens_s']:.2f} s "
-                  f"(prefill {x['prefill_s']:.2f} s, decode {a.tokens / x['decode_s']:.2f} tok/s), hit rate "
-                  f"{x['hit_rate']:.2f}, {x['mb_read']:.0f} MB read"
-                  + (f"; warming read {x['warmed_experts']} experts in {x['warm_s']:.2f} s" if mode == "warm" else ""))
+            print(
+                f"  round {r} {mode}: prompt {a.prompt} + {a.tokens} tokens in {x['first_tokens_s']:.2f} s "
+                f"(prefill {x['prefill_s']:.2f} s, decode {a.tokens / x['decode_s']:.2f} tok/s), hit rate "
+                f"{x['hit_rate']:.2f}, {x['mb_read']:.0f} MB read"
+                + (f"; warming read {x['warmed_experts']} experts in {x['warm_s']:.2f} s" if mode == "warm" else "")
+            )
     med = {m: statistics.median(x["first_tokens_s"] for x in v) for m, v in res.items()}
-    print(f"median time to the first {a.tokens} tokens: cold {med['cold']:.2f} s, warm {med['warm']:.2f} s "
-          f"(warm / cold {med['warm'] / med['cold']:.2f}); warming itself (idle time) median "
-          f"{statistics.median(x['warm_s'] for x in res['warm']):.2f} s")
+    print(
+        f"median time to the first {a.tokens} tokens: cold {med['cold']:.2f} s, warm {med['warm']:.2f} s "
+        f"(warm / cold {med['warm'] / med['cold']:.2f}); warming itself (idle time) median "
+        f"{statistics.median(x['warm_s'] for x in res['warm']):.2f} s"
+    )
 
 
 if __name__ == "__main__":

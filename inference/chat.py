@@ -9,6 +9,7 @@ during a long prompt interrupts at once and resets the KV state. Commands: /rese
 One-shot (`-p PROMPT`, `-p -` reads stdin): only the answer goes to stdout; `--stats` adds the stats
 line on stderr.
 """
+
 from __future__ import annotations
 
 import signal
@@ -30,9 +31,13 @@ HELP = """commands:
 def stats_line(final: Final) -> str:
     """One line of numbers about an answer: tokens, why it ended, TTFT, speeds, expert hit rate."""
     u, t = final.usage, final.timings
-    parts = [f"{u.completion_tokens} tokens", final.finish_reason, f"TTFT {t.ttft:.2f} s",
-             f"prefill {t.prefill_tps:.0f} tok/s" + (f" ({u.cached_tokens} cached)" if u.cached_tokens else ""),
-             f"decode {t.decode_tps:.1f} tok/s"]
+    parts = [
+        f"{u.completion_tokens} tokens",
+        final.finish_reason,
+        f"TTFT {t.ttft:.2f} s",
+        f"prefill {t.prefill_tps:.0f} tok/s" + (f" ({u.cached_tokens} cached)" if u.cached_tokens else ""),
+        f"decode {t.decode_tps:.1f} tok/s",
+    ]
     if t.expert_hit_rate is not None:
         parts.append(f"experts {t.expert_hit_rate:.0%} hit")
     return "[" + " · ".join(parts) + "]"
@@ -79,8 +84,15 @@ def stream_answer(engine: Engine, messages: list[dict], params: dict, out=sys.st
     raise AssertionError("generation ended without a Final event")
 
 
-def run_chat(store_path: Path, *, prompt: str | None, params: dict, system: str | None = None,
-             show_stats: bool = False, engine_options: dict | None = None) -> int:
+def run_chat(
+    store_path: Path,
+    *,
+    prompt: str | None,
+    params: dict,
+    system: str | None = None,
+    show_stats: bool = False,
+    engine_options: dict | None = None,
+) -> int:
     """The `rkmojo run` command: interactive when `prompt` is None, else one answer. Exit status."""
     engine = Engine.open(store_path, **(engine_options or {}))
     try:
@@ -125,8 +137,11 @@ class ChatSession:
         except ImportError:
             pass
         st = self.engine.store
-        print(f"rkmojo · {st.path.name} ({st.architecture}, context {self.engine.context_length}) · "
-              "/help for commands, Ctrl-D to quit", file=sys.stderr)
+        print(
+            f"rkmojo · {st.path.name} ({st.architecture}, context {self.engine.context_length}) · "
+            "/help for commands, Ctrl-D to quit",
+            file=sys.stderr,
+        )
         while True:
             try:
                 line = input(">>> ")
@@ -193,20 +208,34 @@ class ChatSession:
 
     def sampling(self) -> str:
         p = SamplingParams.from_any(self.params).resolve(self.engine.store.manifest.get("generation"))
-        shown = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty",
-                 "frequency_penalty", "max_tokens", "seed", "stop")
+        shown = (
+            "temperature",
+            "top_k",
+            "top_p",
+            "min_p",
+            "repetition_penalty",
+            "presence_penalty",
+            "frequency_penalty",
+            "max_tokens",
+            "seed",
+            "stop",
+        )
         return ", ".join(f"{k}={getattr(p, k)}" for k in shown if getattr(p, k) not in (None, []))
 
     def stats(self) -> str:
         e = self.engine
-        lines = [f"model     {e.store.path} ({e.store.architecture})",
-                 f"context   {len(e.tokens)} of {e.context_length} tokens in the KV cache; "
-                 f"{len(self.history)} messages, {self.answers} answers",
-                 "sampling  " + self.sampling()]
+        lines = [
+            f"model     {e.store.path} ({e.store.architecture})",
+            f"context   {len(e.tokens)} of {e.context_length} tokens in the KV cache; "
+            f"{len(self.history)} messages, {self.answers} answers",
+            "sampling  " + self.sampling(),
+        ]
         if self.last is not None:
             lines.append("last      " + stats_line(self.last))
         total = (getattr(e, "expert_stats", None) or {}).get("total")
         if total:
-            lines.append(f"experts   {total.get('hits', 0)} hits, {total.get('misses', 0)} misses "
-                         f"({total.get('hit_rate', 0):.0%} hit rate) since the model was opened")
+            lines.append(
+                f"experts   {total.get('hits', 0)} hits, {total.get('misses', 0)} misses "
+                f"({total.get('hit_rate', 0):.0%} hit rate) since the model was opened"
+            )
         return "\n".join(lines)

@@ -3,6 +3,7 @@ the appliance through the `rkmojo.commands` entry point group).
 
 Errors a user can act on (`RkmojoError`) print as one line and exit 1; nothing else is caught.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,10 @@ def cmd_verify(a) -> int:
     st = Store(resolve_model(a.store))
     with progress_bar(st.total_bytes(), f"verify {st.path.name}", not a.quiet) as bar:
         st.verify(progress=bar.update)
-    print(f"{st.path}: ok ({len(st.dense_names())} dense tensors, "
-          f"{sum(l.n_experts for l in st.expert_layers.values())} expert blobs)")
+    print(
+        f"{st.path}: ok ({len(st.dense_names())} dense tensors, "
+        f"{sum(l.n_experts for l in st.expert_layers.values())} expert blobs)"
+    )
     return 0
 
 
@@ -43,12 +46,24 @@ def cmd_bench(a) -> int:
         engine = from_flags(EngineConfig, a)
     except ValueError as e:
         raise RkmojoError(str(e)) from None
-    w = Workload(prompt_tokens=a.prompt_tokens, prefill_tokens=tuple(_int_list(a.prefill_tokens, "--prefill-tokens")),
-                 decode_tokens=a.decode_tokens, runs=a.runs, feed=a.feed, seed=a.seed)
-    o = BenchOptions(engine=EngineConfig(**engine), workload=w,
-                     sweep=tuple(_int_list(a.sweep, "--sweep")), bandwidth_seconds=a.bandwidth_seconds,
-                     compute_tokens=a.compute_tokens, compute_bound=not a.no_compute_bound,
-                     drop_caches=not a.no_drop_caches, cgroup_memory=a.cgroup_memory)
+    w = Workload(
+        prompt_tokens=a.prompt_tokens,
+        prefill_tokens=tuple(_int_list(a.prefill_tokens, "--prefill-tokens")),
+        decode_tokens=a.decode_tokens,
+        runs=a.runs,
+        feed=a.feed,
+        seed=a.seed,
+    )
+    o = BenchOptions(
+        engine=EngineConfig(**engine),
+        workload=w,
+        sweep=tuple(_int_list(a.sweep, "--sweep")),
+        bandwidth_seconds=a.bandwidth_seconds,
+        compute_tokens=a.compute_tokens,
+        compute_bound=not a.no_compute_bound,
+        drop_caches=not a.no_drop_caches,
+        cgroup_memory=a.cgroup_memory,
+    )
     run_bench(resolve_model(a.store), o, json_out=a.json, trace_out=a.trace)
     return 0
 
@@ -66,8 +81,7 @@ def _int_list(text: str, flag: str) -> list[int]:
 def cmd_synth(a) -> int:
     from .synth import synth_store
 
-    print(synth_store(a.out, a.shape, layers=a.layers, router=a.router, skew=a.skew, seed=a.seed,
-                      progress=not a.quiet))
+    print(synth_store(a.out, a.shape, layers=a.layers, router=a.router, skew=a.skew, seed=a.seed, progress=not a.quiet))
     return 0
 
 
@@ -83,16 +97,29 @@ def cmd_run(a) -> int:
         options = from_flags(EngineConfig, a)
     except ValueError as e:
         raise RkmojoError(str(e)) from None
-    return run_chat(resolve_model(a.model), prompt=a.prompt, params=params, system=a.system,
-                    show_stats=a.stats, engine_options=options)
+    return run_chat(
+        resolve_model(a.model),
+        prompt=a.prompt,
+        params=params,
+        system=a.system,
+        show_stats=a.stats,
+        engine_options=options,
+    )
 
 
 def cmd_pull(a) -> int:
     from .pull import pull
 
     try:
-        out = pull(a.source, models_dir(), name=a.name, revision=a.revision, endpoint=a.endpoint, quant=a.quant,
-                   progress=not a.quiet)
+        out = pull(
+            a.source,
+            models_dir(),
+            name=a.name,
+            revision=a.revision,
+            endpoint=a.endpoint,
+            quant=a.quant,
+            progress=not a.quiet,
+        )
     except KeyboardInterrupt:
         print("rkmojo pull: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
@@ -105,12 +132,16 @@ def cmd_list(a) -> int:
 
     models, partial = list_models()
     if not models and not partial:
-        print(f"no models in {models_dir()}; install one with `rkmojo pull` (or `python -m inference.demo install`)",
-              file=sys.stderr)
+        print(
+            f"no models in {models_dir()}; install one with `rkmojo pull` (or `python -m inference.demo install`)",
+            file=sys.stderr,
+        )
         return 0
     rows = [("NAME", "ARCH", "PARAMS", "ACTIVE", "SIZE", "QUANT")]
-    rows += [(m.name, m.architecture, fmt_count(m.params), fmt_count(m.active_params), fmt_bytes(m.disk_bytes),
-              m.quant) for m in models]
+    rows += [
+        (m.name, m.architecture, fmt_count(m.params), fmt_count(m.active_params), fmt_bytes(m.disk_bytes), m.quant)
+        for m in models
+    ]
     for pp in partial:
         done = fmt_bytes(pp["done"]) + (f" of {fmt_bytes(pp['total'])}" if pp.get("total") else "")
         rows.append((pp["name"], "(partial)", "", "", done, f"from {pp['source']}; `rkmojo pull` it again to resume"))
@@ -127,21 +158,39 @@ def cmd_show(a) -> int:
 
     path = resolve_model(a.model)
     m = describe(path)
-    lines = [("name", m.name), ("path", str(m.path)), ("architecture", m.architecture),
-             ("parameters", f"{fmt_count(m.params)} ({fmt_count(m.active_params)} active per token)"),
-             ("layers", f"{m.layers}, hidden {m.hidden}, vocabulary {m.vocab}"),
-             ("context", str(m.context))]
+    lines = [
+        ("name", m.name),
+        ("path", str(m.path)),
+        ("architecture", m.architecture),
+        ("parameters", f"{fmt_count(m.params)} ({fmt_count(m.active_params)} active per token)"),
+        ("layers", f"{m.layers}, hidden {m.hidden}, vocabulary {m.vocab}"),
+        ("context", str(m.context)),
+    ]
     if m.experts:
         e = m.experts
-        lines.append(("experts", f"{e['per_layer']} per layer in {e['layers']} layers, top-{e['top_k']}, "
-                                 f"{fmt_bytes(e['blob_bytes'])} each"))
-    lines += [("quantization", ", ".join(f"{k} {v}" for k, v in m.quantization.items())),
-              ("size on disk", fmt_bytes(m.disk_bytes)),
-              ("chat template", "the model's own" if m.has_template else "none (the documented fallback)"),
-              ("source", ", ".join(f"{k} {v}" for k, v in m.source.items() if k in
-                                   ("type", "repo", "revision", "url", "path", "name", "file_type")))]
-    gen = {k: v for k, v in m.generation.items() if k in ("temperature", "top_k", "top_p", "min_p",
-                                                          "repetition_penalty")}
+        lines.append(
+            (
+                "experts",
+                f"{e['per_layer']} per layer in {e['layers']} layers, top-{e['top_k']}, "
+                f"{fmt_bytes(e['blob_bytes'])} each",
+            )
+        )
+    lines += [
+        ("quantization", ", ".join(f"{k} {v}" for k, v in m.quantization.items())),
+        ("size on disk", fmt_bytes(m.disk_bytes)),
+        ("chat template", "the model's own" if m.has_template else "none (the documented fallback)"),
+        (
+            "source",
+            ", ".join(
+                f"{k} {v}"
+                for k, v in m.source.items()
+                if k in ("type", "repo", "revision", "url", "path", "name", "file_type")
+            ),
+        ),
+    ]
+    gen = {
+        k: v for k, v in m.generation.items() if k in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+    }
     if gen:
         lines.append(("defaults", ", ".join(f"{k} {v}" for k, v in gen.items())))
     problem = quick_check(path)
@@ -176,8 +225,12 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("convert", help="convert a Hugging Face checkpoint directory or a GGUF file into a store")
     c.add_argument("src", help="checkpoint directory (config.json + *.safetensors) or a .gguf file")
     c.add_argument("out", help="store directory to create (must not exist)")
-    c.add_argument("--quant", choices=["f16", "q8", "q4"], default="q4",
-                   help="weight format for safetensors input (GGUF keeps its own types); default q4")
+    c.add_argument(
+        "--quant",
+        choices=["f16", "q8", "q4"],
+        default="q4",
+        help="weight format for safetensors input (GGUF keeps its own types); default q4",
+    )
     c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     c.set_defaults(fn=cmd_convert)
 
@@ -191,8 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-p", "--prompt", help="answer this prompt and exit (only the answer on stdout; '-' reads stdin)")
     r.add_argument("--system", help="a system prompt")
     r.add_argument("--stats", action="store_true", help="with -p: the stats line on stderr")
-    g = r.add_argument_group("sampling (unset: the model's generation config, else temperature 0.2, top-k 64, "
-                             "top-p 0.95)")
+    g = r.add_argument_group(
+        "sampling (unset: the model's generation config, else temperature 0.2, top-k 64, top-p 0.95)"
+    )
     from .engine import EngineConfig
     from .options import add_flags
     from .sampler import SamplingParams
@@ -229,33 +283,48 @@ def build_parser() -> argparse.ArgumentParser:
     y.add_argument("out", help="store directory to create (must not exist)")
     y.add_argument("--shape", required=True, choices=list(SHAPES), help="whose shapes to copy")
     y.add_argument("--layers", type=int, default=None, help="override the layer count (smaller variants)")
-    y.add_argument("--router", choices=ROUTERS, default="uniform",
-                   help="uniform: every expert equally likely (a cache's worst case); "
-                        "skewed: power-law expert popularity")
-    y.add_argument("--skew", type=float, default=DEFAULT_SKEW,
-                   help=f"power-law exponent of the skewed router (default {DEFAULT_SKEW})")
+    y.add_argument(
+        "--router",
+        choices=ROUTERS,
+        default="uniform",
+        help="uniform: every expert equally likely (a cache's worst case); skewed: power-law expert popularity",
+    )
+    y.add_argument(
+        "--skew",
+        type=float,
+        default=DEFAULT_SKEW,
+        help=f"power-law exponent of the skewed router (default {DEFAULT_SKEW})",
+    )
     y.add_argument("--seed", type=int, default=0)
     y.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     y.set_defaults(fn=cmd_synth)
 
     b = sub.add_parser("bench", help="measure decode and prefill speed of a store against its IO and compute bounds")
     b.add_argument("store")
-    add_flags(b.add_argument_group("engine"), EngineConfig,
-              exclude=("context", "backend", "npu_library", "npu_precision"))
+    add_flags(
+        b.add_argument_group("engine"), EngineConfig, exclude=("context", "backend", "npu_library", "npu_precision")
+    )
     b.add_argument("--prompt-tokens", type=int, default=128, help="prompt before each decode run (default 128)")
     b.add_argument("--prefill-tokens", default="128,1024", help="prompt lengths timed for prefill and TTFT")
     b.add_argument("--decode-tokens", type=int, default=256)
     b.add_argument("--runs", type=int, default=3, help="decode runs; the median is reported")
-    b.add_argument("--feed", choices=["random", "greedy"], default="random",
-                   help="decode by a fixed random id sequence (default) or by argmax")
+    b.add_argument(
+        "--feed",
+        choices=["random", "greedy"],
+        default="random",
+        help="decode by a fixed random id sequence (default) or by argmax",
+    )
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--sweep", default="8,16,24,32", help="cache sizes the routing trace is replayed at")
     b.add_argument("--bandwidth-seconds", type=float, default=10.0, help="how long to measure read bandwidth")
     b.add_argument("--compute-tokens", type=int, default=64, help="decode tokens of the compute-only run")
     b.add_argument("--no-compute-bound", action="store_true", help="skip the all-resident compute-only run")
     b.add_argument("--no-drop-caches", action="store_true", help="do not drop the page cache before the read test")
-    b.add_argument("--cgroup-memory", default=None,
-                   help="run the streaming part inside a cgroup-v1 memory limit of this size, e.g. 4G (root)")
+    b.add_argument(
+        "--cgroup-memory",
+        default=None,
+        help="run the streaming part inside a cgroup-v1 memory limit of this size, e.g. 4G (root)",
+    )
     b.add_argument("--json", help="also write the results to this JSON file")
     b.add_argument("--trace", help="also write the routing trace (phase, layer, experts, misses) to this JSON file")
     b.set_defaults(fn=cmd_bench)

@@ -2,6 +2,7 @@
 
 `python -m inference.demo install` converts it into the models directory once (under a stable name).
 """
+
 from __future__ import annotations
 
 import importlib.util

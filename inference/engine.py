@@ -4,6 +4,7 @@
 `engine.prefill(ids)` reuses the longest common prefix with what the KV cache already holds and
 computes only the rest.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -33,32 +34,46 @@ RUNTIME_OVERHEAD = 384 * 2**20
 MIN_SLOTS = 8
 Progress = Callable[[int, int], None]  # a prefill's progress callback: (tokens computed, tokens to compute)
 
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything `Engine.open` was asked for, checked by its schema (`inference.options`); passed down and
     never changed (the engine has no global state). A memory budget may be given as text ("6G")."""
 
-    memory_budget: int | None = option(help="stream experts within this much memory, e.g. 6G", ge=1,
-                                       parse=lambda t: parse_size(t))
+    memory_budget: int | None = option(
+        help="stream experts within this much memory, e.g. 6G", ge=1, parse=lambda t: parse_size(t)
+    )
     expert_slots: int | None = option(help="expert cache slots per layer", ge=1)
     policy: str = option("lfu", help="expert cache eviction", choices=("lfu", "lru"))
     io: str = option("auto", help="expert reads: io_uring or a preadv thread pool", choices=IO_MODES)
-    verify_experts: str = option("first", help="digest check of expert blobs (first: at the first load of each)",
-                                 choices=VERIFY_MODES)
+    verify_experts: str = option(
+        "first", help="digest check of expert blobs (first: at the first load of each)", choices=VERIFY_MODES
+    )
     prefetch: int = option(0, help="gate-lookahead prefetch slots per layer (0: off)", ge=0)
     threads: int | None = option(help="kernel threads (default: every core)", ge=1)
     chunk: int = option(128, help="prefill chunk in rows", ge=1)
-    backend: str = option("auto", help="prefill's dense matmuls: rknpu (RK3588 NPU, after a self-test), cpu, "
-                                       "or auto (the NPU where librknnrt is present)", choices=backends.CHOICES)
+    backend: str = option(
+        "auto",
+        help="prefill's dense matmuls: rknpu (RK3588 NPU, after a self-test), cpu, "
+        "or auto (the NPU where librknnrt is present)",
+        choices=backends.CHOICES,
+    )
     npu_library: str | None = option(help=f"librknnrt.so to load (default {backends.DEFAULT_LIBRARY})")
-    npu_precision: str = option("fp16", help="NPU matmul precision (int8: raw INT8×INT8→INT32, scales applied "
-                                             "on the CPU)", choices=backends.PRECISIONS)
+    npu_precision: str = option(
+        "fp16",
+        help="NPU matmul precision (int8: raw INT8×INT8→INT32, scales applied on the CPU)",
+        choices=backends.PRECISIONS,
+    )
     context: int = option(4096, help="KV cache length in tokens", ge=1)
-    kv_dtype: str = option("f16", help="KV cache precision (f16: half the memory and bandwidth of f32)",
-                           choices=("f16", "f32"))
-    activations: str | None = option(help="activations of the 4- and 8-bit matmuls: f32 (exact), q8 (int8 dot "
-                                          "products, as llama.cpp), experts (int8 in the MoE experts only); "
-                                          "default: $RKMOJO_ACTIVATIONS, else experts", choices=kernels.ACTIVATIONS)
+    kv_dtype: str = option(
+        "f16", help="KV cache precision (f16: half the memory and bandwidth of f32)", choices=("f16", "f32")
+    )
+    activations: str | None = option(
+        help="activations of the 4- and 8-bit matmuls: f32 (exact), q8 (int8 dot "
+        "products, as llama.cpp), experts (int8 in the MoE experts only); "
+        "default: $RKMOJO_ACTIVATIONS, else experts",
+        choices=kernels.ACTIVATIONS,
+    )
 
     def __post_init__(self):
         if isinstance(self.memory_budget, str):
@@ -83,13 +98,16 @@ class Engine:
         experts = {}
         if streaming:
             store.load_dense()
-            self.slots = plan_slots(store, kv_bytes(self.cache, cfg.context), cfg.memory_budget, cfg.expert_slots,
-                                    cfg.prefetch)
-            experts["experts"] = StreamingExperts(store, self.slots, policy=cfg.policy, io=cfg.io,
-                                                  verify=cfg.verify_experts, prefetch=cfg.prefetch)
+            self.slots = plan_slots(
+                store, kv_bytes(self.cache, cfg.context), cfg.memory_budget, cfg.expert_slots, cfg.prefetch
+            )
+            experts["experts"] = StreamingExperts(
+                store, self.slots, policy=cfg.policy, io=cfg.io, verify=cfg.verify_experts, prefetch=cfg.prefetch
+            )
         self.model = load_model(store, chunk=cfg.chunk, kv_dtype=cfg.kv_dtype, **experts)
-        self.backend = backends.select(cfg.backend, library=cfg.npu_library, precision=cfg.npu_precision,
-                                       rows=cfg.chunk)
+        self.backend = backends.select(
+            cfg.backend, library=cfg.npu_library, precision=cfg.npu_precision, rows=cfg.chunk
+        )
         self.model.ops = self.backend.backend
 
     # --- generation: check the request here, then the token loop (`generate.decode`) ------------------
@@ -103,8 +121,14 @@ class Engine:
         limit = int(getattr(self.model.args, "max_position_embeddings", 0) or 0)
         return min(limit, self.cfg.context) if limit else self.cfg.context
 
-    def chat(self, messages: list[dict], params: SamplingParams | dict | None = None, *,
-             progress: Progress | None = None, **overrides) -> Iterator[Event]:
+    def chat(
+        self,
+        messages: list[dict],
+        params: SamplingParams | dict | None = None,
+        *,
+        progress: Progress | None = None,
+        **overrides,
+    ) -> Iterator[Event]:
         """Answer a conversation with the model's chat template.
 
         Args:
@@ -123,14 +147,21 @@ class Engine:
         p = self._params(params, overrides)
         return self._start(self.tokenizer.encode_chat(messages, tools=p.tools, **p.template), p, progress)
 
-    def complete(self, prompt: str, params: SamplingParams | dict | None = None, *,
-                 progress: Progress | None = None, **overrides) -> Iterator[Event]:
+    def complete(
+        self, prompt: str, params: SamplingParams | dict | None = None, *, progress: Progress | None = None, **overrides
+    ) -> Iterator[Event]:
         """Continue raw text (no chat template; BOS added when the tokenizer adds it). As `chat` otherwise."""
         p = self._params(params, overrides)
         return self._start(self.tokenizer.encode(prompt), p, progress)
 
-    def generate(self, ids: list[int], params: SamplingParams | dict | None = None, *,
-                 progress: Progress | None = None, **overrides) -> Iterator[Event]:
+    def generate(
+        self,
+        ids: list[int],
+        params: SamplingParams | dict | None = None,
+        *,
+        progress: Progress | None = None,
+        **overrides,
+    ) -> Iterator[Event]:
         """Continue the token ids `ids` (no template, nothing added). As `chat` otherwise."""
         return self._start([int(i) for i in ids], self._params(params, overrides), progress)
 
@@ -182,12 +213,14 @@ class Engine:
         self._live.add(cancel)
         return self._run(ids, p, max_tokens, cancel, progress)
 
-    def _run(self, ids: list[int], p: SamplingParams, max_tokens: int, cancel: threading.Event,
-             progress: Progress | None) -> Iterator[Event]:
+    def _run(
+        self, ids: list[int], p: SamplingParams, max_tokens: int, cancel: threading.Event, progress: Progress | None
+    ) -> Iterator[Event]:
         try:
             with self._exclusive():
-                yield from decode(self, ids, p, max_tokens, lambda: cancel.is_set() or _is_set(p.cancel),
-                                  progress=progress)
+                yield from decode(
+                    self, ids, p, max_tokens, lambda: cancel.is_set() or _is_set(p.cancel), progress=progress
+                )
         finally:
             self._live.discard(cancel)
 
@@ -199,7 +232,6 @@ class Engine:
             yield
         finally:
             self._lock.release()
-
 
     @property
     def expert_stats(self) -> dict:
@@ -330,9 +362,13 @@ def plan_slots(store, kv: int, budget: int | None, slots: int | None, prefetch: 
                 f"{(fixed + need * per_slot) / 2**30:.2f} GiB"
             )
         if slots is not None and slots > fit:
-            raise OptionError("expert_slots", slots, f"at most {max(fit, 0)} slots per layer within the memory "
-                                                     f"budget of {budget / 2**30:.2f} GiB; lower the slots or raise "
-                                                     "the budget")
+            raise OptionError(
+                "expert_slots",
+                slots,
+                f"at most {max(fit, 0)} slots per layer within the memory "
+                f"budget of {budget / 2**30:.2f} GiB; lower the slots or raise "
+                "the budget",
+            )
         slots = slots if slots is not None else int(fit)
     return max(1, min(int(slots), n_experts))
 

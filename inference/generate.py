@@ -17,6 +17,7 @@ prefix of its prompt with what the cache holds (multi-turn chat costs only the n
 `progress=` on `chat`/`complete`/`generate` is called as `progress(done, total)` during the prefill, in the
 generating thread (a server turns it into progress events for its clients).
 """
+
 from __future__ import annotations
 
 import time
@@ -104,8 +105,7 @@ def max_new_tokens(n_prompt: int, p: SamplingParams, context: int) -> int:
     return p.max_tokens
 
 
-def decode(engine, ids: list[int], p: SamplingParams, max_tokens: int, cancelled, *,
-           progress=None) -> Iterator[Event]:
+def decode(engine, ids: list[int], p: SamplingParams, max_tokens: int, cancelled, *, progress=None) -> Iterator[Event]:
     """Prefill `ids` on `engine`, then sample up to `max_tokens` tokens: TokenEvent/TextDelta…, one Final.
 
     `cancelled()` is checked before every token; `progress(done, total)` is the prefill's (`Engine.prefill`).

@@ -1,4 +1,5 @@
 """Open a store and build its model: `load_model(path)` → a `Transformer` with `new_cache` and `forward`."""
+
 from __future__ import annotations
 
 import os

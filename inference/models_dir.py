@@ -4,6 +4,7 @@ Named models live in `models_dir()` (default ~/.local/share/rkmojo/models; `$RKM
 one store directory each. An interrupted `rkmojo pull NAME` leaves `.NAME.pull/` beside them; `list`
 shows it as partial and `rm NAME` removes it.
 """
+
 from __future__ import annotations
 
 import math
@@ -97,8 +98,12 @@ def describe(path: Path) -> ModelInfo:
         top_k = int(cfg.get("num_experts_per_tok") or cfg.get("top_k_experts") or 0)
         expert_params = per_expert * sum(l.n_experts for l in st.expert_layers.values())
         per_token += per_expert * top_k * len(st.expert_layers)
-        experts = {"layers": len(st.expert_layers), "per_layer": lay.n_experts, "top_k": top_k,
-                   "blob_bytes": lay.blob_size}
+        experts = {
+            "layers": len(st.expert_layers),
+            "per_layer": lay.n_experts,
+            "top_k": top_k,
+            "blob_bytes": lay.blob_size,
+        }
     if "embed" in man["dense"]["tensors"]:
         per_token -= math.prod(man["dense"]["tensors"]["embed"]["shape"])  # a lookup, not a matmul
         if "lm_head" not in man["dense"]["tensors"]:
@@ -106,12 +111,20 @@ def describe(path: Path) -> ModelInfo:
     disk = sum(f.stat().st_size for f in st.path.rglob("*") if f.is_file())
     template = bool(man.get("tokenizer", {}).get("chat_template")) or (st.path / "chat_template.jinja").is_file()
     return ModelInfo(
-        name=st.path.name, path=st.path, architecture=st.architecture,
-        quantization=dict(man.get("quantization", {})), disk_bytes=disk,
-        params=dense + expert_params, active_params=per_token,
-        context=int(cfg.get("max_position_embeddings") or 0), layers=int(cfg.get("num_hidden_layers") or 0),
-        hidden=int(cfg.get("hidden_size") or 0), vocab=int(cfg.get("vocab_size") or 0),
-        experts=experts, source=dict(man.get("source", {})), has_template=template,
+        name=st.path.name,
+        path=st.path,
+        architecture=st.architecture,
+        quantization=dict(man.get("quantization", {})),
+        disk_bytes=disk,
+        params=dense + expert_params,
+        active_params=per_token,
+        context=int(cfg.get("max_position_embeddings") or 0),
+        layers=int(cfg.get("num_hidden_layers") or 0),
+        hidden=int(cfg.get("hidden_size") or 0),
+        vocab=int(cfg.get("vocab_size") or 0),
+        experts=experts,
+        source=dict(man.get("source", {})),
+        has_template=template,
         generation=dict(man.get("generation", {})),
     )
 
@@ -175,7 +188,9 @@ def remove(name: str) -> Path:
     elif staging.is_dir():
         target = None
     else:
-        raise RkmojoError(f"model {name!r} not found in {root} (nor as a store path); `rkmojo list` shows the installed ones")
+        raise RkmojoError(
+            f"model {name!r} not found in {root} (nor as a store path); `rkmojo list` shows the installed ones"
+        )
     if staging.is_dir():
         from .pull import PullLock
 

@@ -14,6 +14,7 @@ Pydantic does the type and range checks (strict: no bool for a number, no NaN); 
 one declaration per field and the spellings. The option sets themselves live beside their users:
 `inference.sampler.SamplingParams` and `inference.engine.EngineConfig`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -154,8 +155,9 @@ class Surface:
 
 OPENAI = Surface("openai")
 OLLAMA = Surface("ollama", "options.{}".format, {"max_tokens": "num_predict", "repetition_penalty": "repeat_penalty"})
-CLI = Surface("cli", lambda n: "--" + n.replace("_", "-"), {"repetition_penalty": "repeat_penalty",
-                                                            "policy": "cache_policy"})
+CLI = Surface(
+    "cli", lambda n: "--" + n.replace("_", "-"), {"repetition_penalty": "repeat_penalty", "policy": "cache_policy"}
+)
 ENV = Surface("env", lambda n: ENV_PREFIX + n.upper())
 
 
@@ -165,9 +167,14 @@ def add_flags(group, cls: type, *, exclude: tuple[str, ...] = ()) -> None:
     for name, (tp, spec) in specs(cls).items():
         if name in exclude:
             continue
-        kw = {"choices": list(spec.choices)} if spec.choices else {
-            "type": str if spec.parse else _base(tp) if _base(tp) in (int, float) else str,
-            "metavar": CLI.spell(name).lstrip("-").replace("-", "_").upper()}
+        kw = (
+            {"choices": list(spec.choices)}
+            if spec.choices
+            else {
+                "type": str if spec.parse else _base(tp) if _base(tp) in (int, float) else str,
+                "metavar": CLI.spell(name).lstrip("-").replace("-", "_").upper(),
+            }
+        )
         group.add_argument(CLI.spell(name), dest=name, default=None, help=f"{spec.help} ({allowed(tp, spec)})", **kw)
 
 

@@ -6,6 +6,7 @@ token count, per-layer shapes), then the token ids (int64), then per layer the r
 temporary file, fsynced and renamed: a reader sees a whole file or none. A file from another store,
 truncated or corrupted, is refused with an error and never used.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,13 +40,19 @@ def save(path: str | os.PathLike, store_digest: str, tokens: list[int], cache) -
     for l in cache.layers:
         layers.append(_layer_header(l))
         arrays += [l.pos, l.k, l.v]
-    header = json.dumps({"version": VERSION, "store": store_digest, "tokens": len(tokens),
-                         "offset": cache.offset, "layers": layers}).encode()
+    header = json.dumps(
+        {"version": VERSION, "store": store_digest, "tokens": len(tokens), "offset": cache.offset, "layers": layers}
+    ).encode()
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     h = digest_bytes()
     try:
         with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:  # conversations: private
-            for chunk in [MAGIC, struct.pack("<I", len(header)), header, *(memoryview(np.ascontiguousarray(a)).cast("B") for a in arrays)]:
+            for chunk in [
+                MAGIC,
+                struct.pack("<I", len(header)),
+                header,
+                *(memoryview(np.ascontiguousarray(a)).cast("B") for a in arrays),
+            ]:
                 f.write(chunk)
                 h.update(chunk)
             f.write(h.digest())
@@ -55,8 +62,10 @@ def save(path: str | os.PathLike, store_digest: str, tokens: list[int], cache) -
     except BaseException as e:
         tmp.unlink(missing_ok=True)
         if disk_full(e):
-            raise DiskFullError(f"{path}: the disk is full; the prompt cache was not saved (nothing "
-                                              f"half-written); free space in {path.parent}") from e
+            raise DiskFullError(
+                f"{path}: the disk is full; the prompt cache was not saved (nothing "
+                f"half-written); free space in {path.parent}"
+            ) from e
         raise
     return path
 
@@ -86,8 +95,10 @@ def load(path: str | os.PathLike, store_digest: str, cache) -> list[int]:
         raise PromptCacheError(f"{path}: prompt cache belongs to another model store; it cannot be used with this one")
     want = [_layer_header(l) for l in cache.layers]
     if hdr["layers"] != want:
-        raise PromptCacheError(f"{path}: prompt cache was written with other KV settings (prefill chunk size or "
-                               "KV precision); prefill again")
+        raise PromptCacheError(
+            f"{path}: prompt cache was written with other KV settings (prefill chunk size or "
+            "KV precision); prefill again"
+        )
 
     def take(dtype, shape):
         nonlocal pos
@@ -96,7 +107,9 @@ def load(path: str | os.PathLike, store_digest: str, cache) -> list[int]:
         return a
 
     tokens = take(np.int64, (hdr["tokens"],)).tolist()
-    restored = [(take(np.int64, (l.cap,)), take(l.k.dtype, l.k.shape), take(l.v.dtype, l.v.shape)) for l in cache.layers]
+    restored = [
+        (take(np.int64, (l.cap,)), take(l.k.dtype, l.k.shape), take(l.v.dtype, l.v.shape)) for l in cache.layers
+    ]
     for l, (p, k, v) in zip(cache.layers, restored):
         l.pos[:], l.k[...], l.v[...] = p, k, v
     cache.offset = hdr["offset"]

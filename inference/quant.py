@@ -13,6 +13,7 @@ A `QTensor` is a 2-D weight `[out, in]` kept in one of these kinds:
 The runtime half (fused dequantize-and-multiply) lives in `inference.kernels`; `dequantize` here is
 the reference the kernels are tested against.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

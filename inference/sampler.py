@@ -9,6 +9,7 @@ penalised): repetition divides positive logits and multiplies negative ones by t
 (transformers' rule); presence subtracts a constant from every token seen; frequency subtracts
 its count times the factor (OpenAI's rules).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,8 +27,13 @@ DEFAULT_TEMPERATURE = 0.2
 DEFAULT_TOP_K = 64
 DEFAULT_TOP_P = 0.95
 # generation_config.json key → our field, for the defaults a model ships with
-GENERATION_KEYS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
-                   "repetition_penalty": "repetition_penalty"}
+GENERATION_KEYS = {
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+}
 
 
 @dataclass
@@ -57,12 +63,11 @@ class SamplingParams:
     top_k: int | None = option(help="keep the k most likely tokens; 0 disables", ge=0)
     top_p: float | None = option(help="keep the smallest set whose probability reaches p; 1 disables", gt=0, le=1)
     min_p: float | None = option(help="drop tokens less likely than min_p × the most likely; 0 disables", ge=0, le=1)
-    repetition_penalty: float | None = option(help="divide the logits of tokens already generated; 1 disables",
-                                              gt=0, le=10)
-    presence_penalty: float = option(0.0, help="subtract from every token already generated; 0 disables",
-                                     ge=-2, le=2)
-    frequency_penalty: float = option(0.0, help="subtract its count times this from every token generated",
-                                      ge=-2, le=2)
+    repetition_penalty: float | None = option(
+        help="divide the logits of tokens already generated; 1 disables", gt=0, le=10
+    )
+    presence_penalty: float = option(0.0, help="subtract from every token already generated; 0 disables", ge=-2, le=2)
+    frequency_penalty: float = option(0.0, help="subtract its count times this from every token generated", ge=-2, le=2)
     seed: int | None = option(help="same seed, prompt and parameters: same output", ge=0)
     stop: list[str] = field(default_factory=list)
     logprobs: int | None = option(help="log-probabilities of each token and this many alternatives", ge=0, le=20)
@@ -100,8 +105,13 @@ class SamplingParams:
     def resolve(self, generation_config: dict | None) -> "SamplingParams":
         """A copy whose unset sampling fields come from the model's generation config, else our defaults."""
         gen = generation_config or {}
-        fallback = {"temperature": DEFAULT_TEMPERATURE, "top_k": DEFAULT_TOP_K, "top_p": DEFAULT_TOP_P,
-                    "min_p": 0.0, "repetition_penalty": 1.0}
+        fallback = {
+            "temperature": DEFAULT_TEMPERATURE,
+            "top_k": DEFAULT_TOP_K,
+            "top_p": DEFAULT_TOP_P,
+            "min_p": 0.0,
+            "repetition_penalty": 1.0,
+        }
         values = {}
         for key, name in GENERATION_KEYS.items():
             if getattr(self, name) is None:
@@ -114,6 +124,7 @@ class SamplingParams:
 
 # --- the chain ---------------------------------------------------------------------------------
 # Each step takes and returns (ids, logits) of the remaining candidates, float32 logits.
+
 
 def apply_penalties(ids: np.ndarray, logits: np.ndarray, history: np.ndarray, p: SamplingParams):
     """Repetition, presence and frequency penalties for the `history` token ids (the vocabulary, unsorted)."""

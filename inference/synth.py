@@ -14,6 +14,7 @@ expert popularity (α = 0.7: for independent router inputs the 16 most popular o
 ≈ 58 % of the picks, about what real routers show; `rkmojo bench` reports the share it measured).
 The choice is recorded in the manifest's `source`, and every bench result is labelled with it.
 """
+
 from __future__ import annotations
 
 import os
@@ -41,10 +42,22 @@ MOE_ONLY_NORMS = {"post_mlp_norm", "moe_norm", "post_moe_norm", "router_scale", 
 
 
 def _gemma4(layers: int, **c) -> dict:
-    c = {"model_type": "gemma4_text", "num_hidden_layers": layers, "hidden_activation": "gelu_pytorch_tanh",
-         "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "final_logit_softcapping": 30.0,
-         "attention_k_eq_v": True, "enable_moe_block": True, "hidden_size_per_layer_input": 0,
-         "num_kv_shared_layers": 0, "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0, **c}
+    c = {
+        "model_type": "gemma4_text",
+        "num_hidden_layers": layers,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": True,
+        "final_logit_softcapping": 30.0,
+        "attention_k_eq_v": True,
+        "enable_moe_block": True,
+        "hidden_size_per_layer_input": 0,
+        "num_kv_shared_layers": 0,
+        "bos_token_id": 2,
+        "eos_token_id": 1,
+        "pad_token_id": 0,
+        **c,
+    }
     # every 6th layer full attention, and the last one always (as transformers' Gemma4TextConfig forces)
     types = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(layers)]
     types[-1] = "full_attention"
@@ -57,34 +70,102 @@ def _gemma4(layers: int, **c) -> dict:
 
 
 def _qwen3_moe(layers: int, **c) -> dict:
-    return {"model_type": "qwen3_moe", "num_hidden_layers": layers, "hidden_act": "silu", "rms_norm_eps": 1e-6,
-            "rope_theta": 1_000_000.0, "tie_word_embeddings": False, "norm_topk_prob": True,
-            "decoder_sparse_step": 1, "mlp_only_layers": [], "use_sliding_window": False,
-            "bos_token_id": 151643, "eos_token_id": 151645, **c}
+    return {
+        "model_type": "qwen3_moe",
+        "num_hidden_layers": layers,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1_000_000.0,
+        "tie_word_embeddings": False,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "use_sliding_window": False,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+        **c,
+    }
 
 
 # name → (architecture, config builder, default layer count)
 SHAPES = {
     # Gemma 4 26B-A4B: 128 experts of 3 × 2816 × 704, top-8, a dense MLP of 2112 beside them
-    "gemma4-26b-a4b": ("gemma4", lambda n: _gemma4(
-        n, hidden_size=2816, intermediate_size=2112, moe_intermediate_size=704, num_experts=128,
-        top_k_experts=8, num_attention_heads=16, num_key_value_heads=8, head_dim=256, global_head_dim=512,
-        num_global_key_value_heads=2, sliding_window=1024, vocab_size=262_144,
-        max_position_embeddings=262_144), 30),
+    "gemma4-26b-a4b": (
+        "gemma4",
+        lambda n: _gemma4(
+            n,
+            hidden_size=2816,
+            intermediate_size=2112,
+            moe_intermediate_size=704,
+            num_experts=128,
+            top_k_experts=8,
+            num_attention_heads=16,
+            num_key_value_heads=8,
+            head_dim=256,
+            global_head_dim=512,
+            num_global_key_value_heads=2,
+            sliding_window=1024,
+            vocab_size=262_144,
+            max_position_embeddings=262_144,
+        ),
+        30,
+    ),
     # Qwen3-30B-A3B: 48 layers of 128 experts of 3 × 2048 × 768, top-8, untied vocab 151,936
-    "qwen3-30b-a3b": ("qwen3_moe", lambda n: _qwen3_moe(
-        n, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
-        num_experts_per_tok=8, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
-        vocab_size=151_936, max_position_embeddings=40_960), 48),
+    "qwen3-30b-a3b": (
+        "qwen3_moe",
+        lambda n: _qwen3_moe(
+            n,
+            hidden_size=2048,
+            intermediate_size=6144,
+            moe_intermediate_size=768,
+            num_experts=128,
+            num_experts_per_tok=8,
+            num_attention_heads=32,
+            num_key_value_heads=4,
+            head_dim=128,
+            vocab_size=151_936,
+            max_position_embeddings=40_960,
+        ),
+        48,
+    ),
     # test-sized variants with the same structure (sliding + full layers, K = V, shared MLP)
-    "tiny-gemma4": ("gemma4", lambda n: _gemma4(
-        n, hidden_size=256, intermediate_size=192, moe_intermediate_size=128, num_experts=16, top_k_experts=4,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=64, global_head_dim=128,
-        num_global_key_value_heads=1, sliding_window=32, vocab_size=1024, max_position_embeddings=4096), 4),
-    "tiny-qwen3-moe": ("qwen3_moe", lambda n: _qwen3_moe(
-        n, hidden_size=256, intermediate_size=384, moe_intermediate_size=128, num_experts=16,
-        num_experts_per_tok=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=1024,
-        max_position_embeddings=4096), 4),
+    "tiny-gemma4": (
+        "gemma4",
+        lambda n: _gemma4(
+            n,
+            hidden_size=256,
+            intermediate_size=192,
+            moe_intermediate_size=128,
+            num_experts=16,
+            top_k_experts=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+            global_head_dim=128,
+            num_global_key_value_heads=1,
+            sliding_window=32,
+            vocab_size=1024,
+            max_position_embeddings=4096,
+        ),
+        4,
+    ),
+    "tiny-qwen3-moe": (
+        "qwen3_moe",
+        lambda n: _qwen3_moe(
+            n,
+            hidden_size=256,
+            intermediate_size=384,
+            moe_intermediate_size=128,
+            num_experts=16,
+            num_experts_per_tok=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+            vocab_size=1024,
+            max_position_embeddings=4096,
+        ),
+        4,
+    ),
 }
 
 
@@ -167,8 +248,9 @@ def _kind(name: str, shape: tuple) -> str:
     return "q4"
 
 
-def _dense_tensor(rw: RandomWeights, name: str, shape: tuple, arch_name: str, hidden: int,
-                  router_factor: np.ndarray | None) -> QTensor:
+def _dense_tensor(
+    rw: RandomWeights, name: str, shape: tuple, arch_name: str, hidden: int, router_factor: np.ndarray | None
+) -> QTensor:
     kind = _kind(name, shape)
     if kind == "f32":
         return QTensor("f32", shape, {"w": np.ones(shape, np.float32)})
@@ -183,8 +265,16 @@ def _dense_tensor(rw: RandomWeights, name: str, shape: tuple, arch_name: str, hi
     return rw.q4(shape, std) if kind == "q4" else rw.q8(shape, std)
 
 
-def synth_store(out: str | os.PathLike, shape: str, *, layers: int | None = None, router: str = "uniform",
-                skew: float = DEFAULT_SKEW, seed: int = 0, progress: bool = True) -> Path:
+def synth_store(
+    out: str | os.PathLike,
+    shape: str,
+    *,
+    layers: int | None = None,
+    router: str = "uniform",
+    skew: float = DEFAULT_SKEW,
+    seed: int = 0,
+    progress: bool = True,
+) -> Path:
     """Write a store of the named shape with random weights.
 
     Args:
@@ -217,11 +307,21 @@ def synth_store(out: str | os.PathLike, shape: str, *, layers: int | None = None
     kinds = {"default": "q4", "embedding": "q4", "router": "q8", "norm": "f32"}
     dense_bytes = sum(_nbytes(_kind(n, s), s) for n, s in shapes.items())
     expert_bytes = len(moe) * args.num_experts * sum(_nbytes("q4", s) for s in expert_shapes.values())
-    with StoreWriter(out, arch_name, cfg) as w, \
-            progress_bar(dense_bytes + expert_bytes, f"synth {shape}", progress) as bar:
+    with (
+        StoreWriter(out, arch_name, cfg) as w,
+        progress_bar(dense_bytes + expert_bytes, f"synth {shape}", progress) as bar,
+    ):
         w.set_quantization(kinds)
-        w.set_source({"type": "synthetic", "shape": shape, "layers": args.num_hidden_layers, "router": router,
-                      "skew": skew if router == "skewed" else None, "seed": seed})
+        w.set_source(
+            {
+                "type": "synthetic",
+                "shape": shape,
+                "layers": args.num_hidden_layers,
+                "router": router,
+                "skew": skew if router == "skewed" else None,
+                "seed": seed,
+            }
+        )
         for name, s in shapes.items():
             layer = int(name.split(".")[1]) if name.startswith("layers.") else None
             t = _dense_tensor(rw, name, s, arch_name, args.hidden_size, factors.get(layer))

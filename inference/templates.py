@@ -22,6 +22,7 @@ A store without a template gets `FALLBACK_TEMPLATE` (ChatML: `<|im_start|>{role}
 per message, then `<|im_start|>assistant\\n` as the generation prompt) when the vocabulary has the ChatML
 tokens, else `PLAIN_TEMPLATE` (`{Role}: {content}` paragraphs ending in `Assistant:`).
 """
+
 from __future__ import annotations
 
 import json
@@ -99,11 +100,13 @@ def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=F
 
 
 def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_GenerationBlock, jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationBlock, jinja2.ext.loopcontrols]
+    )
     env.filters["tojson"] = _tojson
-    env.globals.update(raise_exception=_raise_exception, namespace=_Namespace,
-                       strftime_now=lambda fmt: datetime.now().strftime(fmt))
+    env.globals.update(
+        raise_exception=_raise_exception, namespace=_Namespace, strftime_now=lambda fmt: datetime.now().strftime(fmt)
+    )
     return env
 
 
@@ -165,8 +168,16 @@ class ChatTemplate:
         except jinja2.exceptions.TemplateSyntaxError as e:
             raise ChatTemplateError(f"chat template does not compile (line {e.lineno}: {e.message})") from None
 
-    def render(self, messages: list[dict], *, add_generation_prompt: bool = True, tools: list[dict] | None = None,
-               documents: list[dict] | None = None, continue_final_message: bool = False, **kwargs) -> str:
+    def render(
+        self,
+        messages: list[dict],
+        *,
+        add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
+        documents: list[dict] | None = None,
+        continue_final_message: bool = False,
+        **kwargs,
+    ) -> str:
         """The prompt text for `messages`.
 
         Args:
@@ -184,9 +195,13 @@ class ChatTemplate:
         if continue_final_message:
             return self._continued(messages, tools, documents, variables)
         try:
-            return self._template.render(messages=normalize_messages(messages), tools=_plain(tools),
-                                         documents=_plain(documents), add_generation_prompt=add_generation_prompt,
-                                         **variables)
+            return self._template.render(
+                messages=normalize_messages(messages),
+                tools=_plain(tools),
+                documents=_plain(documents),
+                add_generation_prompt=add_generation_prompt,
+                **variables,
+            )
         except ChatTemplateError:
             raise
         except jinja2.exceptions.TemplateError as e:
@@ -201,6 +216,8 @@ class ChatTemplate:
         text = self.render(messages, add_generation_prompt=False, tools=tools, documents=documents, **variables)
         at = text.rfind(final.strip())  # templates often strip the content; the model goes on from its end
         if at < 0:
-            raise ChatTemplateError("continue_final_message: the chat template does not write the last "
-                                    "message's text as it is, so the prompt cannot end inside it")
-        return text[:at + len(final.strip())]
+            raise ChatTemplateError(
+                "continue_final_message: the chat template does not write the last "
+                "message's text as it is, so the prompt cannot end inside it"
+            )
+        return text[: at + len(final.strip())]

@@ -8,6 +8,7 @@
   ZWJ emoji sequences, combining accents, flag pairs — found with the `regex` package's `\\X`) and
   any tail that could begin a stop string; a stop string ends the stream and is never emitted.
 """
+
 from __future__ import annotations
 
 import json

@@ -13,6 +13,7 @@ any HF tool read the converted store the same way:
 Control tokens (type 3) become special added tokens and user-defined ones (type 4) plain added
 tokens, so both are matched whole in text as llama.cpp does.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,10 +48,13 @@ def _digits_then_gpt2() -> pre_tokenizers.PreTokenizer:
 
 def _split(regex: str) -> Callable[[], pre_tokenizers.PreTokenizer]:
     def build() -> pre_tokenizers.PreTokenizer:
-        return pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
-        ])
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+            ]
+        )
+
     return build
 
 
@@ -101,7 +105,9 @@ def tokenizer_from_gguf(meta: Mapping[str, Any], source: str = "GGUF") -> GGUFTo
     kind = meta.get("tokenizer.ggml.model")
     tokens = meta.get("tokenizer.ggml.tokens")
     if not tokens:
-        raise ConvertError(f"{source}: no tokenizer vocabulary (tokenizer.ggml.tokens); use a GGUF that embeds its tokenizer")
+        raise ConvertError(
+            f"{source}: no tokenizer vocabulary (tokenizer.ggml.tokens); use a GGUF that embeds its tokenizer"
+        )
     types = list(meta.get("tokenizer.ggml.token_type") or [NORMAL] * len(tokens))
     if kind == "gpt2":
         tok, add_prefix_space = _byte_level_bpe(meta, tokens, types, source), False
@@ -122,8 +128,9 @@ def tokenizer_from_gguf(meta: Mapping[str, Any], source: str = "GGUF") -> GGUFTo
     # llama.cpp adds BOS to SentencePiece vocabularies unless the file says otherwise
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", kind == "llama")) and bos_id is not None
     add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and token("eos_token_id") is not None
-    _set_post_processor(tok, kind, token("bos_token_id") if add_bos else None,
-                        token("eos_token_id") if add_eos else None)
+    _set_post_processor(
+        tok, kind, token("bos_token_id") if add_bos else None, token("eos_token_id") if add_eos else None
+    )
 
     eos_ids = []
     for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
@@ -168,14 +175,24 @@ def _byte_level_bpe(meta: Mapping[str, Any], tokens: list[str], types: list[int]
             t = "".join(piece for piece, _ in spell.pre_tokenize_str(t))
         vocab.setdefault(t, i)
     merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges") or []]
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, dropout=None, fuse_unk=False,
-                               continuing_subword_prefix="", end_of_word_suffix=""))
+    tok = Tokenizer(
+        models.BPE(
+            vocab=vocab,
+            merges=merges,
+            dropout=None,
+            fuse_unk=False,
+            continuing_subword_prefix="",
+            end_of_word_suffix="",
+        )
+    )
     tok.pre_tokenizer = PRE_TOKENIZERS[pre]()
     tok.decoder = decoders.ByteLevel()
     return tok
 
 
-def _sentencepiece_bpe(meta: Mapping[str, Any], tokens: list[str], types: list[int], add_prefix_space: bool) -> Tokenizer:
+def _sentencepiece_bpe(
+    meta: Mapping[str, Any], tokens: list[str], types: list[int], add_prefix_space: bool
+) -> Tokenizer:
     vocab: dict[str, int] = {}
     for i, t in enumerate(tokens):
         vocab.setdefault(t, i)
@@ -185,7 +202,9 @@ def _sentencepiece_bpe(meta: Mapping[str, Any], tokens: list[str], types: list[i
         merges = _merges_from_scores(tokens, types, list(meta.get("tokenizer.ggml.scores") or []), vocab)
     unk_id = meta.get("tokenizer.ggml.unknown_token_id")
     unk = tokens[unk_id] if unk_id is not None else None
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True, dropout=None))
+    tok = Tokenizer(
+        models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True, dropout=None)
+    )
     # llama.cpp (like sentencepiece) prefixes every text run with a space, also after a special token
     # and also when the text already starts with one; HF's Metaspace(prepend_scheme="first") does neither
     steps = [normalizers.Replace(" ", "▁")]
@@ -216,7 +235,9 @@ def _merges_from_scores(tokens, types, scores, vocab) -> list[tuple[str, str]]:
 
 
 def _add_special(tok: Tokenizer, tokens: list[str], types: list[int]) -> None:
-    special = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty in (CONTROL, UNKNOWN)]
+    special = [
+        AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty in (CONTROL, UNKNOWN)
+    ]
     user = [AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == USER_DEFINED]
     if special:
         tok.add_special_tokens(special)

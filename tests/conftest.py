@@ -1,4 +1,5 @@
 """Shared fixtures. `tests/` is on sys.path so test modules import the shared runners directly."""
+
 import sys
 from pathlib import Path
 

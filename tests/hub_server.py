@@ -1,5 +1,6 @@
 """A local stand-in for the Hugging Face hub (and any HTTP file server) for pull tests: Range requests,
 throttling, failures, a CDN redirect. Used by tests/test_pull.py and the admin panel's pull tests."""
+
 from __future__ import annotations
 
 import re
@@ -43,7 +44,7 @@ class HubServer:
                 path = urllib.parse.unquote(self.path)
                 if path.startswith("/cdn/"):
                     server.cdn_auth += "Authorization" in self.headers
-                    return self._send(server.root / path[len("/cdn/"):])
+                    return self._send(server.root / path[len("/cdn/") :])
                 m = re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path)
                 if server.fail > 0 or (server.down_after is not None and server.served >= server.down_after):
                     server.fail = max(0, server.fail - 1)

@@ -7,6 +7,7 @@ Other builds: the portable C backend and, on AVX-512 machines, the AVX2 one (com
 libraries and loaded like the real one) and the NEON backend (cross-compiled with a small driver and run under qemu-aarch64), so an x86
 CI machine checks every backend's arithmetic.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -63,8 +64,20 @@ def build_variant(out_dir: Path, name: str, flags: list[str]) -> Path | None:
     if cc is None:
         return None
     lib = out_dir / f"rkkernels_{name}.so"
-    cmd = [cc, "-O2", "-std=c11", "-pthread", "-fPIC", "-shared", "-DRK_NO_PYTHON", *flags, str(KERNEL_SOURCE),
-           "-o", str(lib), "-lm"]
+    cmd = [
+        cc,
+        "-O2",
+        "-std=c11",
+        "-pthread",
+        "-fPIC",
+        "-shared",
+        "-DRK_NO_PYTHON",
+        *flags,
+        str(KERNEL_SOURCE),
+        "-o",
+        str(lib),
+        "-lm",
+    ]
     subprocess.run(cmd, check=True, capture_output=True)
     return lib
 
@@ -116,8 +129,9 @@ class NeonRunner:
 
     def __init__(self, exe: Path, qemu: str):
         self.exe, self.qemu = exe, qemu
-        self.backend = subprocess.run([qemu, str(exe), "backend"], check=True, capture_output=True,
-                                      text=True).stdout.strip()
+        self.backend = subprocess.run(
+            [qemu, str(exe), "backend"], check=True, capture_output=True, text=True
+        ).stdout.strip()
 
     @classmethod
     def build(cls, out_dir: Path, cpu_flag: str = "-mcpu=cortex-a76") -> "NeonRunner | None":
@@ -128,8 +142,20 @@ class NeonRunner:
         driver = out_dir / "driver.c"
         driver.write_text(_DRIVER_C)
         exe = out_dir / "rkkernels_neon"
-        cmd = [cc, "-O2", "-std=c11", "-pthread", cpu_flag, "-static", "-DRK_NO_PYTHON",
-               str(driver), str(KERNEL_SOURCE), "-o", str(exe), "-lm"]
+        cmd = [
+            cc,
+            "-O2",
+            "-std=c11",
+            "-pthread",
+            cpu_flag,
+            "-static",
+            "-DRK_NO_PYTHON",
+            str(driver),
+            str(KERNEL_SOURCE),
+            "-o",
+            str(exe),
+            "-lm",
+        ]
         subprocess.run(cmd, check=True, capture_output=True)
         return cls(exe, qemu)
 
@@ -139,6 +165,10 @@ class NeonRunner:
         x = np.ascontiguousarray(x, dtype=np.float32)
         code = KINDS.index(w.kind) | (Q8A if activations == "q8" else 0)
         header = struct.pack("<8q", code, threads, x.shape[0], out, inn, *map(len, parts[:3]))
-        run = subprocess.run([self.qemu, str(self.exe)], input=header + x.tobytes() + b"".join(parts[:3]),
-                             capture_output=True, check=True)
+        run = subprocess.run(
+            [self.qemu, str(self.exe)],
+            input=header + x.tobytes() + b"".join(parts[:3]),
+            capture_output=True,
+            check=True,
+        )
         return np.frombuffer(run.stdout, np.float32).reshape(x.shape[0], out)

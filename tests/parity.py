@@ -1,6 +1,7 @@
 """The shared runner for parity against transformers: build a tiny random model from its config
 class, save it, convert it, hand the reference exactly the weights the store holds, and compare
 logits through chunked prefill and step-by-step decode."""
+
 from __future__ import annotations
 
 import json
@@ -65,7 +66,9 @@ def reference_checkpoint(src: Path, store_path: Path, quant: str, out: Path) -> 
                 if e != "*":
                     tensors[name] = get(int(e), which)
                 elif which == "gate_up":
-                    tensors[name] = np.stack([np.concatenate([get(j, "gate"), get(j, "up")]) for j in range(a.shape[0])])
+                    tensors[name] = np.stack(
+                        [np.concatenate([get(j, "gate"), get(j, "up")]) for j in range(a.shape[0])]
+                    )
                 else:
                     tensors[name] = np.stack([get(j, "down") for j in range(a.shape[0])])
             elif st.has(internal):
@@ -84,8 +87,9 @@ class ParityResult:
     ref: np.ndarray
 
 
-def run_parity(model_cls, config, tmp: Path, quant: str, *, n_prompt: int = 40, n_decode: int = 64,
-               chunk: int = 16, seed: int = 0) -> ParityResult:
+def run_parity(
+    model_cls, config, tmp: Path, quant: str, *, n_prompt: int = 40, n_decode: int = 64, chunk: int = 16, seed: int = 0
+) -> ParityResult:
     """Convert a random model with `quant` and compare logits at every position with transformers."""
     src = build_checkpoint(model_cls, config, tmp / "hf", seed)
     store = convert(src, tmp / f"store-{quant}", quant, progress=False)

@@ -5,6 +5,7 @@ Phases: set-up (scripts/test passes RKMOJO_SETUP_SECONDS), quick tests, slow tes
 themselves, with the seconds of each stage built), the QEMU boot, the image playbook's idempotence
 check, the RK3588 image checks. A slow phase is then visible in every CI log.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,15 +14,26 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-PHASES = ("set-up", "quick tests", "slow tests", "image builds (tests wait)", "QEMU boot", "image idempotence",
-          "RK3588 image checks", "image: other tests")
+PHASES = (
+    "set-up",
+    "quick tests",
+    "slow tests",
+    "image builds (tests wait)",
+    "QEMU boot",
+    "image idempotence",
+    "RK3588 image checks",
+    "image: other tests",
+)
 
 
 def phase_of(nodeid: str, slow: bool) -> str:
     path = nodeid.split("::")[0]
     if path.startswith("tests/image/"):
-        named = {"tests/image/test_qemu_boot.py": "QEMU boot", "tests/image/test_provisioning.py": "image idempotence",
-                 "tests/image/test_rk3588_images.py": "RK3588 image checks"}
+        named = {
+            "tests/image/test_qemu_boot.py": "QEMU boot",
+            "tests/image/test_provisioning.py": "image idempotence",
+            "tests/image/test_rk3588_images.py": "RK3588 image checks",
+        }
         if path in named:
             return named[path]
         if slow:
@@ -75,8 +87,10 @@ def boot_step_lines() -> list[str]:
     steps = OUT / "qemu-arm64" / "boot-steps.tsv"
     if not steps.exists():
         return []
-    return [f"  {name:<66} {float(sec):5.0f} s" for name, sec in
-            (line.split("\t") for line in steps.read_text().splitlines() if "\t" in line)]
+    return [
+        f"  {name:<66} {float(sec):5.0f} s"
+        for name, sec in (line.split("\t") for line in steps.read_text().splitlines() if "\t" in line)
+    ]
 
 
 def ahead_lines() -> list[str]:
@@ -90,9 +104,10 @@ def ahead_lines() -> list[str]:
         m = re.match(r"image builds ahead: (\S+) in (\d+) s, stages (\{.*\})$", line)
         if m:
             stages = built(json.loads(m.group(3)))
-            out.append(f"image build ahead, {m.group(1):<15} {int(m.group(2)):5d} s (in the background)"
-                       + (f": {stages}" if stages else ""))
+            out.append(
+                f"image build ahead, {m.group(1):<15} {int(m.group(2)):5d} s (in the background)"
+                + (f": {stages}" if stages else "")
+            )
         elif line.startswith("image builds ahead:"):
             out.append(line)
     return out
-

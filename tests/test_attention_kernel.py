@@ -1,4 +1,5 @@
 """The attention kernel against a plain numpy softmax(q k^T) v, and its determinism."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,9 +25,16 @@ def reference(q, k, v, kpos, qpos, window, scale):
     return out
 
 
-@pytest.mark.parametrize("T,H,KV,D,Dv,window", [(1, 16, 8, 256, 256, 1024), (1, 16, 2, 512, 512, None),
-                                                (7, 4, 4, 64, 64, None), (21, 6, 2, 40, 24, 5),
-                                                (128, 8, 1, 64, 64, 32)])
+@pytest.mark.parametrize(
+    "T,H,KV,D,Dv,window",
+    [
+        (1, 16, 8, 256, 256, 1024),
+        (1, 16, 2, 512, 512, None),
+        (7, 4, 4, 64, 64, None),
+        (21, 6, 2, 40, 24, 5),
+        (128, 8, 1, 64, 64, 32),
+    ],
+)
 def test_attention_matches_the_definition(T, H, KV, D, Dv, window):
     rng = np.random.default_rng(T * 7 + H)
     S = 300
@@ -55,8 +63,9 @@ def test_float16_keys_and_values_give_the_attention_of_their_values(D):
     assert np.max(np.abs(got - want)) < 1e-5 * max(1.0, np.abs(want).max())
     kv = LayerKV(KV, D, None, 8, dtype=np.float16)
     kv.append(k.transpose(1, 0, 2).astype(np.float32), v.transpose(1, 0, 2).astype(np.float32), kpos)
-    assert kv.k.dtype == np.float16 and np.array_equal(attention(q, kv, qpos, D**-0.5), kernels.attention(
-        q, k, v, kpos, qpos, None, D**-0.5))
+    assert kv.k.dtype == np.float16 and np.array_equal(
+        attention(q, kv, qpos, D**-0.5), kernels.attention(q, k, v, kpos, qpos, None, D**-0.5)
+    )
 
 
 def test_strided_heads_of_a_growing_cache_are_read_in_place():

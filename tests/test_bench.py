@@ -1,5 +1,6 @@
 """`rkmojo bench`: the JSON it writes, the cache simulator against the engine and the optimum,
 the read-bandwidth probe, and the memory-cgroup helper."""
+
 import itertools
 import json
 import os
@@ -38,8 +39,14 @@ def field(d: dict, path: str):
 
 
 def test_bench_json_has_every_field(tiny, tmp_path):
-    o = BenchOptions(engine=EngineConfig(expert_slots=5), workload=small_workload(), sweep=(4, 8), bandwidth_seconds=0.2,
-                     compute_tokens=4, drop_caches=False)
+    o = BenchOptions(
+        engine=EngineConfig(expert_slots=5),
+        workload=small_workload(),
+        sweep=(4, 8),
+        bandwidth_seconds=0.2,
+        compute_tokens=4,
+        drop_caches=False,
+    )
     r = run_bench(tiny, o, json_out=str(tmp_path / "b.json"), echo=lambda line: None)
     saved = json.loads((tmp_path / "b.json").read_text())
     for path in REQUIRED_FIELDS + ("prefill.8.tok_s", "prefill.8.ttft_s", "prefill.20.ttft_s"):
@@ -141,8 +148,15 @@ def test_one_ttft_definition_gives_the_prefill_speed_of_the_same_figure():
     assert p["ttft_s"] == 44.2 and p["tok_s"] == 128 / 44.2 and p["runs"] == runs
 
 
-@pytest.mark.parametrize("size,message", [("4M", "too small"), ("four gigs", "write it like"),
-                                          ("100T", "more than this machine's RAM"), ("-1G", "positive")])
+@pytest.mark.parametrize(
+    "size,message",
+    [
+        ("4M", "too small"),
+        ("four gigs", "write it like"),
+        ("100T", "more than this machine's RAM"),
+        ("-1G", "positive"),
+    ],
+)
 def test_the_cgroup_helper_refuses_bad_sizes_with_a_clear_message(size, message):
     with pytest.raises(RkmojoError, match=message):
         check_limit(size)
@@ -152,8 +166,10 @@ def test_cgroup_limit_names_the_size():
     assert check_limit("512M") == 512 * 2**20
 
 
-v1_root = pytest.mark.skipif(os.geteuid() != 0 or not (ROOT / "memory.limit_in_bytes").exists(),
-                             reason="needs root and a cgroup-v1 memory controller")
+v1_root = pytest.mark.skipif(
+    os.geteuid() != 0 or not (ROOT / "memory.limit_in_bytes").exists(),
+    reason="needs root and a cgroup-v1 memory controller",
+)
 
 
 @v1_root
@@ -168,6 +184,10 @@ def test_a_child_over_the_cgroup_limit_is_oom_killed_and_the_group_is_removed():
 
 @v1_root
 def test_the_cgroup_wrapper_runs_a_command_and_reports_its_peak():
-    p = subprocess.run([sys.executable, "-m", "inference.bench.cgroup", "256M", "--", sys.executable, "-c", "print(7)"],
-                       capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+    p = subprocess.run(
+        [sys.executable, "-m", "inference.bench.cgroup", "256M", "--", sys.executable, "-c", "print(7)"],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parent.parent,
+    )
     assert p.returncode == 0 and p.stdout.strip() == "7" and "peak" in p.stderr

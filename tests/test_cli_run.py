@@ -1,4 +1,5 @@
 """`rkmojo run` as a person uses it: an interactive chat in a real terminal (pexpect), and `-p` one-shot."""
+
 import os
 import subprocess
 import sys
@@ -25,8 +26,15 @@ def env(home: Path) -> dict:
 
 
 def run(home, *args, stdin=None):
-    return subprocess.run([sys.executable, "-m", "inference.cli", "run", "smollm2-135m-instruct", *args], cwd=ROOT,
-                          env=env(home), input=stdin, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "inference.cli", "run", "smollm2-135m-instruct", *args],
+        cwd=ROOT,
+        env=env(home),
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_one_shot_prints_only_the_answer(home):
@@ -34,7 +42,9 @@ def test_one_shot_prints_only_the_answer(home):
     assert r.returncode == 0, r.stderr
     assert r.stdout == "The capital of France is Paris.\n"
     assert r.stderr == ""
-    r = run(home, "-p", "-", "--temperature", "0", "--max-tokens", "24", "--stats", stdin="What is the capital of France?")
+    r = run(
+        home, "-p", "-", "--temperature", "0", "--max-tokens", "24", "--stats", stdin="What is the capital of France?"
+    )
     assert r.stdout == "The capital of France is Paris.\n"
     assert r.stderr.count("\n") == 1 and "tokens · stop" in r.stderr
 
@@ -48,9 +58,15 @@ def test_bad_parameters_and_overflow_are_one_line_errors(home):
 
 
 def test_the_interactive_chat_streams_keeps_history_and_survives_ctrl_c(home):
-    child = pexpect.spawn(sys.executable, ["-m", "inference.cli", "run", "smollm2-135m-instruct",
-                                           "--temperature", "0", "--max-tokens", "120"],
-                          cwd=str(ROOT), env=env(home), encoding="utf-8", timeout=120, dimensions=(40, 200))
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "inference.cli", "run", "smollm2-135m-instruct", "--temperature", "0", "--max-tokens", "120"],
+        cwd=str(ROOT),
+        env=env(home),
+        encoding="utf-8",
+        timeout=120,
+        dimensions=(40, 200),
+    )
     try:
         child.expect("/help for commands")
         child.expect(">>> ")

@@ -1,4 +1,5 @@
 """GGUF → store: the demo model byte for byte, a tiny written GGUF round trip, and bad inputs."""
+
 from __future__ import annotations
 
 import logging
@@ -19,8 +20,14 @@ from inference.quant import quantize
 from inference.store import Store
 
 LAYER_NAMES = {
-    "attn_norm": "attn_norm", "attn_q": "attn.q", "attn_k": "attn.k", "attn_v": "attn.v",
-    "attn_output": "attn.o", "ffn_norm": "mlp_norm", "ffn_gate": "mlp.gate", "ffn_up": "mlp.up",
+    "attn_norm": "attn_norm",
+    "attn_q": "attn.q",
+    "attn_k": "attn.k",
+    "attn_v": "attn.v",
+    "attn_output": "attn.o",
+    "ffn_norm": "mlp_norm",
+    "ffn_gate": "mlp.gate",
+    "ffn_up": "mlp.up",
     "ffn_down": "mlp.down",
 }
 GLOBAL_NAMES = {"token_embd": "embed", "output_norm": "norm", "output": "lm_head"}
@@ -43,7 +50,12 @@ def test_the_demo_model_converts_into_a_store_that_verifies(smollm2_store):
     st = Store(smollm2_store)
     st.verify()
     c = st.config
-    assert (c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"], c["num_key_value_heads"]) == (576, 30, 9, 3)
+    assert (c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"], c["num_key_value_heads"]) == (
+        576,
+        30,
+        9,
+        3,
+    )
     assert (c["head_dim"], c["vocab_size"], c["max_position_embeddings"]) == (64, 49152, 8192)
     assert c["tie_word_embeddings"] and not st.has("lm_head")
     assert c["rope_theta"] == 100000.0 and c["rope_scaling"] is None
@@ -72,10 +84,24 @@ SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = ["Ġ t", "h e", "Ġt he"]
 # GGUF type of each layer tensor, per layer: q/k in block, f16 and re-quantized (BF16) forms
 LAYER_TYPES = [
-    {"attn_q": T.Q4_0, "attn_k": T.Q8_0, "attn_v": T.F16, "attn_output": T.Q4_1,
-     "ffn_gate": T.Q4_0, "ffn_up": T.BF16, "ffn_down": T.F32},
-    {"attn_q": T.F16, "attn_k": T.BF16, "attn_v": T.Q8_0, "attn_output": T.Q4_0,
-     "ffn_gate": T.F16, "ffn_up": T.Q4_1, "ffn_down": T.Q8_0},
+    {
+        "attn_q": T.Q4_0,
+        "attn_k": T.Q8_0,
+        "attn_v": T.F16,
+        "attn_output": T.Q4_1,
+        "ffn_gate": T.Q4_0,
+        "ffn_up": T.BF16,
+        "ffn_down": T.F32,
+    },
+    {
+        "attn_q": T.F16,
+        "attn_k": T.BF16,
+        "attn_v": T.Q8_0,
+        "attn_output": T.Q4_0,
+        "ffn_gate": T.F16,
+        "ffn_up": T.Q4_1,
+        "ffn_down": T.Q8_0,
+    },
 ]
 
 
@@ -93,7 +119,9 @@ def encode(w: np.ndarray, ty: T) -> np.ndarray:
     return quantize(w, ty.name.lower()).parts["blocks"]
 
 
-def write_tiny_gguf(path: Path, *, arch: str = "llama", ffn_meta: int = I, drop: str | None = None, seed: int = 0) -> dict:
+def write_tiny_gguf(
+    path: Path, *, arch: str = "llama", ffn_meta: int = I, drop: str | None = None, seed: int = 0
+) -> dict:
     """A 2-layer llama GGUF with random weights in mixed types; returns the HF-layout weights by internal name."""
     rng = np.random.default_rng(seed)
     tokens = tiny_tokens()
@@ -115,7 +143,9 @@ def write_tiny_gguf(path: Path, *, arch: str = "llama", ffn_meta: int = I, drop:
     w.add_token_merges(MERGES)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
-    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}")
+    w.add_chat_template(
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    )
 
     hf: dict[str, np.ndarray] = {}
 
@@ -131,8 +161,15 @@ def write_tiny_gguf(path: Path, *, arch: str = "llama", ffn_meta: int = I, drop:
     add("output.weight", (V, H), T.F16)
     for i, types in enumerate(LAYER_TYPES):
         hd = H // NH
-        shapes = {"attn_q": (NH * hd, H), "attn_k": (NKV * hd, H), "attn_v": (NKV * hd, H), "attn_output": (H, NH * hd),
-                  "ffn_gate": (I, H), "ffn_up": (I, H), "ffn_down": (H, I)}
+        shapes = {
+            "attn_q": (NH * hd, H),
+            "attn_k": (NKV * hd, H),
+            "attn_v": (NKV * hd, H),
+            "attn_output": (H, NH * hd),
+            "ffn_gate": (I, H),
+            "ffn_up": (I, H),
+            "ffn_down": (H, I),
+        }
         add(f"blk.{i}.attn_norm.weight", (H,), T.F32)
         add(f"blk.{i}.ffn_norm.weight", (H,), T.F32)
         for n, ty in types.items():
@@ -227,4 +264,3 @@ def test_it_refuses_an_existing_output_path(tmp_path):
     with pytest.raises(ConvertError, match="output path exists"):
         convert_gguf(tmp_path / "m.gguf", out, progress=False)
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
-

@@ -1,4 +1,5 @@
 """Converting Hugging Face checkpoints: the store it writes, and one clear error for each bad input."""
+
 import json
 import os
 import subprocess
@@ -21,9 +22,16 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def qwen_ckpt(tmp_path_factory):
     cfg = transformers.Qwen3MoeConfig(
-        vocab_size=256, hidden_size=64, intermediate_size=128, moe_intermediate_size=64,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        num_experts=16, num_experts_per_tok=4,
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=16,
+        num_experts_per_tok=4,
     )
     return build_checkpoint(transformers.Qwen3MoeForCausalLM, cfg, tmp_path_factory.mktemp("ckpt") / "hf")
 
@@ -36,8 +44,9 @@ def copy_ckpt(src: Path, dst: Path) -> Path:
 
 
 def cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "inference.cli", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "inference.cli", *map(str, args)], cwd=ROOT, capture_output=True, text=True
+    )
 
 
 def test_it_writes_a_store_that_verifies_with_aligned_expert_blobs(qwen_ckpt, tmp_path):
@@ -65,8 +74,9 @@ def test_it_rejects_an_unsupported_architecture(qwen_ckpt, tmp_path):
 
 def test_it_names_a_missing_shard(qwen_ckpt, tmp_path):
     bad = copy_ckpt(qwen_ckpt, tmp_path / "sharded")
-    index = {"weight_map": {"model.norm.weight": "model.safetensors",
-                            "lm_head.weight": "model-00002-of-00002.safetensors"}}
+    index = {
+        "weight_map": {"model.norm.weight": "model.safetensors", "lm_head.weight": "model-00002-of-00002.safetensors"}
+    }
     (bad / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(ConvertError, match="model-00002-of-00002.safetensors: shard .* missing"):
         convert(bad, tmp_path / "out", progress=False)
@@ -87,7 +97,9 @@ def test_it_names_a_tensor_whose_shape_disagrees_with_the_config(qwen_ckpt, tmp_
     bad = copy_ckpt(qwen_ckpt, tmp_path / "shape")
     cfg = json.loads((bad / "config.json").read_text())
     (bad / "config.json").write_text(json.dumps(dict(cfg, vocab_size=300)))
-    with pytest.raises(ConvertError, match=r"tensor (model\.embed_tokens|lm_head)\.weight has shape \[256, 64\].*\[300, 64\]"):
+    with pytest.raises(
+        ConvertError, match=r"tensor (model\.embed_tokens|lm_head)\.weight has shape \[256, 64\].*\[300, 64\]"
+    ):
         convert(bad, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
 
@@ -133,9 +145,20 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 @pytest.mark.slow
 def test_conversion_memory_stays_bounded_on_a_checkpoint_larger_than_the_bound(tmp_path):
     # Qwen3-MoE shapes, 2.2 GB of f16 in 3 shards; largest tensor: the 131 MB embedding
-    cfg = dict(model_type="qwen3_moe", vocab_size=32000, hidden_size=2048, intermediate_size=4096,
-               moe_intermediate_size=768, num_hidden_layers=6, num_attention_heads=16, num_key_value_heads=4,
-               head_dim=128, num_experts=32, num_experts_per_tok=4, tie_word_embeddings=False)
+    cfg = dict(
+        model_type="qwen3_moe",
+        vocab_size=32000,
+        hidden_size=2048,
+        intermediate_size=4096,
+        moe_intermediate_size=768,
+        num_hidden_layers=6,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        head_dim=128,
+        num_experts=32,
+        num_experts_per_tok=4,
+        tie_word_embeddings=False,
+    )
     src = tmp_path / "big"
     src.mkdir()
     (src / "config.json").write_text(json.dumps(cfg))
@@ -157,15 +180,24 @@ def test_conversion_memory_stays_bounded_on_a_checkpoint_larger_than_the_bound(t
                 tensors[item] = r(H) if "norm" in item else r(32000, H)
                 continue
             p = f"model.layers.{item}."
-            tensors.update({p + "input_layernorm.weight": r(H), p + "post_attention_layernorm.weight": r(H),
-                            p + "self_attn.q_proj.weight": r(2048, H), p + "self_attn.k_proj.weight": r(512, H),
-                            p + "self_attn.v_proj.weight": r(512, H), p + "self_attn.o_proj.weight": r(H, 2048),
-                            p + "self_attn.q_norm.weight": r(128), p + "self_attn.k_norm.weight": r(128),
-                            p + "mlp.gate.weight": r(E, H)})
+            tensors.update(
+                {
+                    p + "input_layernorm.weight": r(H),
+                    p + "post_attention_layernorm.weight": r(H),
+                    p + "self_attn.q_proj.weight": r(2048, H),
+                    p + "self_attn.k_proj.weight": r(512, H),
+                    p + "self_attn.v_proj.weight": r(512, H),
+                    p + "self_attn.o_proj.weight": r(H, 2048),
+                    p + "self_attn.q_norm.weight": r(128),
+                    p + "self_attn.k_norm.weight": r(128),
+                    p + "mlp.gate.weight": r(E, H),
+                }
+            )
             for e in range(E):
                 q = f"{p}mlp.experts.{e}."
-                tensors.update({q + "gate_proj.weight": r(I, H), q + "up_proj.weight": r(I, H),
-                                q + "down_proj.weight": r(H, I)})
+                tensors.update(
+                    {q + "gate_proj.weight": r(I, H), q + "up_proj.weight": r(I, H), q + "down_proj.weight": r(H, I)}
+                )
         save_file(tensors, src / fname)
         total += sum(t.nbytes for t in tensors.values())
         largest = max([largest] + [t.nbytes for t in tensors.values()])
@@ -175,8 +207,13 @@ def test_conversion_memory_stays_bounded_on_a_checkpoint_larger_than_the_bound(t
     bound = int(1.5 * 2**30) + largest
     assert total > bound, "the checkpoint must be larger than the memory bound it is tested against"
 
-    p = subprocess.run([sys.executable, "-c", MEM_SCRIPT, src, tmp_path / "store"], cwd=ROOT,
-                       capture_output=True, text=True, check=True)
+    p = subprocess.run(
+        [sys.executable, "-c", MEM_SCRIPT, src, tmp_path / "store"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     peak = int(p.stdout.split()[-1])
     print(f"checkpoint {total / 2**30:.2f} GiB, bound {bound / 2**30:.2f} GiB, peak RSS {peak / 2**30:.2f} GiB")
     assert peak < bound

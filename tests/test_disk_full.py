@@ -3,6 +3,7 @@
 Each test mounts a small tmpfs, fills it, and checks the error says the disk is full and that nothing
 half-written is left. tmpfs mounts need root: skipped otherwise.
 """
+
 import os
 import subprocess
 import sys
@@ -84,8 +85,9 @@ def test_the_database_on_a_full_disk_refuses_clearly_and_stays_whole(small_disk)
     from appliance import processes
 
     data = small_disk(3)
-    env = processes.base_env(RKMOJO_DATA=str(data), REDIS_URL="redis://127.0.0.1:1/0",
-                             RKMOJO_SETUP_TOKEN_FILE=str(data / "setup-token"))
+    env = processes.base_env(
+        RKMOJO_DATA=str(data), REDIS_URL="redis://127.0.0.1:1/0", RKMOJO_SETUP_TOKEN_FILE=str(data / "setup-token")
+    )
     env = {k: v for k, v in env.items() if k != "DATABASE_URL"}
     assert django(env, "migrate", "--noinput", "-v", "0").returncode == 0
     token = django(env, "setuptoken").stdout.strip()
@@ -99,16 +101,31 @@ def test_the_database_on_a_full_disk_refuses_clearly_and_stays_whole(small_disk)
             page = c.get("/setup/")
             csrf = page.text.split('name="csrfmiddlewaretoken" value="', 1)[1].split('"', 1)[0]
             filler = fill(data)
-            r = c.post("/setup/", data={"csrfmiddlewaretoken": csrf, "token": token, "username": "admin",
-                                        "password1": "a long pass 42", "password2": "a long pass 42"})
+            r = c.post(
+                "/setup/",
+                data={
+                    "csrfmiddlewaretoken": csrf,
+                    "token": token,
+                    "username": "admin",
+                    "password1": "a long pass 42",
+                    "password2": "a long pass 42",
+                },
+            )
             assert r.status_code == 507 and "data disk is full" in r.text, r.text
         key = django(env, "apikey", "create", "home")
         assert key.returncode != 0 and "the data disk is full: no key was created" in key.stderr
         filler.unlink()
-        check = django(env, "shell", "-v", "0", "-c", "from django.db import connection; c = connection.cursor(); "
-                       "print(c.execute('PRAGMA integrity_check').fetchone()[0]); "
-                       "from django.contrib.auth.models import User; from webui.models import ApiKey; "
-                       "print(User.objects.count(), ApiKey.objects.count())")
+        check = django(
+            env,
+            "shell",
+            "-v",
+            "0",
+            "-c",
+            "from django.db import connection; c = connection.cursor(); "
+            "print(c.execute('PRAGMA integrity_check').fetchone()[0]); "
+            "from django.contrib.auth.models import User; from webui.models import ApiKey; "
+            "print(User.objects.count(), ApiKey.objects.count())",
+        )
         assert check.stdout.split() == ["ok", "0", "0"], check.stderr  # whole, and nothing half-written
     finally:
         web.stop()

@@ -1,4 +1,5 @@
 """The slot cache's eviction policy: LFU with whole-run counts and recency tie-break, LRU, pins."""
+
 import numpy as np
 import pytest
 
@@ -27,7 +28,11 @@ def test_slots_are_page_aligned_and_preallocated():
 
 def test_lfu_evicts_empty_slots_first_then_the_least_requested():
     c = cache()
-    load(c, [1]); load(c, [1]); load(c, [2]); load(c, [2]); load(c, [3])
+    load(c, [1])
+    load(c, [1])
+    load(c, [2])
+    load(c, [2])
+    load(c, [3])
     assert c.stats.evictions == 0
     load(c, [4])  # 3 has count 1, the others 2
     assert 3 not in c.where and {1, 2, 4} <= set(c.where)
@@ -37,7 +42,8 @@ def test_lfu_counts_survive_eviction_and_ties_go_to_the_least_recent():
     c = cache(slots=2)
     for _ in range(3):
         load(c, [5])  # count 3
-    load(c, [6]); load(c, [7])  # 7 evicts 6 (count 1 < 3)
+    load(c, [6])
+    load(c, [7])  # 7 evicts 6 (count 1 < 3)
     assert set(c.where) == {5, 7}
     load(c, [6])  # 6 comes back: its count is now 2 (kept across the eviction); evicts 7 (count 1)
     assert set(c.where) == {5, 6}
@@ -45,8 +51,11 @@ def test_lfu_counts_survive_eviction_and_ties_go_to_the_least_recent():
     load(c, [9])  # evicts 8 (count 1)
     assert set(c.where) == {5, 9}
     c2 = cache(slots=2)
-    load(c2, [1]); load(c2, [2])  # equal counts: the least recently used goes
-    load(c2, [1]); load(c2, [2]); load(c2, [3])
+    load(c2, [1])
+    load(c2, [2])  # equal counts: the least recently used goes
+    load(c2, [1])
+    load(c2, [2])
+    load(c2, [3])
     assert set(c2.where) == {2, 3}
 
 
@@ -54,13 +63,15 @@ def test_lru_ignores_counts():
     c = cache(slots=2, policy="lru")
     for _ in range(5):
         load(c, [1])
-    load(c, [2]); load(c, [3])
+    load(c, [2])
+    load(c, [3])
     assert set(c.where) == {2, 3}
 
 
 def test_pinned_slots_are_never_evicted():
     c = cache(slots=2)
-    load(c, [1]); load(c, [2])
+    load(c, [1])
+    load(c, [2])
     hits, misses = c.request([1, 3])
     c.pin(hits.values())
     s = c.assign(3)
@@ -71,7 +82,8 @@ def test_pinned_slots_are_never_evicted():
 
 def test_stats_count_every_request():
     c = cache(slots=2)
-    load(c, [1, 2]); load(c, [1, 3])
+    load(c, [1, 2])
+    load(c, [1, 3])
     st = c.stats
     assert (st.requests, st.hits, st.misses, st.evictions) == (4, 1, 3, 1)
     assert st.hit_rate == 0.25
@@ -79,7 +91,9 @@ def test_stats_count_every_request():
 
 def test_hits_and_misses_are_counted_per_expert_and_a_snapshot_is_a_copy():
     c = cache(slots=2)
-    load(c, [1, 2]); load(c, [1, 3]); load(c, [1])
+    load(c, [1, 2])
+    load(c, [1, 3])
+    load(c, [1])
     snap = c.snapshot()
     assert snap.hits[1] == 2 and snap.misses[1] == 1 and snap.misses[2] == snap.misses[3] == 1
     assert snap.hits.sum() == c.stats.hits and snap.misses.sum() == c.stats.misses

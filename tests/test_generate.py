@@ -1,5 +1,6 @@
 """The generation API on the demo model: events, stop conditions, cancellation, context errors,
 usage and timings; the streaming detokenizer on hard text; embeddings."""
+
 import threading
 
 import numpy as np

@@ -1,4 +1,5 @@
-"""Layers import one way (webui → appliance → inference), no module circle exists, and the code passes ruff."""
+"""Layers import one way (webui → appliance → inference), no module circle exists, and the code passes ruff (lint and format)."""
+
 import graphlib
 import subprocess
 import sys
@@ -25,10 +26,12 @@ def test_no_module_imports_itself_through_a_circle():
 
 
 def test_the_command_line_imports_no_django_and_still_offers_up():
-    code = ("import sys; from inference.cli import build_parser; p = build_parser(); "
-            "p.parse_args(['up', '--no-demo']); "
-            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('django', 'celery', 'webui')); "
-            "assert not bad, bad")
+    code = (
+        "import sys; from inference.cli import build_parser; p = build_parser(); "
+        "p.parse_args(['up', '--no-demo']); "
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('django', 'celery', 'webui')); "
+        "assert not bad, bad"
+    )
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 
@@ -36,3 +39,8 @@ def test_the_command_line_imports_no_django_and_still_offers_up():
 def test_ruff_finds_nothing():
     r = subprocess.run([BIN / "ruff", "check", "--no-cache", "."], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+
+
+def test_the_code_is_formatted_as_ruff_formats_it():
+    r = subprocess.run([BIN / "ruff", "format", "--check", "--no-cache", "."], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, "run `.venv/bin/ruff format`:\n" + r.stdout[-3000:] + r.stderr

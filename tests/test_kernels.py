@@ -1,4 +1,5 @@
 """The compiled kernels against the float64 reference, their determinism, and the quantizers' bounds."""
+
 from __future__ import annotations
 
 import os
@@ -86,8 +87,10 @@ def test_concurrent_calls_from_python_threads_agree_with_serial_ones(rng):
 @pytest.mark.parametrize("threads", (1, 2))
 def test_linear_many_gives_each_matrix_the_bits_of_linear(threads, rng):
     kernels.set_threads(threads)
-    ws = [random_weight(kind, out, 576, rng) for kind, out in
-          (("q4_1", 576), ("q4_1", 192), ("q4_0", 40), ("q4", 96), ("q8_0", 200), ("f16", 24), ("q8", 8))]
+    ws = [
+        random_weight(kind, out, 576, rng)
+        for kind, out in (("q4_1", 576), ("q4_1", 192), ("q4_0", 40), ("q4", 96), ("q8_0", 200), ("f16", 24), ("q8", 8))
+    ]
     for T in (1, 3, 130):
         x = rng.standard_normal((T, 576), dtype=np.float32)
         ys = kernels.linear_many(x, ws)
@@ -141,9 +144,7 @@ def test_it_multiplies_read_only_memmap_views_in_place(tmp_path, rng):
             pos += f.write(arr.tobytes())
     x = rng.standard_normal((5, 128), dtype=np.float32)
     for e, expected in enumerate(experts):
-        parts = {
-            name: np.memmap(path, arr.dtype, "r", offsets[name], arr.shape)[e] for name, arr in stacked.items()
-        }
+        parts = {name: np.memmap(path, arr.dtype, "r", offsets[name], arr.shape)[e] for name, arr in stacked.items()}
         assert not parts["q"].flags.writeable
         y = kernels.linear(x, QTensor("q4", (48, 128), parts))
         assert np.array_equal(y, kernels.linear(x, expected))
@@ -198,8 +199,13 @@ def test_embed_rows_are_the_dequantized_rows(kind, rng):
 # error bound per element, in units of the element's quantization step
 @pytest.mark.parametrize(
     "kind, steps",
-    [("q8", 0.5), ("q4", 0.5), ("q4_1", 0.5), ("q8_0", 0.5),
-     ("q4_0", 1.0)],  # the largest magnitude maps to -8, so the opposite extreme clips at +7
+    [
+        ("q8", 0.5),
+        ("q4", 0.5),
+        ("q4_1", 0.5),
+        ("q8_0", 0.5),
+        ("q4_0", 1.0),
+    ],  # the largest magnitude maps to -8, so the opposite extreme clips at +7
 )
 def test_quantizers_round_trip_within_their_step(kind, steps, rng):
     w = (rng.standard_normal((16, 256)) * rng.uniform(0.01, 3.0, (16, 1))).astype(np.float32)
@@ -256,8 +262,12 @@ def test_rkmojo_kernels_picks_the_build_and_names_the_choices():
     import sys
 
     def backend(name: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-c", "from inference import kernels; print(kernels.BACKEND)"],
-                              env={**os.environ, "RKMOJO_KERNELS": name}, capture_output=True, text=True)
+        return subprocess.run(
+            [sys.executable, "-c", "from inference import kernels; print(kernels.BACKEND)"],
+            env={**os.environ, "RKMOJO_KERNELS": name},
+            capture_output=True,
+            text=True,
+        )
 
     bad = backend("sse9")
     assert bad.returncode != 0 and "choose one of native, avx512, avx2, scalar" in bad.stderr

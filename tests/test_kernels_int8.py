@@ -1,5 +1,6 @@
 """The "q8" activation path (int8 activations per block of 32, integer dot products) on every backend:
 against the float64 product of the rounded activations, and as deterministic as the float path."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,5 @@
 """`rkmojo list`, `show` and `rm` over a models directory (RKMOJO_HOME)."""
+
 import json
 import os
 import shutil
@@ -33,14 +34,23 @@ def home(tmp_path, monkeypatch, moe_store, smollm2_store):
     staging = models / ".half-done.pull"
     staging.mkdir()
     (staging / "journal.jsonl").write_text(
-        json.dumps({"t": "start", "type": "hf", "repo": "acme/big", "revision": "main", "size": 1000}) + "\n"
-        + json.dumps({"t": "chunk", "file": "a", "tensor": "x", "off": 0, "len": 400}) + "\n")
+        json.dumps({"t": "start", "type": "hf", "repo": "acme/big", "revision": "main", "size": 1000})
+        + "\n"
+        + json.dumps({"t": "chunk", "file": "a", "tensor": "x", "off": 0, "len": 400})
+        + "\n"
+    )
     return tmp_path
 
 
 def cli(*args, home):
-    return subprocess.run([sys.executable, "-m", "inference.cli", *map(str, args)], cwd=ROOT,
-                          env=dict(os.environ, RKMOJO_HOME=str(home)), capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "inference.cli", *map(str, args)],
+        cwd=ROOT,
+        env=dict(os.environ, RKMOJO_HOME=str(home)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_the_models_dir_follows_rkmojo_home(home):

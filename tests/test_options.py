@@ -1,4 +1,5 @@
 """Option sets declared once (`inference.options`): validation names the option, each surface spells it its own way."""
+
 import argparse
 
 import pytest
@@ -17,8 +18,9 @@ def test_an_engine_option_out_of_range_names_the_option_not_a_flag():
     assert ENV.error(e.value).startswith("RKMOJO_EXPERT_SLOTS=0 ")
 
 
-@pytest.mark.parametrize("field, value", [("policy", "fifo"), ("io", "mmap"), ("kv_dtype", "bf16"),
-                                          ("threads", True), ("context", 0)])
+@pytest.mark.parametrize(
+    "field, value", [("policy", "fifo"), ("io", "mmap"), ("kv_dtype", "bf16"), ("threads", True), ("context", 0)]
+)
 def test_every_engine_option_is_checked_by_its_declaration(field, value):
     with pytest.raises(OptionError) as e:
         EngineConfig(**{field: value})
@@ -35,7 +37,11 @@ def test_the_config_is_frozen_and_a_budget_given_as_text_is_bytes():
 def test_each_surface_spells_the_option_as_its_clients_do():
     e = OptionError("max_tokens", 0, "an integer ≥ 1")
     assert [s.spell(e.field) for s in (OPENAI, OLLAMA, CLI, ENV)] == [
-        "max_tokens", "options.num_predict", "--max-tokens", "RKMOJO_MAX_TOKENS"]
+        "max_tokens",
+        "options.num_predict",
+        "--max-tokens",
+        "RKMOJO_MAX_TOKENS",
+    ]
     assert OLLAMA.spell("repetition_penalty") == "options.repeat_penalty"
     assert CLI.spell("repetition_penalty") == "--repeat-penalty" and CLI.spell("policy") == "--cache-policy"
 
@@ -44,9 +50,12 @@ def test_flags_and_environment_come_from_the_same_declaration():
     p = argparse.ArgumentParser()
     options.add_flags(p, EngineConfig)
     assert options.from_flags(EngineConfig, p.parse_args(["--expert-slots", "6", "--cache-policy", "lru"])) == {
-        "expert_slots": 6, "policy": "lru"}
+        "expert_slots": 6,
+        "policy": "lru",
+    }
     assert options.from_env(EngineConfig, {"RKMOJO_MEMORY_BUDGET": "2G", "RKMOJO_THREADS": " "}) == {
-        "memory_budget": 2 * 2**30}
+        "memory_budget": 2 * 2**30
+    }
     with pytest.raises(ValueError, match=r"^RKMOJO_TOP_P='1\.5' is out of range; allowed: \(0, 1\]$"):
         options.from_env(SamplingParams, {"RKMOJO_TOP_P": "1.5"})
     with pytest.raises(ValueError, match=r"^RKMOJO_SEED='x' is out of range; allowed: an integer ≥ 0$"):

@@ -1,4 +1,5 @@
 """Logits of every architecture match transformers at every position, for f16, q8 and q4 stores."""
+
 import pytest
 import transformers
 
@@ -9,12 +10,26 @@ TOL = 1e-3  # max |Δlogit| ≤ TOL × (max logit − min logit), at every posit
 
 def gemma4():
     cfg = transformers.Gemma4TextConfig(
-        vocab_size=512, hidden_size=128, intermediate_size=192, moe_intermediate_size=64,
-        num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, global_head_dim=64,
-        num_global_key_value_heads=1, attention_k_eq_v=True, sliding_window=24,
-        enable_moe_block=True, num_experts=16, top_k_experts=4, hidden_size_per_layer_input=0,
-        final_logit_softcapping=30.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=192,
+        moe_intermediate_size=64,
+        num_hidden_layers=4,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        global_head_dim=64,
+        num_global_key_value_heads=1,
+        attention_k_eq_v=True,
+        sliding_window=24,
+        enable_moe_block=True,
+        num_experts=16,
+        top_k_experts=4,
+        hidden_size_per_layer_input=0,
+        final_logit_softcapping=30.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
     )
     return transformers.Gemma4ForCausalLM, cfg
 
@@ -23,9 +38,16 @@ def gemma4_released_layout():
     """The released checkpoint's class: text weights under model.language_model, a vision tower to drop."""
     _, text = gemma4()
     cfg = transformers.Gemma4Config(
-        text_config=text.to_dict(), audio_config=None,
-        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                           num_key_value_heads=2, head_dim=16),
+        text_config=text.to_dict(),
+        audio_config=None,
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            head_dim=16,
+        ),
     )
     cfg.vocab_size = text.vocab_size
     return transformers.Gemma4ForConditionalGeneration, cfg
@@ -33,9 +55,18 @@ def gemma4_released_layout():
 
 def qwen3_moe():
     cfg = transformers.Qwen3MoeConfig(
-        vocab_size=512, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
-        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-        num_experts=16, num_experts_per_tok=4, norm_topk_prob=True, mlp_only_layers=[1],
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        num_experts=16,
+        num_experts_per_tok=4,
+        norm_topk_prob=True,
+        mlp_only_layers=[1],
         tie_word_embeddings=False,
     )
     return transformers.Qwen3MoeForCausalLM, cfg
@@ -43,22 +74,42 @@ def qwen3_moe():
 
 def llama():
     cfg = transformers.LlamaConfig(
-        vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True, rope_theta=100000.0,
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        rope_theta=100000.0,
     )
     return transformers.LlamaForCausalLM, cfg
 
 
 def olmoe():
     cfg = transformers.OlmoeConfig(
-        vocab_size=512, hidden_size=128, intermediate_size=64, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, num_experts=16, num_experts_per_tok=4,
-        norm_topk_prob=False, clip_qkv=4.0, tie_word_embeddings=False,
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_experts=16,
+        num_experts_per_tok=4,
+        norm_topk_prob=False,
+        clip_qkv=4.0,
+        tie_word_embeddings=False,
     )
     return transformers.OlmoeForCausalLM, cfg
 
 
-ARCHS = {"gemma4": gemma4, "gemma4_released_layout": gemma4_released_layout, "qwen3_moe": qwen3_moe, "llama": llama, "olmoe": olmoe}
+ARCHS = {
+    "gemma4": gemma4,
+    "gemma4_released_layout": gemma4_released_layout,
+    "qwen3_moe": qwen3_moe,
+    "llama": llama,
+    "olmoe": olmoe,
+}
 
 
 @pytest.mark.parametrize("quant", ["f16", "q8", "q4"])

@@ -1,4 +1,5 @@
 """Prompt-cache files: continuing from one equals never stopping; bad files are refused, never used."""
+
 import numpy as np
 import pytest
 

@@ -1,5 +1,6 @@
 """`rkmojo pull` against a local Hugging Face-style server (127.0.0.1 only): an interrupted pull resumes
 to a store bit-identical to an offline `rkmojo convert`; HTTP failures give clear errors."""
+
 import json
 import os
 import signal
@@ -42,8 +43,15 @@ def server(hub):
 def cli(*args, home: Path, **popen):
     env = dict(os.environ, RKMOJO_HOME=str(home))
     env.pop("HF_TOKEN", None)
-    return subprocess.Popen([sys.executable, "-m", "inference.cli", *map(str, args)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    return subprocess.Popen(
+        [sys.executable, "-m", "inference.cli", *map(str, args)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
 
 
 def same_store(a: Path, b: Path) -> None:
@@ -105,8 +113,13 @@ def test_a_killed_pull_resumes_to_the_same_store_as_an_offline_convert(server, t
     same_store(models / "moe", offline)
     st = Store(models / "moe")
     st.verify()
-    assert st.manifest["source"] == {"type": "hf", "endpoint": server.url, "repo": repo, "revision": "main",
-                                     "model_type": "qwen3_moe"}
+    assert st.manifest["source"] == {
+        "type": "hf",
+        "endpoint": server.url,
+        "repo": repo,
+        "revision": "main",
+        "model_type": "qwen3_moe",
+    }
 
 
 def test_a_pull_whose_partial_store_was_damaged_starts_over(server, tmp_path, capsys):

@@ -1,5 +1,6 @@
 """EngineConfig.backend: the NPU chosen only after its self-test (against the librknnrt stand-in here),
 the CPU otherwise with one log line saying why, and the same greedy tokens either way."""
+
 import logging
 
 import pytest
@@ -44,8 +45,9 @@ def test_an_unknown_backend_or_precision_names_the_choices(smollm2_store):
 
 
 @pytest.mark.parametrize("fault,why", [("create", "rknn_matmul_create"), ("version", "RKNN_QUERY_SDK_VERSION")])
-def test_a_failed_self_test_falls_back_to_the_cpu_with_one_log_line(smollm2_store, rknnrt_standin, monkeypatch,
-                                                                    caplog, fault, why):
+def test_a_failed_self_test_falls_back_to_the_cpu_with_one_log_line(
+    smollm2_store, rknnrt_standin, monkeypatch, caplog, fault, why
+):
     monkeypatch.setenv("RKNN_STANDIN_FAULT", fault)
     with caplog.at_level(logging.WARNING, logger="inference.backends"):
         eng = Engine.open(smollm2_store, backend="rknpu", npu_library=rknnrt_standin)
@@ -70,8 +72,9 @@ def test_the_npu_gives_the_cpus_greedy_tokens(smollm2_store, rknnrt_standin):
         npu.close()
 
 
-def test_a_runtime_failure_after_the_self_test_moves_prefill_to_the_cpu(smollm2_store, rknnrt_standin,
-                                                                       monkeypatch, caplog):
+def test_a_runtime_failure_after_the_self_test_moves_prefill_to_the_cpu(
+    smollm2_store, rknnrt_standin, monkeypatch, caplog
+):
     cpu = Engine.open(smollm2_store, backend="cpu", chunk=64)
     npu = Engine.open(smollm2_store, backend="rknpu", npu_library=rknnrt_standin, chunk=64)
     ids = cpu.tokenizer.encode(PROMPT * 3)
@@ -126,13 +129,14 @@ def test_the_quality_gate_passes_fp16_and_fails_int8(smollm2_store, rknnrt_stand
     ids = cpu.tokenizer.encode(codecs.decode(this.s, "rot13"))
     got = {}
     for precision in ("fp16", "int8"):
-        npu = Engine.open(smollm2_store, backend="rknpu", npu_library=rknnrt_standin, chunk=64,
-                          npu_precision=precision)
+        npu = Engine.open(smollm2_store, backend="rknpu", npu_library=rknnrt_standin, chunk=64, npu_precision=precision)
         try:
             got[precision] = q = measure(npu, cpu, ids)
         finally:
             npu.close()
-        print(f"{precision}: perplexity {q.perplexity:.3f} vs {q.cpu_perplexity:.3f} ({q.rise:+.2%}), "
-              f"top-1 agreement {q.top1_agreement:.3f}")
+        print(
+            f"{precision}: perplexity {q.perplexity:.3f} vs {q.cpu_perplexity:.3f} ({q.rise:+.2%}), "
+            f"top-1 agreement {q.top1_agreement:.3f}"
+        )
     assert got["fp16"].passes and got["fp16"].top1_agreement > 0.98
     assert not got["int8"].passes  # measured +11.8 %: `auto` keeps fp16 (inference/backends/__init__.py)

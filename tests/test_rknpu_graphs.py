@@ -4,6 +4,7 @@ against the CPU layer code (SmolLM2, layers 0 and 29, a 128-row chunk of real te
 The toolkit lives in .venv-rknn (scripts/setup --test); the graphs are built and simulated there, in a
 subprocess, from weights and inputs this process hands over.
 """
+
 import subprocess
 from pathlib import Path
 
@@ -25,14 +26,17 @@ ROWS = 128
 # docs/npu.md), so a regression of the compiler's numerics fails while noise does not.
 TOLERANCE = {"fp16": 2e-3, "w8a8": 0.2}
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not RKNN_PY.exists(), reason="no .venv-rknn: run scripts/setup --test")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not RKNN_PY.exists(), reason="no .venv-rknn: run scripts/setup --test"),
+]
 
 
 def simulate(tmp: Path, job: dict) -> dict:
     np.savez(tmp / "job.npz", **job)
-    r = subprocess.run([str(RKNN_PY), str(SIMULATE), str(tmp / "job.npz"), str(tmp / "out.npz")],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [str(RKNN_PY), str(SIMULATE), str(tmp / "job.npz"), str(tmp / "out.npz")], capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return dict(np.load(tmp / "out.npz"))
 
@@ -63,6 +67,7 @@ def chunks(smollm2_store):
             if j == i:
                 seen[i][-1].update(o=o_, h=h, out=out)
             return out
+
         return q, o
 
     for i in seen:
@@ -76,9 +81,15 @@ def chunks(smollm2_store):
 def test_the_qkv_projections_match_the_cpu(chunks, tmp_path, precision, layer):
     model, seen = chunks
     L = model.layers[layer]
-    out = simulate(tmp_path, {"kind": "qkv", "precision": precision,
-                              **{"w" + n: L[n].dense() for n in "qkv"},
-                              "in_x": np.stack([c["x"] for c in seen[layer]])})
+    out = simulate(
+        tmp_path,
+        {
+            "kind": "qkv",
+            "precision": precision,
+            **{"w" + n: L[n].dense() for n in "qkv"},
+            "in_x": np.stack([c["x"] for c in seen[layer]]),
+        },
+    )
     errs = {n: rel(out["out_" + n], np.stack([c["qkv"][j] for c in seen[layer]])) for j, n in enumerate("qkv")}
     print(f"qkv layer {layer} {precision}: " + ", ".join(f"{n} {e:.2e}" for n, e in errs.items()))
     assert max(errs.values()) < TOLERANCE[precision], errs
@@ -87,11 +98,20 @@ def test_the_qkv_projections_match_the_cpu(chunks, tmp_path, precision, layer):
 def o_mlp_error(chunks, tmp_path, precision, layer) -> float:
     model, seen = chunks
     L, a = model.layers[layer], model.args
-    out = simulate(tmp_path, {"kind": "o_mlp", "precision": precision, "wo": L["o"].dense(),
-                              "norm": L["mlp_norm"], **{n: L["mlp"][n].dense() for n in ("gate", "up", "down")},
-                              "eps": a.rms_norm_eps, "act": "silu",
-                              "in_o": np.stack([c["o"] for c in seen[layer]]),
-                              "in_h": np.stack([c["h"] for c in seen[layer]])})
+    out = simulate(
+        tmp_path,
+        {
+            "kind": "o_mlp",
+            "precision": precision,
+            "wo": L["o"].dense(),
+            "norm": L["mlp_norm"],
+            **{n: L["mlp"][n].dense() for n in ("gate", "up", "down")},
+            "eps": a.rms_norm_eps,
+            "act": "silu",
+            "in_o": np.stack([c["o"] for c in seen[layer]]),
+            "in_h": np.stack([c["h"] for c in seen[layer]]),
+        },
+    )
     want = np.stack([c["out"] for c in seen[layer]])
     # the block adds to the residual h: measure the error on what it adds, not on h itself
     h = np.stack([c["h"] for c in seen[layer]])
@@ -117,12 +137,22 @@ def test_gemma4s_shared_mlp_with_gelu_matches_the_cpu(tmp_path, precision):
     # width, random q8 weights, against the CPU layer code (models/moe.expert_mlp)
     rng = np.random.default_rng(4)
     H, F = 256, 384
-    w = {n: quantize(rng.standard_normal(s).astype(np.float32) / np.sqrt(s[1]), "q8")
-         for n, s in (("gate", (F, H)), ("up", (F, H)), ("down", (H, F)))}
+    w = {
+        n: quantize(rng.standard_normal(s).astype(np.float32) / np.sqrt(s[1]), "q8")
+        for n, s in (("gate", (F, H)), ("up", (F, H)), ("down", (H, F)))
+    }
     x = rms_norm(rng.standard_normal((2, ROWS, H)).astype(np.float32), None, 1e-6)
     want = np.stack([expert_mlp(xi, w, gelu_tanh) for xi in x])
-    out = simulate(tmp_path, {"kind": "mlp", "precision": precision, "act": "gelu_pytorch_tanh",
-                              **{n: t.dense() for n, t in w.items()}, "in_x": x})
+    out = simulate(
+        tmp_path,
+        {
+            "kind": "mlp",
+            "precision": precision,
+            "act": "gelu_pytorch_tanh",
+            **{n: t.dense() for n, t in w.items()},
+            "in_x": x,
+        },
+    )
     err = rel(out["out_out"], want)
     print(f"mlp gelu {precision}: {err:.2e}")
     assert err < TOLERANCE[precision]

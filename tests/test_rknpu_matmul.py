@@ -1,5 +1,6 @@
 """The librknnrt matmul binding driven against the ABI-faithful stand-in (tests/rknnrt_standin.c), which
 refuses each documented violation with the runtime's error code."""
+
 import ctypes as C
 import os
 import shutil
@@ -28,10 +29,18 @@ def create(rt, **fields):
 
 
 def test_the_structures_have_the_runtime_sizes():
-    assert [C.sizeof(s) for s in (mm.MatmulInfo, mm.TensorAttr, mm.IoAttr, mm.TensorMem, mm.QuantParams)] == \
-        [64, 332, 996, 40, 288]
-    assert (mm.MatmulInfo.B_layout.offset, mm.MatmulInfo.iommu_domain_id.offset, mm.MatmulInfo.reserved.offset) == \
-        (16, 24, 30)
+    assert [C.sizeof(s) for s in (mm.MatmulInfo, mm.TensorAttr, mm.IoAttr, mm.TensorMem, mm.QuantParams)] == [
+        64,
+        332,
+        996,
+        40,
+        288,
+    ]
+    assert (mm.MatmulInfo.B_layout.offset, mm.MatmulInfo.iommu_domain_id.offset, mm.MatmulInfo.reserved.offset) == (
+        16,
+        24,
+        30,
+    )
 
 
 @pytest.mark.parametrize("kind", ["fp16", "int8"])
@@ -54,15 +63,18 @@ def test_a_matmul_in_the_native_layout_equals_numpy(rt, kind):
         m.close()
 
 
-@pytest.mark.parametrize("fields", [
-    {"type": 7},  # FP16×INT4 (w4a16): rejected on RK3588
-    {"type": 11},  # INT8×INT4
-    {"type": 5},  # FP16×INT8
-    {"K": 48},  # K not a multiple of 32
-    {"K": 10272},  # K above 10240
-    {"N": 24},  # fp16 N not a multiple of 16
-    {"N": 48, "type": mm.INT8_TO_INT32},  # int8 N not a multiple of 32
-])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"type": 7},  # FP16×INT4 (w4a16): rejected on RK3588
+        {"type": 11},  # INT8×INT4
+        {"type": 5},  # FP16×INT8
+        {"K": 48},  # K not a multiple of 32
+        {"K": 10272},  # K above 10240
+        {"N": 24},  # fp16 N not a multiple of 16
+        {"N": 48, "type": mm.INT8_TO_INT32},  # int8 N not a multiple of 32
+    ],
+)
 def test_the_stand_in_refuses_what_rk3588_refuses(rt, fields):
     assert create(rt, **fields)[0] == -5  # RKNN_ERR_PARAM_INVALID
 
@@ -104,6 +116,7 @@ def test_memory_imported_from_an_fd_is_usable(rt):
     fd = os.memfd_create("slot")
     os.ftruncate(fd, 4096)
     import mmap
+
     buf = mmap.mmap(fd, 4096)
     addr = C.addressof(C.c_char.from_buffer(buf))
     mem = rt.lib.rknn_create_mem_from_fd(ctx, fd, addr, io.B.size, 0)
@@ -163,11 +176,26 @@ def test_the_stand_in_keeps_its_layouts_and_arithmetic_on_aarch64(tmp_path):
         pytest.skip("no aarch64 cross compiler or qemu-aarch64: run scripts/setup --test")
     here = Path(__file__).parent
     exe = tmp_path / "standin_driver"
-    subprocess.run([cc, "-O2", "-static", "-mcpu=cortex-a76", str(here / "rknnrt_standin_driver.c"),
-                    str(here / "rknnrt_standin.c"), "-o", str(exe)], check=True)
+    subprocess.run(
+        [
+            cc,
+            "-O2",
+            "-static",
+            "-mcpu=cortex-a76",
+            str(here / "rknnrt_standin_driver.c"),
+            str(here / "rknnrt_standin.c"),
+            "-o",
+            str(exe),
+        ],
+        check=True,
+    )
     rng = np.random.default_rng(3)
     M, K, N = 5, 96, 64
     a, b = rng.integers(-127, 128, (M, K)).astype(np.int8), rng.integers(-127, 128, (K, N)).astype(np.int8)
-    out = subprocess.run([qemu, str(exe)], input=np.array([M, K, N], np.int32).tobytes() + a.tobytes() + b.tobytes(),
-                         capture_output=True, check=True).stdout
+    out = subprocess.run(
+        [qemu, str(exe)],
+        input=np.array([M, K, N], np.int32).tobytes() + a.tobytes() + b.tobytes(),
+        capture_output=True,
+        check=True,
+    ).stdout
     np.testing.assert_array_equal(np.frombuffer(out, np.int32).reshape(M, N), a.astype(np.int32) @ b.astype(np.int32))

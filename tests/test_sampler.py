@@ -1,5 +1,6 @@
 """The sampler: each step of the chain agrees with transformers' logits processors, draws follow the
 distribution, seeds reproduce, and every out-of-range parameter is named in its error."""
+
 import numpy as np
 import pytest
 import torch
@@ -79,8 +80,9 @@ def test_temperature_and_repetition_penalty_match_transformers(logits):
 
 
 def test_presence_and_frequency_penalties_subtract_per_seen_token(logits):
-    _, x = apply_penalties(np.arange(V), logits, np.array([5, 5, 5, 9]),
-                           params(presence_penalty=0.5, frequency_penalty=0.25))
+    _, x = apply_penalties(
+        np.arange(V), logits, np.array([5, 5, 5, 9]), params(presence_penalty=0.5, frequency_penalty=0.25)
+    )
     assert x[5] == pytest.approx(logits[5] - 0.5 - 0.75)
     assert x[9] == pytest.approx(logits[9] - 0.5 - 0.25)
     untouched = np.setdiff1d(np.arange(V), [5, 9])
@@ -125,22 +127,25 @@ def test_logprobs_are_the_raw_log_softmax(logits):
     assert [v for _, v in top] == pytest.approx(sorted(ref, reverse=True)[:5])
 
 
-@pytest.mark.parametrize("field,value,allowed", [
-    ("temperature", -0.1, "[0, 2]"),
-    ("top_p", 0.0, "(0, 1]"),
-    ("top_p", 1.5, "(0, 1]"),
-    ("top_k", -1, "≥ 0"),
-    ("top_k", 2.5, "integer"),
-    ("min_p", 1.1, "[0, 1]"),
-    ("repetition_penalty", 0.0, "(0, 10]"),
-    ("presence_penalty", 3.0, "[-2, 2]"),
-    ("frequency_penalty", -2.5, "[-2, 2]"),
-    ("max_tokens", 0, "≥ 1"),
-    ("seed", -5, "≥ 0"),
-    ("logprobs", 21, "[0, 20]"),
-    ("temperature", float("nan"), "[0, 2]"),
-    ("temperature", "hot", "[0, 2]"),
-])
+@pytest.mark.parametrize(
+    "field,value,allowed",
+    [
+        ("temperature", -0.1, "[0, 2]"),
+        ("top_p", 0.0, "(0, 1]"),
+        ("top_p", 1.5, "(0, 1]"),
+        ("top_k", -1, "≥ 0"),
+        ("top_k", 2.5, "integer"),
+        ("min_p", 1.1, "[0, 1]"),
+        ("repetition_penalty", 0.0, "(0, 10]"),
+        ("presence_penalty", 3.0, "[-2, 2]"),
+        ("frequency_penalty", -2.5, "[-2, 2]"),
+        ("max_tokens", 0, "≥ 1"),
+        ("seed", -5, "≥ 0"),
+        ("logprobs", 21, "[0, 20]"),
+        ("temperature", float("nan"), "[0, 2]"),
+        ("temperature", "hot", "[0, 2]"),
+    ],
+)
 def test_out_of_range_values_name_the_parameter_and_its_range(field, value, allowed):
     with pytest.raises(ValueError) as e:
         SamplingParams(**{field: value})
@@ -155,7 +160,12 @@ def test_unknown_parameters_are_refused():
 def test_defaults_come_from_the_generation_config_else_ours():
     p = SamplingParams().resolve({})
     assert (p.temperature, p.top_k, p.top_p, p.min_p, p.repetition_penalty) == (
-        DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, 0.0, 1.0)
+        DEFAULT_TEMPERATURE,
+        DEFAULT_TOP_K,
+        DEFAULT_TOP_P,
+        0.0,
+        1.0,
+    )
     p = SamplingParams(top_k=5).resolve({"temperature": 1.0, "top_k": 40, "top_p": 0.9})
     assert (p.temperature, p.top_k, p.top_p) == (1.0, 5, 0.9)
     assert SamplingParams().resolve({"do_sample": False, "temperature": 0.6}).temperature == 0.0

@@ -1,5 +1,6 @@
 """The real-model proof: the demo GGUF converted into a store decodes exactly as transformers does
 when it loads the same GGUF (float32, greedy)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,18 +14,29 @@ NEW_TOKENS = 40
 CONVERSATIONS = [
     [{"role": "user", "content": "What is the capital of France?"}],
     [{"role": "user", "content": "Write a Python function that reverses a string."}],
-    [{"role": "system", "content": "You are a pirate. Answer in pirate speak."},
-     {"role": "user", "content": "How do I bake bread?"}],
+    [
+        {"role": "system", "content": "You are a pirate. Answer in pirate speak."},
+        {"role": "user", "content": "How do I bake bread?"},
+    ],
     [{"role": "user", "content": "List three prime numbers greater than 100."}],
-    [{"role": "user", "content": "Hi!"}, {"role": "assistant", "content": "Hello! How can I help you today?"},
-     {"role": "user", "content": "Explain photosynthesis in one sentence 🌱."}],
+    [
+        {"role": "user", "content": "Hi!"},
+        {"role": "assistant", "content": "Hello! How can I help you today?"},
+        {"role": "user", "content": "Explain photosynthesis in one sentence 🌱."},
+    ],
     [{"role": "user", "content": "Traduis en français : « The weather is nice today. »"}],
 ]
 # transformers name of each internal tensor of a Llama layer
 HF_LAYER = {
-    "attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm",
-    "attn.q": "self_attn.q_proj", "attn.k": "self_attn.k_proj", "attn.v": "self_attn.v_proj",
-    "attn.o": "self_attn.o_proj", "mlp.gate": "mlp.gate_proj", "mlp.up": "mlp.up_proj", "mlp.down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "mlp_norm": "post_attention_layernorm",
+    "attn.q": "self_attn.q_proj",
+    "attn.k": "self_attn.k_proj",
+    "attn.v": "self_attn.v_proj",
+    "attn.o": "self_attn.o_proj",
+    "mlp.gate": "mlp.gate_proj",
+    "mlp.up": "mlp.up_proj",
+    "mlp.down": "mlp.down_proj",
 }
 
 pytestmark = pytest.mark.slow
@@ -34,8 +46,9 @@ pytestmark = pytest.mark.slow
 def reference(smollm2_gguf):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name,
-                                                 dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name, dtype=torch.float32
+    )
     return model.eval()
 
 
@@ -49,7 +62,9 @@ def prompts(smollm2_store, smollm2_gguf):
     out = []
     for conv in CONVERSATIONS:
         ids = list(ours.apply_chat_template(conv, add_generation_prompt=True, tokenize=True, return_dict=False))
-        assert ids == list(theirs.apply_chat_template(conv, add_generation_prompt=True, tokenize=True, return_dict=False))
+        assert ids == list(
+            theirs.apply_chat_template(conv, add_generation_prompt=True, tokenize=True, return_dict=False)
+        )
         out.append(ids)
     return out
 
@@ -98,8 +113,10 @@ def test_greedy_decoding_is_token_identical_to_transformers(smollm2_store, refer
         np.testing.assert_allclose(prefill, ref_prefill, atol=2e-3, rtol=0)
         if got != want:
             step = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)
-            pytest.fail(f"prompt of {len(ids)} tokens: step {step} engine {got[step]} vs transformers {want[step]} "
-                        f"(transformers' top-2 margin there: {margins[step]:.2e})")
+            pytest.fail(
+                f"prompt of {len(ids)} tokens: step {step} engine {got[step]} vs transformers {want[step]} "
+                f"(transformers' top-2 margin there: {margins[step]:.2e})"
+            )
 
 
 def test_a_half_precision_kv_cache_keeps_greedy_decoding(smollm2_store, prompts):

@@ -1,4 +1,5 @@
 """Expert streaming gives the all-resident run's logits bit for bit, whatever the cache does."""
+
 import shutil
 
 import numpy as np
@@ -35,16 +36,25 @@ def ids_for(store, n=72, seed=1):
     return np.random.default_rng(seed).integers(0, vocab, n)
 
 
-@pytest.mark.parametrize("slots,policy,io,prefetch,activations", [
-    (2, "lfu", "uring", 0, "f32"), (2, "lru", "threads", 0, "q8"), (3, "lfu", "threads", 4, "f32"),
-    (3, "lfu", "threads", 4, "experts"), (2, "lfu", "uring", 2, "q8"), (16, "lfu", "uring", 0, "f32")])
+@pytest.mark.parametrize(
+    "slots,policy,io,prefetch,activations",
+    [
+        (2, "lfu", "uring", 0, "f32"),
+        (2, "lru", "threads", 0, "q8"),
+        (3, "lfu", "threads", 4, "f32"),
+        (3, "lfu", "threads", 4, "experts"),
+        (2, "lfu", "uring", 2, "q8"),
+        (16, "lfu", "uring", 0, "f32"),
+    ],
+)
 def test_streamed_logits_are_bit_identical_to_resident(moe_store, slots, policy, io, prefetch, activations):
     if io == "uring" and uring_problem():
         pytest.skip(f"io_uring cannot be used here: {uring_problem()}")
     ids = ids_for(moe_store)
     resident = run_tokens(Engine.open(moe_store, chunk=16, activations=activations), ids, 40)
-    e = Engine.open(moe_store, chunk=16, expert_slots=slots, policy=policy, io=io, prefetch=prefetch,
-                    activations=activations)
+    e = Engine.open(
+        moe_store, chunk=16, expert_slots=slots, policy=policy, io=io, prefetch=prefetch, activations=activations
+    )
     streamed = run_tokens(e, ids, 40)
     assert np.array_equal(resident, streamed)
     st = e.expert_stats
@@ -61,6 +71,7 @@ def test_where_o_direct_is_refused_reads_are_buffered_and_dropped_from_the_page_
     # tmpfs refused O_DIRECT before Linux 6.6 (this machine's tmpfs accepts it), so refuse it here
     import errno
     import os
+
     real_open, advised = os.open, []
 
     def no_direct(path, flags, *a):
@@ -70,7 +81,9 @@ def test_where_o_direct_is_refused_reads_are_buffered_and_dropped_from_the_page_
 
     monkeypatch.setattr(os, "open", no_direct)
     real_fadvise = os.posix_fadvise
-    monkeypatch.setattr(os, "posix_fadvise", lambda fd, off, n, adv: advised.append(adv) or real_fadvise(fd, off, n, adv))
+    monkeypatch.setattr(
+        os, "posix_fadvise", lambda fd, off, n, adv: advised.append(adv) or real_fadvise(fd, off, n, adv)
+    )
     ids = ids_for(moe_store, 24)
     a = run_tokens(Engine.open(moe_store, chunk=8), ids, 8)
     e = Engine.open(moe_store, chunk=8, expert_slots=2, io="threads")
@@ -88,7 +101,8 @@ def test_a_corrupt_expert_blob_is_named_and_never_used(moe_store, tmp_path):
     probe = Engine.open(bad)
     asked = []
     probe.model.experts.run = lambda layer, ex, compute, during=None, _r=probe.model.experts.run: (
-        asked.extend(ex) if layer == 0 else None) or _r(layer, ex, compute, during)
+        (asked.extend(ex) if layer == 0 else None) or _r(layer, ex, compute, during)
+    )
     probe.forward(ids)
     victim = asked[0]
     with open(lay.path, "r+b") as f:
@@ -141,10 +155,8 @@ def crashing_liburing(tmp_path, monkeypatch):
     """A `liburing` that dies with SIGILL when it sets up a ring, as the 2026 wheels do on CPUs
     without AVX-512; it shadows the installed one for the probe's child process."""
     (tmp_path / "liburing.py").write_text(
-        "import os, signal\n"
-        "class Ring:\n"
-        "    def __init__(self):\n"
-        "        os.kill(os.getpid(), signal.SIGILL)\n")
+        "import os, signal\nclass Ring:\n    def __init__(self):\n        os.kill(os.getpid(), signal.SIGILL)\n"
+    )
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     uring_problem.cache_clear()
     yield
@@ -154,8 +166,11 @@ def crashing_liburing(tmp_path, monkeypatch):
 def test_a_liburing_that_crashes_the_cpu_is_not_used_and_uring_is_refused_by_name(moe_store, crashing_liburing):
     problem = uring_problem()
     assert problem and "SIGILL" in problem
-    with pytest.raises(OptionError, match=r"io='uring' is out of range; allowed: auto or threads: io_uring is not "
-                                          r"available here \(the liburing package dies with SIGILL"):
+    with pytest.raises(
+        OptionError,
+        match=r"io='uring' is out of range; allowed: auto or threads: io_uring is not "
+        r"available here \(the liburing package dies with SIGILL",
+    ):
         Engine.open(moe_store, chunk=16, expert_slots=2, io="uring")
     e = Engine.open(moe_store, chunk=16, expert_slots=2, io="auto")  # falls back to the thread pool
     assert e.expert_stats["io"] == "threads"

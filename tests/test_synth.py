@@ -1,4 +1,5 @@
 """`rkmojo synth`: real shapes, valid random values, stores the engine opens and runs."""
+
 import numpy as np
 import pytest
 
@@ -58,8 +59,11 @@ def test_uniform_and_skewed_stores_of_one_seed_differ_only_in_the_router(tmp_pat
     u = Store(synth_store(tmp_path / "u", "tiny-qwen3-moe", progress=False))
     s = Store(synth_store(tmp_path / "s", "tiny-qwen3-moe", router="skewed", progress=False))
     assert all(u.expert_layers[l].digests == s.expert_layers[l].digests for l in u.expert_layers)
-    differ = {n for n, t in u.manifest["dense"]["tensors"].items()
-              if t["digest"] != s.manifest["dense"]["tensors"][n]["digest"]}
+    differ = {
+        n
+        for n, t in u.manifest["dense"]["tensors"].items()
+        if t["digest"] != s.manifest["dense"]["tensors"][n]["digest"]
+    }
     assert differ == {f"layers.{i}.router" for i in range(4)}
     scales = s.dense("layers.0.router").parts["scales"]
     assert scales.max() / scales.min() > 5  # the power law spreads the router rows
@@ -70,8 +74,10 @@ def test_a_uniform_router_routes_about_uniformly_and_a_skewed_one_does_not(tmp_p
     share = {}
     for router in ("uniform", "skewed"):
         # a steep power law: among 16 experts the default exponent moves the top-2 share only 1.3×
-        e = Engine.open(synth_store(tmp_path / router, shape, layers=layers, router=router, skew=1.5,
-                                    progress=False), expert_slots=4)
+        e = Engine.open(
+            synth_store(tmp_path / router, shape, layers=layers, router=router, skew=1.5, progress=False),
+            expert_slots=4,
+        )
         rec = e.model.experts = TraceRecorder(e.model.experts)
         run_workload(e, Workload(prompt_tokens=16, prefill_tokens=(16,), decode_tokens=64, runs=1), rec)
         share[router] = popularity(rec.calls, 16)
@@ -96,8 +102,10 @@ def test_bad_shape_layers_or_router_are_refused(tmp_path):
 
 
 def test_the_cli_writes_a_store(tmp_path, capsys):
-    assert main(["synth", "--shape", "tiny-gemma4", "--layers", "2", "--router", "skewed", "-q",
-                 str(tmp_path / "cli")]) == 0
+    assert (
+        main(["synth", "--shape", "tiny-gemma4", "--layers", "2", "--router", "skewed", "-q", str(tmp_path / "cli")])
+        == 0
+    )
     assert str(tmp_path / "cli") in capsys.readouterr().out
     assert Store(tmp_path / "cli").manifest["source"]["layers"] == 2
     assert set(SHAPES) >= {"gemma4-26b-a4b", "qwen3-30b-a3b", "tiny-gemma4", "tiny-qwen3-moe"}

@@ -4,6 +4,7 @@ Each template is installed in a small store (the demo tokenizer plus a tokenizer
 model's special tokens and its template); transformers loads the same directory with
 `AutoTokenizer.from_pretrained`, so both sides see the same files.
 """
+
 import json
 from pathlib import Path
 
@@ -18,22 +19,35 @@ from inference.tokenizer import StoreTokenizer
 FIXTURES = Path(__file__).parent / "fixtures" / "chat_templates"
 
 TOOLS = [
-    {"type": "function", "function": {
-        "name": "get_weather", "description": "Current weather in a city",
-        "parameters": {"type": "object", "properties": {
-            "city": {"type": "string", "description": "City name"},
-            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-            "days": {"type": "integer", "description": "Forecast days", "nullable": True},
-            "tags": {"type": "array", "items": {"type": "string"}},
-            "where": {"type": "object", "properties": {"lat": {"type": "number"}}, "required": ["lat"]},
-        }, "required": ["city"]},
-    }},
-    {"type": "function", "function": {"name": "now", "description": "The time",
-                                      "parameters": {"type": "object", "properties": {}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "description": "City name"},
+                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                    "days": {"type": "integer", "description": "Forecast days", "nullable": True},
+                    "tags": {"type": "array", "items": {"type": "string"}},
+                    "where": {"type": "object", "properties": {"lat": {"type": "number"}}, "required": ["lat"]},
+                },
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {"name": "now", "description": "The time", "parameters": {"type": "object", "properties": {}}},
+    },
 ]
 
-CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather",
-                                                         "arguments": {"city": "Paris", "unit": "celsius"}}}
+CALL = {
+    "id": "call_1",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}},
+}
 CALL_STR = {"id": "call_2", "type": "function", "function": {"name": "now", "arguments": "{}"}}
 
 CONVERSATIONS = {
@@ -62,9 +76,13 @@ CONVERSATIONS = {
     "tool_calls": [
         {"role": "system", "content": "Use tools."},
         {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": None, "tool_calls": [CALL, CALL_STR],
-         "reasoning_content": "Need the weather."},
-        {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "{\"temp\": 21}"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [CALL, CALL_STR],
+            "reasoning_content": "Need the weather.",
+        },
+        {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": '{"temp": 21}'},
         {"role": "tool", "tool_call_id": "call_2", "name": "now", "content": "12:00"},
         {"role": "assistant", "content": "It is 21 °C at noon."},
     ],
@@ -81,8 +99,15 @@ CONVERSATIONS = {
 }
 
 # plain conversations every template accepts (the others may be refused, by both sides alike)
-EVERY_TEMPLATE_RENDERS = {"user", "system_user", "multi_turn", "assistant_last", "unicode", "thinking_inline",
-                          "reasoning_field"}
+EVERY_TEMPLATE_RENDERS = {
+    "user",
+    "system_user",
+    "multi_turn",
+    "assistant_last",
+    "unicode",
+    "thinking_inline",
+    "reasoning_field",
+}
 TEMPLATES = {
     "smollm2": None,  # read from the demo GGUF's metadata via the store
     "qwen3": {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
@@ -190,7 +215,10 @@ def test_a_store_without_a_template_uses_chatml_when_the_vocabulary_has_it(smoll
         w.finish()
     tok = StoreTokenizer(Store(path))
     assert not tok.has_template and tok.template_source == FALLBACK_TEMPLATE
-    assert tok.render_chat([{"role": "user", "content": "Hi"}]) == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        tok.render_chat([{"role": "user", "content": "Hi"}])
+        == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_messages_are_validated():

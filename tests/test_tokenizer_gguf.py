@@ -1,5 +1,6 @@
 """The tokenizer rebuilt from GGUF metadata: the demo model against transformers' GGUF tokenizer, a
 SentencePiece vocabulary against sentencepiece itself, and refusals."""
+
 from __future__ import annotations
 
 import inspect
@@ -57,8 +58,9 @@ def test_the_store_tokenizer_loads_in_transformers_with_the_same_chat_template(s
 
     tok = AutoTokenizer.from_pretrained(str(smollm2_store))
     assert (tok.bos_token, tok.eos_token) == ("<|im_start|>", "<|im_end|>")
-    assert tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True) == \
-        reference.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    assert tok.apply_chat_template(
+        MESSAGES, tokenize=False, add_generation_prompt=True
+    ) == reference.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
     config = json.loads((smollm2_store / "tokenizer_config.json").read_text())
     assert config["add_bos_token"] is False
 
@@ -71,15 +73,26 @@ def sentencepiece_model():
     lines = [l for l in (inspect.getsource(json) + inspect.getsource(inspect)).splitlines() if l.strip()]
     buf = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines), model_writer=buf, vocab_size=600, model_type="bpe", byte_fallback=True,
-        normalization_rule_name="identity", remove_extra_whitespaces=False, split_digits=True,
-        allow_whitespace_only_pieces=True, unk_id=0, bos_id=1, eos_id=2, minloglevel=2,
+        sentence_iterator=iter(lines),
+        model_writer=buf,
+        vocab_size=600,
+        model_type="bpe",
+        byte_fallback=True,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        split_digits=True,
+        allow_whitespace_only_pieces=True,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        minloglevel=2,
     )
     return spm.SentencePieceProcessor(model_proto=buf.getvalue())
 
 
 def spm_metadata(sp) -> dict:
     """The metadata llama.cpp writes for a SentencePiece vocabulary (scores, types, no merges)."""
+
     def kind(i):
         return 2 if sp.is_unknown(i) else 3 if sp.is_control(i) else 6 if sp.is_byte(i) else 1
 
@@ -89,7 +102,9 @@ def spm_metadata(sp) -> dict:
         "tokenizer.ggml.tokens": [sp.id_to_piece(i) for i in range(n)],
         "tokenizer.ggml.scores": [sp.get_score(i) for i in range(n)],
         "tokenizer.ggml.token_type": [kind(i) for i in range(n)],
-        "tokenizer.ggml.unknown_token_id": 0, "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.unknown_token_id": 0,
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
     }
 
 

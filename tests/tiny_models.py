@@ -1,4 +1,5 @@
 """A tiny random Qwen3-MoE checkpoint (2 layers, 16 experts, top-4) for tests that need a real MoE store."""
+
 from pathlib import Path
 
 import torch
@@ -7,13 +8,21 @@ import transformers
 from parity import randomize
 
 
-def tiny_qwen3_moe(out: Path, *, vocab: int = 256, hidden: int = 64, shard: str | None = None,
-                   dtype: torch.dtype = torch.float32) -> Path:
+def tiny_qwen3_moe(
+    out: Path, *, vocab: int = 256, hidden: int = 64, shard: str | None = None, dtype: torch.dtype = torch.float32
+) -> Path:
     """Save the checkpoint at `out` (in shards of `shard`, e.g. "10MB", when given); returns `out`."""
     cfg = transformers.Qwen3MoeConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=128, moe_intermediate_size=64,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        num_experts=16, num_experts_per_tok=4,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=128,
+        moe_intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=16,
+        num_experts_per_tok=4,
     )
     torch.manual_seed(0)
     model = transformers.Qwen3MoeForCausalLM(cfg).eval()

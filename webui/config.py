@@ -9,6 +9,7 @@ that long, without a restart. `save` stores a change and writes every saved valu
 (`bus.K_SETTINGS`), where the workers read them at each heartbeat (their own environment still wins);
 a read that finds the key gone (Redis restarted empty) writes it again.
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -15,6 +15,7 @@ without a key (`key_required`): every way into generation follows that rule. Oth
 the handshake (HTTP 403). Messages are checked as HTTP bodies are (`webui.door.load_json`).
 A conversation is reached only through its owner (`webui.chat.conversations.owned`).
 """
+
 from __future__ import annotations
 
 import asyncio

@@ -16,6 +16,7 @@ Two layers, outermost first:
 Errors use the OpenAI error format under /v1/ and Ollama's elsewhere (`webui.api.common`). A view
 that fails on a full disk (SQLite's "database or disk is full", ENOSPC) is answered 507 saying so.
 """
+
 from __future__ import annotations
 
 import json
@@ -61,22 +62,35 @@ def check_shape(value, limit: int = MAX_DEPTH) -> None:
         v, path, depth = todo.pop()
         if isinstance(v, str):
             if _not_text(v):
-                raise ApiError(400, f"{path or 'the body'} holds a lone surrogate escape (\\ud800–\\udfff), "
-                                    "which is not text; send UTF-8 text", param=path or None, code="invalid_string")
+                raise ApiError(
+                    400,
+                    f"{path or 'the body'} holds a lone surrogate escape (\\ud800–\\udfff), "
+                    "which is not text; send UTF-8 text",
+                    param=path or None,
+                    code="invalid_string",
+                )
         elif isinstance(v, (dict, list)):
             if depth >= limit:
                 raise _too_deep(path, limit)
             items = v.items() if isinstance(v, dict) else enumerate(v)
             for k, x in items:
                 if isinstance(k, str) and _not_text(k):
-                    raise ApiError(400, f"a key in {path or 'the body'} holds a lone surrogate escape, which is "
-                                        "not text", param=path or None, code="invalid_string")
+                    raise ApiError(
+                        400,
+                        f"a key in {path or 'the body'} holds a lone surrogate escape, which is not text",
+                        param=path or None,
+                        code="invalid_string",
+                    )
                 todo.append((x, _join(path, k), depth + 1))
 
 
 def _too_deep(path: str, limit: int) -> ApiError:
-    return ApiError(400, f"{path or 'the body'} nests objects and arrays deeper than {limit} levels",
-                    param=path or None, code="too_deep")
+    return ApiError(
+        400,
+        f"{path or 'the body'} nests objects and arrays deeper than {limit} levels",
+        param=path or None,
+        code="too_deep",
+    )
 
 
 def _deep_path(text: str, limit: int) -> str:
@@ -89,7 +103,7 @@ def _deep_path(text: str, limit: int) -> str:
             j = i + 1
             while j < n and text[j] != '"':
                 j += 2 if text[j] == "\\" else 1
-            key = text[i + 1:j]
+            key = text[i + 1 : j]
             i = j
         elif c in "{[":
             if len(stack) >= limit:
@@ -150,14 +164,21 @@ class LanDoorMiddleware:
         try:
             if origin is not None and not origin_allowed(origin):
                 if not api:
-                    return HttpResponseForbidden(f"Origin {origin} is not this appliance\n",
-                                                 content_type="text/plain")
-                raise ApiError(403, f"Origin {origin!r} is not one of this appliance's names; requests from "
-                                    "other sites' pages are refused", code="origin_refused")
+                    return HttpResponseForbidden(f"Origin {origin} is not this appliance\n", content_type="text/plain")
+                raise ApiError(
+                    403,
+                    f"Origin {origin!r} is not one of this appliance's names; requests from "
+                    "other sites' pages are refused",
+                    code="origin_refused",
+                )
             if api and request.method in BODY_METHODS:
                 if request.content_type != "application/json":
-                    raise ApiError(415, f"send the body as JSON with `Content-Type: application/json` (got "
-                                        f"{request.content_type or 'none'!r})", code="unsupported_media_type")
+                    raise ApiError(
+                        415,
+                        f"send the body as JSON with `Content-Type: application/json` (got "
+                        f"{request.content_type or 'none'!r})",
+                        code="unsupported_media_type",
+                    )
                 request.json_body = load_json(request.body or b"null")
         except ApiError as e:
             return error_response(flavor(request.path), e)
@@ -174,8 +195,11 @@ class LanDoorMiddleware:
 
 # --- body size (ASGI) --------------------------------------------------------------------------------
 def too_large_response(path: str, limit: int) -> tuple[int, bytes]:
-    e = ApiError(413, f"the request body is larger than {limit} bytes, the most this server takes "
-                      "(RKMOJO_MAX_REQUEST_BYTES)", code="request_too_large")
+    e = ApiError(
+        413,
+        f"the request body is larger than {limit} bytes, the most this server takes (RKMOJO_MAX_REQUEST_BYTES)",
+        code="request_too_large",
+    )
     return 413, error_response(flavor(path), e).content
 
 
@@ -213,7 +237,15 @@ class BodyLimit:
 
     async def _refuse(self, scope, send):
         status, body = too_large_response(scope.get("path", ""), self.limit)
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})

@@ -1,4 +1,5 @@
 """API keys (stored hashed) and chat sessions with their messages."""
+
 from __future__ import annotations
 
 import hashlib
@@ -53,8 +54,9 @@ class ChatSession(models.Model):
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE,
-                              related_name="chats")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="chats"
+    )
     visitor = models.CharField(max_length=64, blank=True, db_index=True)
     system = models.TextField(blank=True, help_text="the system prompt the conversation starts with")
     params = models.JSONField(default=dict, blank=True, help_text="sampling options (SamplingParams fields)")

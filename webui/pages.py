@@ -4,6 +4,7 @@
 (unless `RKMOJO_CHAT_OPEN` lets the LAN chat without signing in); anything else, such as an Ollama client's probe, gets the plain text it checks for.
 Sign-in is Django's own (`LoginView`, CSRF on the form, a session cookie); there is no default account.
 """
+
 from __future__ import annotations
 
 from django.contrib.auth import views as auth

@@ -9,6 +9,7 @@ removes the token file and stops showing it; the page stays a 410 after that. On
 writes the token into the data directory and prints the setup URL (`manage.py setuptoken`) while no
 administrator exists; `/setup/?token=…` fills it in. Without a token file the page is a 404.
 """
+
 from __future__ import annotations
 
 import secrets
@@ -27,8 +28,12 @@ DONE_MARKER = "setup-done"
 
 
 class SetupForm(UserCreationForm):
-    token = forms.CharField(label="Setup token", strip=True, help_text="as the board's console showed it",
-                            widget=forms.TextInput(attrs={"autocomplete": "off", "autofocus": True}))
+    token = forms.CharField(
+        label="Setup token",
+        strip=True,
+        help_text="as the board's console showed it",
+        widget=forms.TextInput(attrs={"autocomplete": "off", "autofocus": True}),
+    )
     field_order = ["token", "username", "password1", "password2"]
 
 
@@ -61,14 +66,18 @@ def _page(request: HttpRequest, form: SetupForm, status: int = 200) -> HttpRespo
 def setup(request: HttpRequest) -> HttpResponse:
     """GET: the form. POST: with the right token, create the superuser, sign them in and go to the panel."""
     if not settings.RKMOJO["SETUP_TOKEN_FILE"]:
-        raise Http404("this appliance has no setup page; create an administrator with "
-                      "`python -m django createsuperuser` (settings: appliance.settings)")
+        raise Http404(
+            "this appliance has no setup page; create an administrator with "
+            "`python -m django createsuperuser` (settings: appliance.settings)"
+        )
     if closed():  # also once the next boot has removed the spent token
         return render(request, "webui/setup.html", {"closed": True}, status=410)
     token = _token()
     if token is None:
-        raise Http404("this appliance has no setup token; `rkmojo up` prints the setup URL with a new one "
-                      "while no administrator exists")
+        raise Http404(
+            "this appliance has no setup token; `rkmojo up` prints the setup URL with a new one "
+            "while no administrator exists"
+        )
     if request.method == "GET":
         return _page(request, SetupForm(initial={"token": request.GET.get("token", "")}))
     form = SetupForm(request.POST)

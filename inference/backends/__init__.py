@@ -8,6 +8,7 @@ choice. `rknpu` is used only after its self-test passes; otherwise the CPU, with
 `auto` is the CPU off aarch64 (no RK3588 there) and where librknnrt.so is absent, and uses only the
 precisions that pass the quality gate (`rknpu/quality.py`): fp16; int8 raised SmolLM2's perplexity 11.8 %.
 """
+
 from __future__ import annotations
 
 import logging

@@ -6,6 +6,7 @@
 - `cachesim`: the routing trace, its replay through the engine's `LayerCache`, Belady's optimum;
 - `cgroup`: a cgroup-v1 memory limit around a child process (also a wrapper script).
 """
+
 from .measure import Workload
 from .run import EFFICIENCY_FORMULA, REQUIRED_FIELDS, BenchOptions, run_bench
 

@@ -1,4 +1,5 @@
 """Child process of `rkmojo bench`: `python -m inference.bench ROLE SPEC.json OUT.json`."""
+
 import json
 import sys
 from pathlib import Path

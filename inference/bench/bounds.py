@@ -12,6 +12,7 @@ more reads in flight than that. So the disk is also measured with a queue kept f
 bound uses the fastest of all: the bound is what the disk can do, not what one read pattern gets
 out of it. (A fixed depth of 16 gave a bound the engine beat by 1.47x on one disk.)
 """
+
 from __future__ import annotations
 
 import itertools
@@ -38,8 +39,15 @@ def drop_caches() -> bool:
         return False
 
 
-def read_bandwidth(store, batches: list[tuple[int, int]], *, io: str = "auto", seconds: float = 10.0,
-                   seed: int = 0, direct: bool = True) -> dict:
+def read_bandwidth(
+    store,
+    batches: list[tuple[int, int]],
+    *,
+    io: str = "auto",
+    seconds: float = 10.0,
+    seed: int = 0,
+    direct: bool = True,
+) -> dict:
     """Bytes per second reading random expert blobs in `batches` of (layer, reads in flight).
 
     Returns:
@@ -59,8 +67,10 @@ def read_bandwidth(store, batches: list[tuple[int, int]], *, io: str = "auto", s
             lay = layouts[layer]
             length = -(-lay.blob_size // PAGE) * PAGE  # as StreamingExperts reads a blob
             experts = rng.choice(lay.n_experts, k, replace=False)
-            reqs = [ReadRequest(layer, int(e), i, pool.memoryview(i), int(e) * lay.stride, length)
-                    for i, e in enumerate(experts)]
+            reqs = [
+                ReadRequest(layer, int(e), i, pool.memoryview(i), int(e) * lay.stride, length)
+                for i, e in enumerate(experts)
+            ]
             for r in reader.submit(reqs).completed():
                 total += r.length
                 reads += 1
@@ -72,8 +82,16 @@ def read_bandwidth(store, batches: list[tuple[int, int]], *, io: str = "auto", s
     finally:
         reader.close()
         reader.files.close()
-    return {"bytes_per_s": total / dt, "bytes": total, "seconds": dt, "reads": reads, "io": name,
-            "direct": is_direct, "batches": steps, "mean_batch": reads / max(1, steps)}
+    return {
+        "bytes_per_s": total / dt,
+        "bytes": total,
+        "seconds": dt,
+        "reads": reads,
+        "io": name,
+        "direct": is_direct,
+        "batches": steps,
+        "mean_batch": reads / max(1, steps),
+    }
 
 
 def sustained_bandwidth(store, depth: int = 16, *, seconds: float = 10.0, seed: int = 0, direct: bool = True) -> dict:
@@ -116,8 +134,14 @@ def sustained_bandwidth(store, depth: int = 16, *, seconds: float = 10.0, seed: 
     finally:
         reader.close()
         reader.files.close()
-    return {"bytes_per_s": total / dt, "bytes": total, "seconds": dt, "reads": reads, "depth": depth,
-            "direct": is_direct}
+    return {
+        "bytes_per_s": total / dt,
+        "bytes": total,
+        "seconds": dt,
+        "reads": reads,
+        "depth": depth,
+        "direct": is_direct,
+    }
 
 
 def warm(store) -> int:
@@ -147,7 +171,9 @@ def best_bandwidth(store, *, seconds: float = 10.0, seed: int = 0, depths=SWEEP_
     Returns:
         The fastest run's dict plus "sweep": [{"depth", "bytes_per_s"}] for every depth tried.
     """
-    runs = [sustained_bandwidth(store, d, seconds=seconds / len(depths), seed=seed + i, direct=direct)
-            for i, d in enumerate(depths)]
+    runs = [
+        sustained_bandwidth(store, d, seconds=seconds / len(depths), seed=seed + i, direct=direct)
+        for i, d in enumerate(depths)
+    ]
     best = max(runs, key=lambda r: r["bytes_per_s"] or 0.0)
     return {**best, "sweep": [{"depth": r["depth"], "bytes_per_s": r["bytes_per_s"]} for r in runs]}

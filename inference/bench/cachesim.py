@@ -6,6 +6,7 @@ layer, experts, misses). `replay` runs such a trace through the engine's own `La
 `StreamingExperts.run` uses it; `belady` is the offline optimum on the same trace: on a miss with
 every slot taken, evict the cached expert whose next request lies furthest in the future.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict, deque
@@ -110,8 +111,11 @@ def belady(calls: list[Call], slots: int) -> dict[str, dict]:
             over = len(cached) + len(miss) - slots
             if over > 0:
                 now = set(ex)
-                victims = sorted((e for e in cached if e not in now),
-                                 key=lambda e: future[e][0] if future[e] else float("inf"), reverse=True)
+                victims = sorted(
+                    (e for e in cached if e not in now),
+                    key=lambda e: future[e][0] if future[e] else float("inf"),
+                    reverse=True,
+                )
                 cached.difference_update(victims[:over])
             cached.update(miss)
     return out

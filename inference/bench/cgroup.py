@@ -12,6 +12,7 @@ can stay cached, which is what makes it a fair small-board stand-in.
 
 As a wrapper: `python -m inference.bench.cgroup 4G -- COMMAND [ARGS…]` (needs root).
 """
+
 from __future__ import annotations
 
 import os
@@ -51,12 +52,16 @@ def check_limit(size: str | int) -> int:
     """
     limit = parse_size(size) if isinstance(size, str) else int(size)
     if limit < MIN_LIMIT:
-        raise RkmojoError(f"--cgroup-memory {size}: {limit / 2**20:.0f} MiB is too small to start Python "
-                          f"(at least {MIN_LIMIT // 2**20} MiB); did you mean {size}G?")
+        raise RkmojoError(
+            f"--cgroup-memory {size}: {limit / 2**20:.0f} MiB is too small to start Python "
+            f"(at least {MIN_LIMIT // 2**20} MiB); did you mean {size}G?"
+        )
     total = mem_total()
     if limit > total:
-        raise RkmojoError(f"--cgroup-memory {size}: more than this machine's RAM ({total / 2**30:.1f} GiB), "
-                          "so the limit would never bind; choose a smaller size")
+        raise RkmojoError(
+            f"--cgroup-memory {size}: more than this machine's RAM ({total / 2**30:.1f} GiB), "
+            "so the limit would never bind; choose a smaller size"
+        )
     return limit
 
 
@@ -82,8 +87,10 @@ class MemoryCgroup:
     def __init__(self, limit: int | str, *, name: str | None = None, root: Path = ROOT):
         self.limit = check_limit(limit)
         if not (root / "memory.limit_in_bytes").exists():
-            raise RkmojoError(f"{root}: no cgroup-v1 memory controller here; run the bench without "
-                              "--cgroup-memory, or under `systemd-run --scope -p MemoryMax=…` on cgroup v2")
+            raise RkmojoError(
+                f"{root}: no cgroup-v1 memory controller here; run the bench without "
+                "--cgroup-memory, or under `systemd-run --scope -p MemoryMax=…` on cgroup v2"
+            )
         self.path = root / own_memory_cgroup().lstrip("/") / (name or f"rkmojo-bench-{os.getpid()}-{time.time_ns()}")
 
     def __enter__(self) -> "MemoryCgroup":
@@ -92,8 +99,9 @@ class MemoryCgroup:
             (self.path / "memory.limit_in_bytes").write_text(str(self.limit))
         except PermissionError:
             self.remove()
-            raise RkmojoError(f"{self.path.parent}: cannot create a memory cgroup here (permission denied); "
-                              "run as root") from None
+            raise RkmojoError(
+                f"{self.path.parent}: cannot create a memory cgroup here (permission denied); run as root"
+            ) from None
         return self
 
     def __exit__(self, *exc) -> None:
@@ -105,12 +113,17 @@ class MemoryCgroup:
 
     def usage(self) -> dict:
         """Limit, peak usage (page cache included), times the limit was hit, OOM kills."""
+
         def read(name: str) -> str:
             return (self.path / name).read_text()
 
         oom = dict(line.split() for line in read("memory.oom_control").splitlines())
-        return {"limit_bytes": self.limit, "max_usage_bytes": int(read("memory.max_usage_in_bytes")),
-                "failcnt": int(read("memory.failcnt")), "oom_kills": int(oom.get("oom_kill", 0))}
+        return {
+            "limit_bytes": self.limit,
+            "max_usage_bytes": int(read("memory.max_usage_in_bytes")),
+            "failcnt": int(read("memory.failcnt")),
+            "oom_kills": int(oom.get("oom_kill", 0)),
+        }
 
     def run(self, cmd: list[str], **kw) -> tuple[subprocess.CompletedProcess, dict]:
         """Run `cmd` inside the group; (the completed process, `usage()` after it ended)."""
@@ -139,8 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     except RkmojoError as e:
         print(f"cgroup: error: {e}", file=sys.stderr)
         return 1
-    print(f"cgroup: limit {use['limit_bytes'] / 2**30:.2f} GiB, peak {use['max_usage_bytes'] / 2**30:.2f} GiB "
-          f"(page cache included), limit hit {use['failcnt']} times, OOM kills {use['oom_kills']}", file=sys.stderr)
+    print(
+        f"cgroup: limit {use['limit_bytes'] / 2**30:.2f} GiB, peak {use['max_usage_bytes'] / 2**30:.2f} GiB "
+        f"(page cache included), limit hit {use['failcnt']} times, OOM kills {use['oom_kills']}",
+        file=sys.stderr,
+    )
     return proc.returncode
 
 

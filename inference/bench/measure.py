@@ -5,6 +5,7 @@ Decode feeds a fixed, seeded sequence of random token ids by default (`feed="ran
 computes the full logits of every step. Greedy decoding of random weights falls into a loop of a
 few tokens whose repeated routing would flatter any cache; `feed="greedy"` is there to see that.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,8 +19,16 @@ import numpy as np
 from .cachesim import TraceRecorder
 
 FEEDS = ("random", "greedy")
-COUNTERS = ("requests", "hits", "misses", "bytes_read", "read_seconds", "prefetched", "prefetch_hits",
-            "prefetch_cancelled")
+COUNTERS = (
+    "requests",
+    "hits",
+    "misses",
+    "bytes_read",
+    "read_seconds",
+    "prefetched",
+    "prefetch_hits",
+    "prefetch_cancelled",
+)
 
 
 @dataclass
@@ -80,8 +89,14 @@ def timed_prefill(engine, ids: np.ndarray) -> dict:
     t = time.perf_counter()
     logits = engine.forward(ids)
     dt = time.perf_counter() - t
-    return {"tokens": len(ids), "ttft_s": dt, "tok_s": len(ids) / dt, "next": int(np.argmax(logits[-1])),
-            "others_cpu": others_cpu(mark), **_since(engine, c)}
+    return {
+        "tokens": len(ids),
+        "ttft_s": dt,
+        "tok_s": len(ids) / dt,
+        "next": int(np.argmax(logits[-1])),
+        "others_cpu": others_cpu(mark),
+        **_since(engine, c),
+    }
 
 
 def timed_decode(engine, first: int, feed: np.ndarray | None, n: int) -> dict:
@@ -124,8 +139,10 @@ def run_workload(engine, w: Workload, recorder: TraceRecorder | None = None) -> 
         if n not in prefills:
             prefills[n] = [timed_prefill(engine, prompt[:n])]
     engine.reset()
-    return {"decode": summarize_decode(decodes), "prefill": {str(n): summarize_prefill(r) for n, r in prefills.items()
-                                                             if n in w.prefill_tokens}}
+    return {
+        "decode": summarize_decode(decodes),
+        "prefill": {str(n): summarize_prefill(r) for n, r in prefills.items() if n in w.prefill_tokens},
+    }
 
 
 def summarize_decode(runs: list[dict]) -> dict:
@@ -142,9 +159,13 @@ def summarize_decode(runs: list[dict]) -> dict:
         "prefetch_recall": sums["prefetch_hits"] / sums["misses"] if sums["misses"] else None,
         "prefetch_precision": sums["prefetch_hits"] / sums["prefetched"] if sums["prefetched"] else None,
         # bytes_read counts the prefetches that were used; the others were read for nothing
-        "prefetch_wasted_mb_per_token": ((sums["prefetched"] - sums["prefetch_hits"] - sums["prefetch_cancelled"])
-                                         * sums["bytes_read"]
-                                         / max(1, sums["misses"]) / tokens / 1e6),
+        "prefetch_wasted_mb_per_token": (
+            (sums["prefetched"] - sums["prefetch_hits"] - sums["prefetch_cancelled"])
+            * sums["bytes_read"]
+            / max(1, sums["misses"])
+            / tokens
+            / 1e6
+        ),
         "others_cpu_max": max(r["others_cpu"] for r in runs),
     }
 

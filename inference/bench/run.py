@@ -15,6 +15,7 @@ on a 2-core board, OpenBLAS's idle threads and OpenMP workers spinning between k
 the cores the other threads need, and decode measured 4–8× slower with the defaults. The values
 used are part of the result (`env`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,13 +36,43 @@ from .measure import Workload, cpu_mark, others_cpu, peak_rss_bytes, run_workloa
 EFFICIENCY_FORMULA = "decode_tok_s / min(io_bound_tok_s, compute_only_tok_s)"
 # the JSON's fields as dotted paths (`prefill.N` for each timed prompt length N)
 REQUIRED_FIELDS = (
-    "store", "architecture", "router", "engine.slots", "engine.policy", "engine.io", "engine.verify_experts",
-    "engine.threads", "engine.memory_budget", "workload", "load.before", "load.after", "load.cpu_busy_before",
-    "env", "cgroup",
-    "decode.tok_s", "decode.runs", "decode.others_cpu_max", "decode.hit_rate", "decode.expert_mb_per_token", "decode.io_wait_ms_per_token",
-    "peak_rss_bytes", "bounds.read_bandwidth_bytes_per_s", "bounds.read", "bounds.miss_bytes_per_token",
-    "bounds.io_bound_tok_s", "bounds.compute_only_tok_s", "bounds.compute", "bounds.efficiency", "bounds.fault",
-    "bounds.efficiency_formula", "ttft_bounds", "routing.share", "sweep.slots", "sweep.lfu", "sweep.lru", "sweep.belady",
+    "store",
+    "architecture",
+    "router",
+    "engine.slots",
+    "engine.policy",
+    "engine.io",
+    "engine.verify_experts",
+    "engine.threads",
+    "engine.memory_budget",
+    "workload",
+    "load.before",
+    "load.after",
+    "load.cpu_busy_before",
+    "env",
+    "cgroup",
+    "decode.tok_s",
+    "decode.runs",
+    "decode.others_cpu_max",
+    "decode.hit_rate",
+    "decode.expert_mb_per_token",
+    "decode.io_wait_ms_per_token",
+    "peak_rss_bytes",
+    "bounds.read_bandwidth_bytes_per_s",
+    "bounds.read",
+    "bounds.miss_bytes_per_token",
+    "bounds.io_bound_tok_s",
+    "bounds.compute_only_tok_s",
+    "bounds.compute",
+    "bounds.efficiency",
+    "bounds.fault",
+    "bounds.efficiency_formula",
+    "ttft_bounds",
+    "routing.share",
+    "sweep.slots",
+    "sweep.lfu",
+    "sweep.lru",
+    "sweep.belady",
     "sweep.check",
 )
 GiB = 2**30
@@ -68,8 +99,11 @@ class BenchOptions:
         d = dict(d)
         wl = dict(d.pop("workload"))
         wl["prefill_tokens"] = tuple(wl["prefill_tokens"])
-        return cls(engine=EngineConfig(**d.pop("engine")), workload=Workload(**wl),
-                   **{k: tuple(v) if k == "sweep" else v for k, v in d.items()})
+        return cls(
+            engine=EngineConfig(**d.pop("engine")),
+            workload=Workload(**wl),
+            **{k: tuple(v) if k == "sweep" else v for k, v in d.items()},
+        )
 
 
 # --- the child processes ----------------------------------------------------------------------
@@ -95,26 +129,38 @@ def child_streaming(store: Path, o: BenchOptions) -> dict:
         rec = engine.model.experts = TraceRecorder(engine.model.experts)
     out = run_workload(engine, o.workload, rec)
     st = engine.expert_stats
-    out["engine"] = {"slots": engine.slots, "policy": e.policy if rec else None, "io": st.get("io"),
-                     "verify_experts": e.verify_experts if rec else None, "threads": e.threads or get_threads(),
-                     "memory_budget": engine.cfg.memory_budget, "chunk": e.chunk,
-                     "prefetch": e.prefetch if rec else None, "kv_dtype": e.kv_dtype,
-                     "activations": e.activations or get_activations(), "kernels": BACKEND}
+    out["engine"] = {
+        "slots": engine.slots,
+        "policy": e.policy if rec else None,
+        "io": st.get("io"),
+        "verify_experts": e.verify_experts if rec else None,
+        "threads": e.threads or get_threads(),
+        "memory_budget": engine.cfg.memory_budget,
+        "chunk": e.chunk,
+        "prefetch": e.prefetch if rec else None,
+        "kv_dtype": e.kv_dtype,
+        "activations": e.activations or get_activations(),
+        "kernels": BACKEND,
+    }
     out["peak_rss_bytes"] = peak_rss_bytes()
     if rec is not None:
         out["trace"] = [[c.phase, c.layer, list(c.experts), c.misses] for c in rec.calls]
         engine.close()
         batches = [(c.layer, c.misses) for c in rec.calls if c.phase == "decode" and c.misses]
         out["drop_caches"] = drop_caches() if o.drop_caches else False
-        out["read"] = read_bandwidth(engine.store, batches, io=e.io, seconds=o.bandwidth_seconds,
-                                     seed=o.workload.seed + 2)
+        out["read"] = read_bandwidth(
+            engine.store, batches, io=e.io, seconds=o.bandwidth_seconds, seed=o.workload.seed + 2
+        )
         if o.drop_caches:
             drop_caches()
         after = best_bandwidth(engine.store, seconds=o.bandwidth_seconds, seed=o.workload.seed + 3)
         runs = [r for r in (before, after) if r and r["bytes_per_s"]]
         best = max(runs, key=lambda r: r["bytes_per_s"]) if runs else after
-        out["read"]["sustained"] = {**best, "runs_bytes_per_s": [r["bytes_per_s"] for r in runs],
-                                    "when": "before the runs" if best is before else "after the runs"}
+        out["read"]["sustained"] = {
+            **best,
+            "runs_bytes_per_s": [r["bytes_per_s"] for r in runs],
+            "when": "before the runs" if best is before else "after the runs",
+        }
     return out
 
 
@@ -130,22 +176,33 @@ def child_compute(store: Path, o: BenchOptions) -> dict:
     need = Store(store).total_bytes() + GiB
     avail = meminfo()["MemAvailable"]
     if avail < need:
-        return {"mode": "skipped", "reason": f"needs {need / GiB:.1f} GiB of free RAM for the whole store, "
-                                             f"{avail / GiB:.1f} GiB available"}
+        return {
+            "mode": "skipped",
+            "reason": f"needs {need / GiB:.1f} GiB of free RAM for the whole store, {avail / GiB:.1f} GiB available",
+        }
     e = o.engine  # everything resident: no budget, no slots, no prefetch
     engine = Engine.open(store, **{**dataclasses.asdict(e), "memory_budget": None, "expert_slots": None, "prefetch": 0})
     t = time.perf_counter()
     warm(engine.store)
     warm_s = time.perf_counter() - t
-    w = dataclasses.replace(o.workload, runs=1, decode_tokens=o.compute_tokens,
-                            prefill_tokens=tuple(sorted({o.workload.prompt_tokens, *o.workload.prefill_tokens})))
+    w = dataclasses.replace(
+        o.workload,
+        runs=1,
+        decode_tokens=o.compute_tokens,
+        prefill_tokens=tuple(sorted({o.workload.prompt_tokens, *o.workload.prefill_tokens})),
+    )
     majflt = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
     r = run_workload(engine, w)
-    return {"mode": "resident", "tok_s": r["decode"]["tok_s"], "tokens": o.compute_tokens,
-            "prefill_tok_s": r["prefill"][str(w.prompt_tokens)]["tok_s"], "warm_s": warm_s,
-            "prefill_ttft_s": {n: p["ttft_s"] for n, p in r["prefill"].items()},
-            "others_cpu": r["decode"]["others_cpu_max"],
-            "major_faults": resource.getrusage(resource.RUSAGE_SELF).ru_majflt - majflt}
+    return {
+        "mode": "resident",
+        "tok_s": r["decode"]["tok_s"],
+        "tokens": o.compute_tokens,
+        "prefill_tok_s": r["prefill"][str(w.prompt_tokens)]["tok_s"],
+        "warm_s": warm_s,
+        "prefill_ttft_s": {n: p["ttft_s"] for n, p in r["prefill"].items()},
+        "others_cpu": r["decode"]["others_cpu_max"],
+        "major_faults": resource.getrusage(resource.RUSAGE_SELF).ru_majflt - majflt,
+    }
 
 
 CHILDREN = {"streaming": child_streaming, "compute": child_compute}
@@ -180,8 +237,9 @@ def cpu_busy(seconds: float = 1.0) -> float:
 
 
 # --- the parent -------------------------------------------------------------------------------
-def run_bench(store: Path, o: BenchOptions, *, json_out: str | None = None, trace_out: str | None = None,
-              echo=print) -> dict:
+def run_bench(
+    store: Path, o: BenchOptions, *, json_out: str | None = None, trace_out: str | None = None, echo=print
+) -> dict:
     """Measure `store` (see the module docstring); print the table, write JSON; return the result."""
     from ..engine import parse_size
     from ..store import Store
@@ -190,8 +248,10 @@ def run_bench(store: Path, o: BenchOptions, *, json_out: str | None = None, trac
     st = Store(store)
     budget = o.engine.memory_budget
     if o.cgroup_memory and budget and budget > parse_size(o.cgroup_memory):
-        raise RkmojoError(f"--memory-budget {budget / 2**30:.2f} GiB is more than --cgroup-memory {o.cgroup_memory}; "
-                          "the engine would be OOM-killed: give it a budget within the limit")
+        raise RkmojoError(
+            f"--memory-budget {budget / 2**30:.2f} GiB is more than --cgroup-memory {o.cgroup_memory}; "
+            "the engine would be OOM-killed: give it a budget within the limit"
+        )
     load_before, busy_before = os.getloadavg(), cpu_busy()
     with tempfile.TemporaryDirectory(prefix="rkmojo-bench-") as tmp:
         if o.cgroup_memory:
@@ -203,8 +263,13 @@ def run_bench(store: Path, o: BenchOptions, *, json_out: str | None = None, trac
         c = _spawn("compute", st.path, o, Path(tmp))[0] if streaming and o.compute_bound else None
     calls = [Call(p, l, tuple(e), m) for p, l, e, m in s.pop("trace", [])]
     r = combine(st, o, s, c, calls, use)
-    r["load"] = {"before": list(load_before), "after": list(os.getloadavg()), "cpus": os.cpu_count(),
-                 "cpu_busy_before": busy_before, "cpu_busy_after": cpu_busy()}
+    r["load"] = {
+        "before": list(load_before),
+        "after": list(os.getloadavg()),
+        "cpus": os.cpu_count(),
+        "cpu_busy_before": busy_before,
+        "cpu_busy_after": cpu_busy(),
+    }
     r["env"] = {k: child_env()[k] for k in CHILD_ENV}
     if trace_out and calls:
         Path(trace_out).write_text(json.dumps([[c.phase, c.layer, list(c.experts), c.misses] for c in calls]))
@@ -235,13 +300,24 @@ def combine(st, o: BenchOptions, s: dict, c: dict | None, calls: list[Call], use
     bounds = [b for b in (io_bound, compute) if b]
     n_experts = max((l.n_experts for l in st.expert_layers.values()), default=0)
     r = {
-        "store": str(st.path), "architecture": st.architecture, "router": router_label(st),
-        "source": st.manifest.get("source"), "engine": s["engine"], "workload": o.workload.as_dict(),
-        "cgroup": use, "decode": dec, "prefill": s["prefill"], "peak_rss_bytes": s["peak_rss_bytes"],
+        "store": str(st.path),
+        "architecture": st.architecture,
+        "router": router_label(st),
+        "source": st.manifest.get("source"),
+        "engine": s["engine"],
+        "workload": o.workload.as_dict(),
+        "cgroup": use,
+        "decode": dec,
+        "prefill": s["prefill"],
+        "peak_rss_bytes": s["peak_rss_bytes"],
         "bounds": {
-            "read_bandwidth_bytes_per_s": bw, "read": {**s.get("read", {}), "drop_caches": s.get("drop_caches")},
-            "miss_bytes_per_token": miss, "io_bound_tok_s": io_bound, "compute_only_tok_s": compute,
-            "compute": c, "efficiency": dec["tok_s"] / min(bounds) if bounds else None,
+            "read_bandwidth_bytes_per_s": bw,
+            "read": {**s.get("read", {}), "drop_caches": s.get("drop_caches")},
+            "miss_bytes_per_token": miss,
+            "io_bound_tok_s": io_bound,
+            "compute_only_tok_s": compute,
+            "compute": c,
+            "efficiency": dec["tok_s"] / min(bounds) if bounds else None,
             "efficiency_formula": _formula(io_bound, compute),
             # above 1.0 the engine beat a bound: the bound was mismeasured, never a result
             "fault": (dec["tok_s"] / min(bounds) > 1.0) if bounds else None,
@@ -255,8 +331,12 @@ def combine(st, o: BenchOptions, s: dict, c: dict | None, calls: list[Call], use
         r["sweep"] = sweep(calls, n_experts, sizes)
         eng = s["engine"]
         sim = replay(calls, n_experts, eng["slots"], eng["policy"])
-        r["sweep"]["check"] = {"slots": eng["slots"], "policy": eng["policy"],
-                               "simulated": hit_rate(sim), "measured": dec["hit_rate"]}
+        r["sweep"]["check"] = {
+            "slots": eng["slots"],
+            "policy": eng["policy"],
+            "simulated": hit_rate(sim),
+            "measured": dec["hit_rate"],
+        }
     return r
 
 
@@ -270,8 +350,12 @@ def ttft_bounds(st, prefill: dict, bw: float | None, c: dict | None) -> dict:
         resident_s = ((c or {}).get("prefill_ttft_s") or {}).get(n)
         parts = [x for x in (read_s, resident_s) if x]
         bound = max(parts) if parts else None
-        out[n] = {"bound_s": bound, "read_all_experts_s": read_s, "resident_s": resident_s,
-                  "ratio": p["ttft_s"] / bound if bound else None}
+        out[n] = {
+            "bound_s": bound,
+            "read_all_experts_s": read_s,
+            "resident_s": resident_s,
+            "ratio": p["ttft_s"] / bound if bound else None,
+        }
     return out
 
 
@@ -293,81 +377,116 @@ def table(r: dict) -> list[str]:
     out = [f"rkmojo bench: {Path(r['store']).name} ({r['architecture']}; router: {r['router']})"]
     if e["slots"]:
         rd = b["read"]
-        out.append(f"{'engine':<14}{e['slots']} slots/layer · {e['policy']} · io {e['io']}"
-                   f"{' (O_DIRECT)' if rd.get('direct') else ''} · verify {e['verify_experts']} · {e['threads']} threads"
-                   f" · {e.get('kernels', '?')} kernels, {e.get('activations', 'f32')} activations")
+        out.append(
+            f"{'engine':<14}{e['slots']} slots/layer · {e['policy']} · io {e['io']}"
+            f"{' (O_DIRECT)' if rd.get('direct') else ''} · verify {e['verify_experts']} · {e['threads']} threads"
+            f" · {e.get('kernels', '?')} kernels, {e.get('activations', 'f32')} activations"
+        )
     else:
-        out.append(f"{'engine':<14}every expert resident (no --expert-slots/--memory-budget) · {e['threads']} threads"
-                   f" · {e.get('kernels', '?')} kernels, {e.get('activations', 'f32')} activations")
+        out.append(
+            f"{'engine':<14}every expert resident (no --expert-slots/--memory-budget) · {e['threads']} threads"
+            f" · {e.get('kernels', '?')} kernels, {e.get('activations', 'f32')} activations"
+        )
     if r.get("load"):
         ld = r["load"]
-        out.append(f"{'load':<14}other processes used {100 * ld['cpu_busy_before']:.0f} % of the {ld['cpus']} CPUs "
-                   f"before, {100 * ld['cpu_busy_after']:.0f} % after; load average {ld['before'][0]:.2f} before, "
-                   f"{ld['after'][0]:.2f} after")
+        out.append(
+            f"{'load':<14}other processes used {100 * ld['cpu_busy_before']:.0f} % of the {ld['cpus']} CPUs "
+            f"before, {100 * ld['cpu_busy_after']:.0f} % after; load average {ld['before'][0]:.2f} before, "
+            f"{ld['after'][0]:.2f} after"
+        )
         out.append(f"{'env':<14}" + " ".join(f"{k}={v}" for k, v in r["env"].items()))
     runs = ", ".join(f"{x['tok_s']:.2f}" for x in d["runs"])
-    out.append(f"{'disturbance':<14}other processes used up to {100 * d['others_cpu_max']:.0f} % of the CPUs "
-               "during a decode run")
-    out.append(f"{'decode':<14}{d['tok_s']:.2f} tok/s  median of {len(d['runs'])} × {w['decode_tokens']} tokens "
-               f"after a {w['prompt_tokens']}-token prompt, {w['feed']} ids ({runs})")
+    out.append(
+        f"{'disturbance':<14}other processes used up to {100 * d['others_cpu_max']:.0f} % of the CPUs "
+        "during a decode run"
+    )
+    out.append(
+        f"{'decode':<14}{d['tok_s']:.2f} tok/s  median of {len(d['runs'])} × {w['decode_tokens']} tokens "
+        f"after a {w['prompt_tokens']}-token prompt, {w['feed']} ids ({runs})"
+    )
     for n, p in r["prefill"].items():
         each = ", ".join(f"{x['ttft_s']:.2f}" for x in p["runs"])
-        out.append(f"{'prefill ' + n:<14}time to first token {p['ttft_s']:.2f} s (median of {len(p['runs'])}: {each} s)"
-                   f" = {p['tok_s']:.1f} tok/s")
+        out.append(
+            f"{'prefill ' + n:<14}time to first token {p['ttft_s']:.2f} s (median of {len(p['runs'])}: {each} s)"
+            f" = {p['tok_s']:.1f} tok/s"
+        )
     if e["slots"]:
-        out.append(f"{'experts':<14}hit rate {_pct(d['hit_rate']).strip()} · {d['expert_mb_per_token']:.0f} MB read "
-                   f"per token · IO wait {d['io_wait_ms_per_token']:.0f} ms per token")
+        out.append(
+            f"{'experts':<14}hit rate {_pct(d['hit_rate']).strip()} · {d['expert_mb_per_token']:.0f} MB read "
+            f"per token · IO wait {d['io_wait_ms_per_token']:.0f} ms per token"
+        )
     mem = f"peak RSS {r['peak_rss_bytes'] / GiB:.2f} GiB"
     if r["cgroup"]:
         g = r["cgroup"]
-        mem += (f" · cgroup peak {g['max_usage_bytes'] / GiB:.2f} of {g['limit_bytes'] / GiB:.2f} GiB "
-                f"(page cache included), limit hit {g['failcnt']}×, OOM kills {g['oom_kills']}")
+        mem += (
+            f" · cgroup peak {g['max_usage_bytes'] / GiB:.2f} of {g['limit_bytes'] / GiB:.2f} GiB "
+            f"(page cache included), limit hit {g['failcnt']}×, OOM kills {g['oom_kills']}"
+        )
     if d.get("prefetched"):
-        out.append(f"{'prefetch':<14}{e['prefetch']} slots per layer · {d['prefetch_recall']:.0%} of the misses were "
-                   f"prefetched · {d['prefetch_precision']:.0%} of the prefetches were used · "
-                   f"{d['prefetch_wasted_mb_per_token']:.0f} MB per token read and not used")
+        out.append(
+            f"{'prefetch':<14}{e['prefetch']} slots per layer · {d['prefetch_recall']:.0%} of the misses were "
+            f"prefetched · {d['prefetch_precision']:.0%} of the prefetches were used · "
+            f"{d['prefetch_wasted_mb_per_token']:.0f} MB per token read and not used"
+        )
     out.append(f"{'memory':<14}{mem}")
     if not e["slots"]:
         return out
     rd = b["read"]
     if b["io_bound_tok_s"]:
         su = rd.get("sustained") or {}
-        out.append(f"{'IO bound':<14}{b['io_bound_tok_s']:.2f} tok/s = {b['read_bandwidth_bytes_per_s'] / 1e9:.2f} GB/s "
-                   f"/ {b['miss_bytes_per_token'] / 1e6:.0f} MB per token; the faster of: {rd['bytes_per_s'] / 1e9:.2f} "
-                   f"GB/s ({rd['io']}, {rd['mean_batch']:.1f} random blobs per batch as in decode) and "
-                   + (f"{su['bytes_per_s'] / 1e9:.2f} GB/s (random expert-sized O_DIRECT reads, the best of 1-64 "
-                      f"in flight: {su['depth']}; the faster of {len(su.get('runs_bytes_per_s', [1]))} sweeps before "
-                      "and after the runs)" if su.get("bytes_per_s")
-                      else "no sustained measurement")
-                   + f"; caches {'dropped' if rd.get('drop_caches') else 'not dropped'}")
+        out.append(
+            f"{'IO bound':<14}{b['io_bound_tok_s']:.2f} tok/s = {b['read_bandwidth_bytes_per_s'] / 1e9:.2f} GB/s "
+            f"/ {b['miss_bytes_per_token'] / 1e6:.0f} MB per token; the faster of: {rd['bytes_per_s'] / 1e9:.2f} "
+            f"GB/s ({rd['io']}, {rd['mean_batch']:.1f} random blobs per batch as in decode) and "
+            + (
+                f"{su['bytes_per_s'] / 1e9:.2f} GB/s (random expert-sized O_DIRECT reads, the best of 1-64 "
+                f"in flight: {su['depth']}; the faster of {len(su.get('runs_bytes_per_s', [1]))} sweeps before "
+                "and after the runs)"
+                if su.get("bytes_per_s")
+                else "no sustained measurement"
+            )
+            + f"; caches {'dropped' if rd.get('drop_caches') else 'not dropped'}"
+        )
     for n, t in r.get("ttft_bounds", {}).items():
         if t["bound_s"]:
             read = f"{t['read_all_experts_s']:.2f} s" if t["read_all_experts_s"] else "not measured"
             res = f"{t['resident_s']:.2f} s" if t["resident_s"] else "not measured"
-            out.append(f"{'TTFT bound ' + n:<14}{t['bound_s']:.2f} s = max(read every expert once at the disk's best "
-                       f"rate: {read}, the same prefill all-resident: {res}); measured / bound = {t['ratio']:.2f}")
+            out.append(
+                f"{'TTFT bound ' + n:<14}{t['bound_s']:.2f} s = max(read every expert once at the disk's best "
+                f"rate: {read}, the same prefill all-resident: {res}); measured / bound = {t['ratio']:.2f}"
+            )
     c = b["compute"] or {}
     if c.get("mode") == "resident":
-        out.append(f"{'compute bound':<14}{c['tok_s']:.2f} tok/s (every expert resident, page cache warm; "
-                   f"{c['tokens']} tokens, {c['major_faults']} major faults, others used {100 * c['others_cpu']:.0f} % of the CPUs)")
+        out.append(
+            f"{'compute bound':<14}{c['tok_s']:.2f} tok/s (every expert resident, page cache warm; "
+            f"{c['tokens']} tokens, {c['major_faults']} major faults, others used {100 * c['others_cpu']:.0f} % of the CPUs)"
+        )
     elif c:
         out.append(f"{'compute bound':<14}not measured: {c['reason']}")
     if b["efficiency"] is not None and b["efficiency"] > 1.0:
-        out.append(f"{'efficiency':<14}MEASUREMENT FAULT: decode beat its bound ({b['efficiency']:.2f} = "
-                   f"{b['efficiency_formula']}); a bound the engine beats was not measured right, so no efficiency "
-                   "is reported")
+        out.append(
+            f"{'efficiency':<14}MEASUREMENT FAULT: decode beat its bound ({b['efficiency']:.2f} = "
+            f"{b['efficiency_formula']}); a bound the engine beats was not measured right, so no efficiency "
+            "is reported"
+        )
     elif b["efficiency"] is not None:
         out.append(f"{'efficiency':<14}{b['efficiency']:.2f} = {b['efficiency_formula']}")
     ro = r["routing"]
-    out.append(f"{'routing':<14}the {ro['top']} most used experts of a layer take {_pct(ro['share']).strip()} "
-               f"of its decode picks ({_pct(ro['uniform_share']).strip()} for as many uniformly random picks)")
+    out.append(
+        f"{'routing':<14}the {ro['top']} most used experts of a layer take {_pct(ro['share']).strip()} "
+        f"of its decode picks ({_pct(ro['uniform_share']).strip()} for as many uniformly random picks)"
+    )
     sw = r["sweep"]
-    out.append("cache sweep   decode hit rate replayed on this run's routing trace "
-               "(LFU/LRU: the engine's LayerCache; Belady: offline optimum)")
+    out.append(
+        "cache sweep   decode hit rate replayed on this run's routing trace "
+        "(LFU/LRU: the engine's LayerCache; Belady: offline optimum)"
+    )
     out.append(f"{'':>6}{'slots':>8}{'LFU':>10}{'LRU':>10}{'Belady':>10}")
     for i, n in enumerate(sw["slots"]):
         out.append(f"{'':>6}{n:>8}{_pct(sw['lfu'][i]):>10}{_pct(sw['lru'][i]):>10}{_pct(sw['belady'][i]):>10}")
     ck = sw["check"]
-    out.append(f"{'check':<14}simulated {ck['policy']} at {ck['slots']} slots {_pct(ck['simulated']).strip()}, "
-               f"engine measured {_pct(ck['measured']).strip()}")
+    out.append(
+        f"{'check':<14}simulated {ck['policy']} at {ck['slots']} slots {_pct(ck['simulated']).strip()}, "
+        f"engine measured {_pct(ck['measured']).strip()}"
+    )
     return out

@@ -14,6 +14,7 @@ To add an architecture, add an `ArchTable` to `ARCHITECTURES`: a config builder 
 GGUF → internal tensor name table, and which rows need un-permuting. Expected shapes come from the
 model module (`expected_shapes`), as for the safetensors converter.
 """
+
 from __future__ import annotations
 
 import logging
@@ -51,7 +52,10 @@ REQUANT_KIND = "q8"
 CHUNK_VALUES = 16 * 1024 * 1024
 # general.sampling.* → generation_config key
 SAMPLING_KEYS = {
-    "temp": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+    "temp": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
     "penalty_repeat": "repetition_penalty",
 }
 
@@ -79,7 +83,9 @@ def _llama_config(meta: dict, src: str) -> dict:
     head_dim = int(meta.get("llama.attention.key_length") or hidden // heads)
     rope_dim = int(meta.get("llama.rope.dimension_count", head_dim))
     if rope_dim != head_dim:
-        raise ConvertError(f"{src}: partial RoPE (llama.rope.dimension_count={rope_dim}, head_dim={head_dim}) is not supported")
+        raise ConvertError(
+            f"{src}: partial RoPE (llama.rope.dimension_count={rope_dim}, head_dim={head_dim}) is not supported"
+        )
     vocab = meta.get("llama.vocab_size") or len(meta.get("tokenizer.ggml.tokens") or ())
     return {
         "model_type": "llama",
@@ -113,7 +119,9 @@ def _rope_scaling(meta: dict, arch: str, src: str) -> dict | None:
     if kind == "yarn":
         orig = meta.get(f"{arch}.rope.scaling.original_context_length")
         return {"rope_type": "yarn", "factor": float(factor), "original_max_position_embeddings": orig}
-    raise ConvertError(f"{src}: RoPE scaling {kind!r} ({arch}.rope.scaling.type) is not supported; supported: linear, yarn")
+    raise ConvertError(
+        f"{src}: RoPE scaling {kind!r} ({arch}.rope.scaling.type) is not supported; supported: linear, yarn"
+    )
 
 
 LLAMA = ArchTable(
@@ -176,8 +184,10 @@ def convert_gguf(src: Path, out: Path, *, progress: bool = True) -> Path:
     kinds: dict[str, set[str]] = {}
     requantized: dict[str, int] = {}
     total = sum(t.n_bytes for t in reader.tensors)
-    with StoreWriter(out, config["model_type"], config) as w, \
-            progress_bar(total, f"convert {src.name}", progress) as bar:
+    with (
+        StoreWriter(out, config["model_type"], config) as w,
+        progress_bar(total, f"convert {src.name}", progress) as bar,
+    ):
         seen = set()
         for t in reader.tensors:
             template, internal, cls = _internal_name(table, t.name, config, str(src))
@@ -196,7 +206,9 @@ def convert_gguf(src: Path, out: Path, *, progress: bool = True) -> Path:
             if qt.kind == REQUANT_KIND:
                 requantized[t.tensor_type.name] = requantized.get(t.tensor_type.name, 0) + 1
             bar.update(t.n_bytes)
-        missing = sorted(n for n in expected if n not in seen and not (n == "lm_head" and config["tie_word_embeddings"]))
+        missing = sorted(
+            n for n in expected if n not in seen and not (n == "lm_head" and config["tie_word_embeddings"])
+        )
         if missing:
             raise ConvertError(
                 f"{src}: tensor {_gguf_name(table, missing[0])} missing ({len(missing)} missing); "
@@ -207,8 +219,10 @@ def convert_gguf(src: Path, out: Path, *, progress: bool = True) -> Path:
         if requantized:
             quant["requantized"] = ",".join(f"{k}->{REQUANT_KIND}" for k in sorted(requantized))
             log.warning(
-                "%s: re-quantized %s to %s (GGUF types kept as they are: %s)", src,
-                ", ".join(f"{n} {k} tensors" for k, n in sorted(requantized.items())), REQUANT_KIND,
+                "%s: re-quantized %s to %s (GGUF types kept as they are: %s)",
+                src,
+                ", ".join(f"{n} {k} tensors" for k, n in sorted(requantized.items())),
+                REQUANT_KIND,
                 ", ".join(k.name for k in KEPT),
             )
         w.set_quantization(quant)
@@ -216,8 +230,9 @@ def convert_gguf(src: Path, out: Path, *, progress: bool = True) -> Path:
         w.set_source(_source(meta, src))
         for name, data in tok.files().items():
             w.add_tokenizer_file(name, data)
-        w.set_tokenizer_info(chat_template=tok.chat_template, bos_token_id=tok.bos_token_id,
-                             eos_token_ids=tok.eos_token_ids)
+        w.set_tokenizer_info(
+            chat_template=tok.chat_template, bos_token_id=tok.bos_token_id, eos_token_ids=tok.eos_token_ids
+        )
         return w.finish()
 
 
@@ -266,15 +281,19 @@ def _diagnose(src: Path, size: int, err: Exception) -> str:
 
 
 def _truncated(src: Path, name: str, offset: int, n: int, size: int) -> str:
-    return (f"{src}: truncated GGUF: tensor {name} needs bytes {offset}..{offset + n} but the file has {size}; "
-            "download the file again")
+    return (
+        f"{src}: truncated GGUF: tensor {name} needs bytes {offset}..{offset + n} but the file has {size}; "
+        "download the file again"
+    )
 
 
 def _metadata(reader: GGUFReader, src: Path) -> dict:
     try:
         return {k: f.contents() for k, f in reader.fields.items()}
     except (ValueError, UnicodeDecodeError) as e:
-        raise ModelFormatError(f"{src}: unreadable GGUF metadata ({e}); the file is corrupt, download it again") from None
+        raise ModelFormatError(
+            f"{src}: unreadable GGUF metadata ({e}); the file is corrupt, download it again"
+        ) from None
 
 
 # --- tensors ------------------------------------------------------------------------------------
@@ -318,8 +337,10 @@ def _to_qtensor(t, shape: tuple[int, ...], heads: int | None) -> QTensor:
             arr = arr[perm]
         return QTensor(kind, shape, {"w" if kind in ("f32", "f16") else "blocks": arr})
     step = max(1, CHUNK_VALUES // shape[1])
-    chunks = [quantize(gguf_dequantize(t.data[r:r + step], t.tensor_type).reshape(-1, shape[1]), REQUANT_KIND)
-              for r in range(0, shape[0], step)]
+    chunks = [
+        quantize(gguf_dequantize(t.data[r : r + step], t.tensor_type).reshape(-1, shape[1]), REQUANT_KIND)
+        for r in range(0, shape[0], step)
+    ]
     q = np.concatenate([c.parts["q"] for c in chunks])
     scales = np.concatenate([c.parts["scales"] for c in chunks])
     if perm is not None:

@@ -6,6 +6,7 @@ in row blocks, and written before the next one is touched. The safetensors heade
 return bfloat16 — the dtype of most released checkpoints — and we need the byte offsets to
 memory-map tensors and to detect truncated files before reading them.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,14 @@ from ..store import StoreWriter
 from .progress import progress_bar
 
 DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "F64": np.float64}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "chat_template.jinja", "chat_template.json", "generation_config.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+)
 ROW_BLOCK = 1024  # rows quantized at a time: bounds the float32 temporaries
 
 
@@ -62,7 +69,9 @@ class Shard:
         t = self.tensors[name]
         dt = DTYPES.get(t["dtype"])
         if dt is None:
-            raise ConvertError(f"{self.path}: tensor {name} has dtype {t['dtype']}; only F32/F16/BF16 checkpoints convert")
+            raise ConvertError(
+                f"{self.path}: tensor {name} has dtype {t['dtype']}; only F32/F16/BF16 checkpoints convert"
+            )
         a, b = t["data_offsets"]
         buf = np.empty(b - a, np.uint8)
         with open(self.path, "rb", buffering=0) as f:
@@ -133,14 +142,16 @@ class NameTable:
         """(internal name, class) for a checkpoint name; (None, None) for tensors to skip."""
         for old, new in self.prefixes.items():
             if name.startswith(old):
-                name = new + name[len(old):]
+                name = new + name[len(old) :]
         if any(d.match(name) for d in self.drop):
             return None, None
         for rx, new, cls in self.rules:
             m = rx.match(name)
             if m:
                 return (new.format(*m.groups()) if new else None), cls
-        raise ConvertError(f"tensor {name}: not part of this architecture's name table; is config.json's model_type right?")
+        raise ConvertError(
+            f"tensor {name}: not part of this architecture's name table; is config.json's model_type right?"
+        )
 
 
 def kind_for(cls: str, quant: str, shape: tuple) -> str:
@@ -165,8 +176,9 @@ def quantize_rows(a: np.ndarray, bf16: bool, kind: str) -> QTensor:
     return QTensor(kind, tuple(a.shape), parts)
 
 
-def convert_hf(src: Path, out: Path, quant: str = "q4", *, progress: bool = True, shards=None,
-               writer=StoreWriter) -> Path:
+def convert_hf(
+    src: Path, out: Path, quant: str = "q4", *, progress: bool = True, shards=None, writer=StoreWriter
+) -> Path:
     """Convert the checkpoint directory `src` into a store at `out`.
 
     Args:
@@ -197,14 +209,17 @@ def convert_hf(src: Path, out: Path, quant: str = "q4", *, progress: bool = True
 
     total = sum(sum(t["data_offsets"][1] - t["data_offsets"][0] for t in s.tensors.values()) for s in shards)
     cfg = dict(cfg, model_type=models.canonical(model_type))
-    with writer(out, models.canonical(model_type), cfg) as w, \
-            progress_bar(total, f"convert {src.name}", progress) as bar:
+    with (
+        writer(out, models.canonical(model_type), cfg) as w,
+        progress_bar(total, f"convert {src.name}", progress) as bar,
+    ):
         w.set_quantization(kinds)
         w.set_source({"type": "safetensors", "path": str(src), "model_type": model_type})
         for layer in moe_layers:
             shapes = args.expert_shapes()
-            w.begin_expert_layer(layer, args.num_experts,
-                                 {n: (kind_for("expert", quant, s), s) for n, s in shapes.items()})
+            w.begin_expert_layer(
+                layer, args.num_experts, {n: (kind_for("expert", quant, s), s) for n, s in shapes.items()}
+            )
         seen = set()
         for shard in shards:
             for name, meta in shard.tensors.items():
@@ -241,8 +256,9 @@ def convert_hf(src: Path, out: Path, quant: str = "q4", *, progress: bool = True
         return w.finish()
 
 
-def _write_experts(w: StoreWriter, args, internal: str, cls: str, a: np.ndarray, bf16: bool, quant: str,
-                   path: Path, name: str) -> None:
+def _write_experts(
+    w: StoreWriter, args, internal: str, cls: str, a: np.ndarray, bf16: bool, quant: str, path: Path, name: str
+) -> None:
     _, layer, e, which = internal.split(":")
     layer = int(layer)
     shapes = args.expert_shapes()

@@ -7,6 +7,7 @@ has slots (prefill, or tiny caches), it works in tiles. The math is the caller's
 its results do not depend on the order experts arrive in, so every cache setting gives the same
 bits as the all-resident run.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -62,8 +63,17 @@ class StreamingExperts:
         verify: digest check of blobs: "off", "first" (first load of each blob) or "always".
     """
 
-    def __init__(self, store, slots: int, *, policy: str = "lfu", io: str = "auto", verify: str = "first",
-                 direct: bool = True, prefetch: int = 0):
+    def __init__(
+        self,
+        store,
+        slots: int,
+        *,
+        policy: str = "lfu",
+        io: str = "auto",
+        verify: str = "first",
+        direct: bool = True,
+        prefetch: int = 0,
+    ):
         if verify not in VERIFY_MODES:
             raise OptionError("verify_experts", verify, f"one of {', '.join(VERIFY_MODES)}")
         if slots < 1:
@@ -213,7 +223,6 @@ class StreamingExperts:
             raise
         return extra
 
-
     def stats(self) -> dict:
         """Per-layer and total cache/IO statistics."""
         total = LayerStats()
@@ -221,8 +230,12 @@ class StreamingExperts:
         for layer, c in sorted(self.caches.items()):
             per[layer] = c.stats.as_dict()
             total.add(c.stats)
-        return {"layers": per, "total": total.as_dict(), "io": self.io_name,
-                "slots": next(iter(self.caches.values())).pool.n if self.caches else 0}
+        return {
+            "layers": per,
+            "total": total.as_dict(),
+            "io": self.io_name,
+            "slots": next(iter(self.caches.values())).pool.n if self.caches else 0,
+        }
 
     def snapshot(self) -> dict[int, CacheSnapshot]:
         """Per MoE layer: its experts' whole-run hits and misses and which experts are held (cache slots,

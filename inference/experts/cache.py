@@ -9,6 +9,7 @@ Besides the layer's totals (`LayerStats`), hits and misses are counted per exper
 `miss_counts`) for the live view's heatmap; `snapshot()` copies them without a lock (another thread
 may read while the engine counts: a copy may be one request behind, never torn across experts).
 """
+
 from __future__ import annotations
 
 import mmap
@@ -65,7 +66,7 @@ class SlotPool:
         self.n = n
         self._map = mmap.mmap(-1, max(1, n * self.slot_bytes), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         self.array = np.frombuffer(self._map, dtype=np.uint8)
-        self.array[:: PAGE] = 0  # touch every page now: the budget is taken up front, not mid-run
+        self.array[::PAGE] = 0  # touch every page now: the budget is taken up front, not mid-run
 
     def view(self, i: int) -> np.ndarray:
         return self.array[i * self.slot_bytes : (i + 1) * self.slot_bytes]

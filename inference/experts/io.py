@@ -9,6 +9,7 @@ Files are opened with `O_DIRECT` (slots are page-aligned, offsets 16 KiB-aligned
 to pages). Where the filesystem refuses `O_DIRECT` (tmpfs), reads are buffered and followed by
 `posix_fadvise(DONTNEED)` so the page cache does not fill with experts. Short reads are retried.
 """
+
 from __future__ import annotations
 
 import errno
@@ -73,7 +74,9 @@ def read_rest(files: LayerFiles, r: ReadRequest, got: int) -> None:
         fd = files.fds[r.layer] if aligned else files.buffered[r.layer]
         n = os.preadv(fd, [r.dest[got : r.length]], r.offset + got)
         if n <= 0:
-            raise RkmojoError(f"layer {r.layer} expert {r.expert}: read past end of the layer file; run `rkmojo verify`")
+            raise RkmojoError(
+                f"layer {r.layer} expert {r.expert}: read past end of the layer file; run `rkmojo verify`"
+            )
         got += n
 
 
@@ -208,10 +211,9 @@ class UringBatch:
             self.mine.discard(rid)
 
 
-_URING_PROBE = ("import liburing\n"
-                "r = liburing.Ring()\n"
-                "liburing.io_uring_queue_init(4, r, 0)\n"
-                "liburing.io_uring_queue_exit(r)\n")
+_URING_PROBE = (
+    "import liburing\nr = liburing.Ring()\nliburing.io_uring_queue_init(4, r, 0)\nliburing.io_uring_queue_exit(r)\n"
+)
 
 
 @functools.cache
@@ -223,8 +225,13 @@ def uring_problem() -> str | None:
     ring, which no `except` can catch.
     """
     try:
-        r = subprocess.run([sys.executable, "-c", _URING_PROBE], capture_output=True, text=True, timeout=60,
-                           env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        r = subprocess.run(
+            [sys.executable, "-c", _URING_PROBE],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"the io_uring probe did not run: {e}"
     if r.returncode == 0:

@@ -7,6 +7,7 @@ while the worker is idle, and LFU starts from those counts instead of from zero.
 The file is NumPy's `.npz` (no pickles): `digest` (the store's, so another model's counts are never
 used), and `layer_NN` int64 arrays [experts]. It is written to a temporary name and renamed.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,7 +30,9 @@ def save(path: str | os.PathLike, digest: str, counts: dict[int, np.ndarray]) ->
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
-            np.savez(f, digest=np.array(digest), **{f"layer_{l:02d}": np.asarray(c, np.int64) for l, c in counts.items()})
+            np.savez(
+                f, digest=np.array(digest), **{f"layer_{l:02d}": np.asarray(c, np.int64) for l, c in counts.items()}
+            )
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -50,5 +53,7 @@ def load(path: str | os.PathLike, digest: str) -> dict[int, np.ndarray] | None:
                 return None
             return {int(k[6:]): z[k].astype(np.int64) for k in z.files if k.startswith("layer_")}
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
-        raise PopularityError(f"{path}: not a readable expert popularity file ({e}); delete it, the worker "
-                              "writes a new one as the model runs") from None
+        raise PopularityError(
+            f"{path}: not a readable expert popularity file ({e}); delete it, the worker "
+            "writes a new one as the model runs"
+        ) from None

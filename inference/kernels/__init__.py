@@ -14,6 +14,7 @@ x86 so one machine times each path); RKMOJO_ACTIVATIONS the starting activation 
 Raises:
     ImportError: at import, when the compiled library has not been built (`pip install -e .`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -24,8 +25,22 @@ import numpy as np
 from ..quant import QTensor, dequantize
 from ._lib import ACTIVATIONS, DEFAULT_ACTIVATIONS, KernelLib, load_build
 
-__all__ = ["ACTIVATIONS", "BACKEND", "DOT", "attention", "embed_rows", "get_activations", "get_threads", "linear",
-           "configured", "linear_grouped", "linear_many", "pool_stats", "set_activations", "set_threads"]
+__all__ = [
+    "ACTIVATIONS",
+    "BACKEND",
+    "DOT",
+    "attention",
+    "embed_rows",
+    "get_activations",
+    "get_threads",
+    "linear",
+    "configured",
+    "linear_grouped",
+    "linear_many",
+    "pool_stats",
+    "set_activations",
+    "set_threads",
+]
 
 _LIB = KernelLib(*load_build(os.environ.get("RKMOJO_KERNELS", "")))
 _LIB.set_threads(os.cpu_count() or 1)
@@ -87,8 +102,9 @@ def linear_grouped(pairs) -> list[np.ndarray]:
     return _LIB.linear_grouped(pairs)
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, kpos: np.ndarray, qpos: np.ndarray,
-              window: int | None, scale: float) -> np.ndarray:
+def attention(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, kpos: np.ndarray, qpos: np.ndarray, window: int | None, scale: float
+) -> np.ndarray:
     """Causal, optionally windowed, grouped-query attention in float32.
 
     Args:

@@ -6,6 +6,7 @@ calls per token and ctypes' argument conversion took ~3 µs of each. Other build
 (the portable C one the tests load) are called through ctypes with pointers. Either way the GIL is
 released for the whole computation, so expert IO threads keep running while a matmul computes.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -106,7 +107,9 @@ def default_library_path() -> Path:
 
 
 @functools.lru_cache(maxsize=4096)
-def _plan(kind: str, shape: tuple[int, ...]) -> tuple[int, Callable[[dict], tuple], tuple[tuple[str, np.dtype, int], ...]]:
+def _plan(
+    kind: str, shape: tuple[int, ...]
+) -> tuple[int, Callable[[dict], tuple], tuple[tuple[str, np.dtype, int], ...]]:
     """The kernel's code for `kind`, a getter of its parts (a tuple in argument order) from a parts
     dict, and (name, dtype, element count) of each part.
 
@@ -182,8 +185,25 @@ class KernelLib:
         lib.rk_backend.restype = ctypes.c_char_p
         lib.rk_dot.argtypes = []
         lib.rk_dot.restype = ctypes.c_char_p
-        lib.rk_attention.argtypes = [i64, i64, i64, i64, i64, i64, vp, ctypes.c_int, vp, i64, vp, i64, vp, vp, i64,
-                                     ctypes.c_float, vp]
+        lib.rk_attention.argtypes = [
+            i64,
+            i64,
+            i64,
+            i64,
+            i64,
+            i64,
+            vp,
+            ctypes.c_int,
+            vp,
+            i64,
+            vp,
+            i64,
+            vp,
+            vp,
+            i64,
+            ctypes.c_float,
+            vp,
+        ]
         lib.rk_attention.restype = ctypes.c_int
         lib.rk_pool_stats.argtypes = [vp]
         lib.rk_pool_stats.restype = None
@@ -196,7 +216,7 @@ class KernelLib:
         self._flag = self._group_flag = 0  # kind-code flags of linear/linear_many and of linear_grouped
 
     def set_activations(self, mode: str) -> None:
-        """"f32" (float activations), "q8" (int8 per block of 32 for the q4/q4_0/q4_1/q8_0 weights) or
+        """ "f32" (float activations), "q8" (int8 per block of 32 for the q4/q4_0/q4_1/q8_0 weights) or
         "experts" (int8 in linear_grouped calls only).
 
         Raises:
@@ -305,8 +325,10 @@ class KernelLib:
             chunk = np.array(desc[i : i + MAX_GROUPED], dtype=np.int64)  # held: _data() takes no reference
             rc = self._lib.rk_linear_grouped(len(chunk), inn, _data(chunk))
             if rc:
-                raise ValueError(f"linear_grouped: the kernel rejected {len(chunk)} matrices of input size {inn}: "
-                                 f"{_ERRORS.get(rc, rc)}")
+                raise ValueError(
+                    f"linear_grouped: the kernel rejected {len(chunk)} matrices of input size {inn}: "
+                    f"{_ERRORS.get(rc, rc)}"
+                )
         return ys
 
     def _lib_linear_into(self, x: np.ndarray, T: int, w: QTensor, y: np.ndarray) -> None:
@@ -315,17 +337,29 @@ class KernelLib:
         if rc:
             raise ValueError(f"linear: the kernel rejected {w.kind} {w.shape} with x {x.shape}: {_ERRORS.get(rc, rc)}")
 
-    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, kpos: np.ndarray, qpos: np.ndarray,
-                  window: int | None, scale: float) -> np.ndarray:
+    def attention(
+        self,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        kpos: np.ndarray,
+        qpos: np.ndarray,
+        window: int | None,
+        scale: float,
+    ) -> np.ndarray:
         """Causal grouped-query attention over held K/V rows (see `inference.kernels.attention`)."""
         if q.ndim != 3 or k.ndim != 3 or v.ndim != 3:
-            raise ValueError(f"attention: q [T, H, D], k [KV, S, D], v [KV, S, Dv]; got {q.shape}, {k.shape}, {v.shape}")
+            raise ValueError(
+                f"attention: q [T, H, D], k [KV, S, D], v [KV, S, Dv]; got {q.shape}, {k.shape}, {v.shape}"
+            )
         T, H, D = q.shape
         KV, S, Dk = k.shape
         Dv = v.shape[2]
         if Dk != D or v.shape[:2] != (KV, S) or H % KV or len(kpos) != S or len(qpos) != T or S == 0:
-            raise ValueError(f"attention: shapes do not fit: q {q.shape}, k {k.shape}, v {v.shape}, "
-                             f"{len(kpos)} key positions, {len(qpos)} query positions")
+            raise ValueError(
+                f"attention: shapes do not fit: q {q.shape}, k {k.shape}, v {v.shape}, "
+                f"{len(kpos)} key positions, {len(qpos)} query positions"
+            )
         if k.dtype != v.dtype or k.dtype not in (_F32, _F16):
             raise ValueError(f"attention: k and v must both be float32 or both float16, got {k.dtype} and {v.dtype}")
         for name, a in (("k", k), ("v", v)):  # heads may be strided (a view of a longer cache); rows not
@@ -336,12 +370,29 @@ class KernelLib:
         kpos = np.ascontiguousarray(kpos, dtype=np.int64)
         qpos = np.ascontiguousarray(qpos, dtype=np.int64)
         out = np.empty((T, H, Dv), _F32)
-        rc = self._lib.rk_attention(T, H, KV, D, Dv, S, _data(q), int(k.dtype == _F16), k.ctypes.data,
-                                    k.strides[0] // k.itemsize, v.ctypes.data, v.strides[0] // v.itemsize, _data(kpos),
-                                    _data(qpos), int(window or 0), float(scale), _data(out))
+        rc = self._lib.rk_attention(
+            T,
+            H,
+            KV,
+            D,
+            Dv,
+            S,
+            _data(q),
+            int(k.dtype == _F16),
+            k.ctypes.data,
+            k.strides[0] // k.itemsize,
+            v.ctypes.data,
+            v.strides[0] // v.itemsize,
+            _data(kpos),
+            _data(qpos),
+            int(window or 0),
+            float(scale),
+            _data(out),
+        )
         if rc:
-            raise ValueError(f"attention: the kernel rejected q {q.shape}, k {k.shape}, v {v.shape}: "
-                             f"{_ERRORS.get(rc, rc)}")
+            raise ValueError(
+                f"attention: the kernel rejected q {q.shape}, k {k.shape}, v {v.shape}: {_ERRORS.get(rc, rc)}"
+            )
         return out
 
     @staticmethod

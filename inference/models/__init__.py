@@ -1,5 +1,6 @@
 """Architectures by Hugging Face `model_type`, each a module with `Args`, `Model`, `HF_NAMES` and
 `expected_shapes`; aliases map checkpoint model types onto the module that runs them."""
+
 from __future__ import annotations
 
 import importlib
@@ -24,9 +25,7 @@ def get(model_type: str) -> ModuleType:
     """
     name = ALIASES.get(model_type)
     if name is None:
-        raise ConvertError(
-            f"architecture {model_type!r} is not supported; supported: {', '.join(sorted(ALIASES))}"
-        )
+        raise ConvertError(f"architecture {model_type!r} is not supported; supported: {', '.join(sorted(ALIASES))}")
     return importlib.import_module(f"{__name__}.{name}")
 
 

@@ -4,6 +4,7 @@ and the model skeleton (embedding → layers in chunks → final norm → LM hea
 Architecture files supply the layer forward and the checkpoint name table; everything here is generic.
 Activations are float32 [T, H] numpy arrays; weights are `QTensor`s multiplied through `kernels.linear`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -67,8 +68,9 @@ def softcap(x: np.ndarray, cap: float | None) -> np.ndarray:
 
 
 # --- RoPE ------------------------------------------------------------------------------------
-def rope_inv_freq(head_dim: int, theta: float, partial: float = 1.0, proportional: bool = False,
-                  factor: float = 1.0) -> np.ndarray:
+def rope_inv_freq(
+    head_dim: int, theta: float, partial: float = 1.0, proportional: bool = False, factor: float = 1.0
+) -> np.ndarray:
     """Inverse frequencies for rotate-half RoPE over `head_dim`.
 
     Default RoPE rotates the first `partial × head_dim` dims with exponents over that width;
@@ -113,8 +115,9 @@ class LayerKV:
     Stored as float32 or float16 (`dtype`; keys and values are rounded to it as they are appended).
     """
 
-    def __init__(self, n_kv: int, head_dim: int, window: int | None, chunk: int, v_dim: int | None = None,
-                 dtype=np.float32):
+    def __init__(
+        self, n_kv: int, head_dim: int, window: int | None, chunk: int, v_dim: int | None = None, dtype=np.float32
+    ):
         self.window = window
         self.cap = window + chunk if window else max(chunk, 256)
         self.k = np.zeros((n_kv, self.cap, head_dim), dtype)

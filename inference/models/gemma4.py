@@ -6,6 +6,7 @@ head size, RoPE θ) and full layers (global head size, K = V when `attention_k_e
 partial RoPE); dense MLP and routed experts side by side, each with its own pre/post norms, summed,
 post-norm, residual, × layer_scalar; final logit softcap.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -13,8 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..kernels import linear
-from .base import (ACTIVATIONS, BaseArgs, KVCache, LayerKV, Transformer, apply_rope, attention, rms_norm,
-                   rope_inv_freq)
+from .base import ACTIVATIONS, BaseArgs, KVCache, LayerKV, Transformer, apply_rope, attention, rms_norm, rope_inv_freq
 from ..experts import ResidentExperts
 from .moe import expert_mlp, lookahead, mixture, softmax, top_k
 
@@ -80,8 +80,9 @@ class Args(BaseArgs):
         if self.num_kv_shared_layers:
             raise ValueError("gemma4: KV-shared layers are not supported")
         if not self.layer_types:
-            self.layer_types = ["sliding_attention" if (i + 1) % 6 else "full_attention"
-                                for i in range(self.num_hidden_layers)]
+            self.layer_types = [
+                "sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(self.num_hidden_layers)
+            ]
         self.rope_parameters = self.rope_parameters or {
             "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
             "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6},
@@ -96,9 +97,12 @@ class Args(BaseArgs):
             return self.head_dim, self.num_key_value_heads
         over = self.per_layer_config.get(str(i)) or self.per_layer_config.get(i) or {}
         d = over.get("head_dim", self.global_head_dim or self.head_dim)
-        kv = over.get("num_key_value_heads",
-                      self.num_global_key_value_heads if self.attention_k_eq_v and self.num_global_key_value_heads
-                      else self.num_key_value_heads)
+        kv = over.get(
+            "num_key_value_heads",
+            self.num_global_key_value_heads
+            if self.attention_k_eq_v and self.num_global_key_value_heads
+            else self.num_key_value_heads,
+        )
         return d, kv
 
     def k_eq_v(self, i: int) -> bool:
@@ -121,16 +125,29 @@ def expected_shapes(a: Args) -> dict[str, tuple]:
     for i in range(a.num_hidden_layers):
         D, kv = a.attn_dims(i)
         p = f"layers.{i}."
-        s.update({p + "attn.q": (a.num_attention_heads * D, H), p + "attn.k": (kv * D, H),
-                  p + "attn.v": (kv * D, H), p + "attn.o": (H, a.num_attention_heads * D),
-                  p + "attn.q_norm": (D,), p + "attn.k_norm": (D,),
-                  p + "mlp.gate": (a.intermediate_size, H), p + "mlp.up": (a.intermediate_size, H),
-                  p + "mlp.down": (H, a.intermediate_size)})
+        s.update(
+            {
+                p + "attn.q": (a.num_attention_heads * D, H),
+                p + "attn.k": (kv * D, H),
+                p + "attn.v": (kv * D, H),
+                p + "attn.o": (H, a.num_attention_heads * D),
+                p + "attn.q_norm": (D,),
+                p + "attn.k_norm": (D,),
+                p + "mlp.gate": (a.intermediate_size, H),
+                p + "mlp.up": (a.intermediate_size, H),
+                p + "mlp.down": (H, a.intermediate_size),
+            }
+        )
         if a.k_eq_v(i):
             del s[p + "attn.v"]
         if a.is_moe(i):
-            s.update({p + "router": (a.num_experts, H), p + "router_scale": (H,),
-                      p + "router_expert_scale": (a.num_experts,)})
+            s.update(
+                {
+                    p + "router": (a.num_experts, H),
+                    p + "router_scale": (H,),
+                    p + "router_expert_scale": (a.num_experts,),
+                }
+            )
     return s
 
 
@@ -145,21 +162,36 @@ class Model(Transformer):
         for kind, rp in args.rope_parameters.items():
             D = args.head_dim if kind == "sliding_attention" else args.attn_dims(args.layer_types.index(kind))[0]
             self.inv_freq[kind] = rope_inv_freq(
-                D, float(rp["rope_theta"]), float(rp.get("partial_rotary_factor", 1.0)),
-                proportional=rp.get("rope_type") == "proportional", factor=float(rp.get("factor", 1.0)))
+                D,
+                float(rp["rope_theta"]),
+                float(rp.get("partial_rotary_factor", 1.0)),
+                proportional=rp.get("rope_type") == "proportional",
+                factor=float(rp.get("factor", 1.0)),
+            )
         self.layers = [self._load_layer(i) for i in range(args.num_hidden_layers)]
 
     def _load_layer(self, i: int) -> dict:
         p = f"layers.{i}."
-        names = ["attn_norm", "post_attn_norm", "mlp_norm", "post_ffn_norm", "layer_scalar",
-                 "attn.q_norm", "attn.k_norm"]
+        names = [
+            "attn_norm",
+            "post_attn_norm",
+            "mlp_norm",
+            "post_ffn_norm",
+            "layer_scalar",
+            "attn.q_norm",
+            "attn.k_norm",
+        ]
         d = {n: self.vec(p + n) for n in names}
         d.update({n: self.w(p + "attn." + n) for n in ("q", "k", "o")})
         d["v"] = None if self.args.k_eq_v(i) else self.w(p + "attn.v")
         d["mlp"] = {n: self.w(p + "mlp." + n) for n in ("gate", "up", "down")}
         if self.args.is_moe(i):
-            d.update({n: self.vec(p + n) for n in ("post_mlp_norm", "moe_norm", "post_moe_norm",
-                                                   "router_scale", "router_expert_scale")})
+            d.update(
+                {
+                    n: self.vec(p + n)
+                    for n in ("post_mlp_norm", "moe_norm", "post_moe_norm", "router_scale", "router_expert_scale")
+                }
+            )
             d["router"] = self.w(p + "router")
             # the router's input scaling folded once: rms_norm(x) × scale × hidden^-½
             d["router_in"] = d["router_scale"] * np.float32(self.args.hidden_size**-0.5)
@@ -167,9 +199,18 @@ class Model(Transformer):
 
     @staticmethod
     def cache_for(a: Args, chunk: int, dtype) -> KVCache:
-        return KVCache([LayerKV(a.attn_dims(i)[1], a.attn_dims(i)[0],
-                                a.sliding_window if a.is_sliding(i) else None, chunk, dtype=dtype)
-                        for i in range(a.num_hidden_layers)])
+        return KVCache(
+            [
+                LayerKV(
+                    a.attn_dims(i)[1],
+                    a.attn_dims(i)[0],
+                    a.sliding_window if a.is_sliding(i) else None,
+                    chunk,
+                    dtype=dtype,
+                )
+                for i in range(a.num_hidden_layers)
+            ]
+        )
 
     def route(self, i: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Top-k expert ids and weights [T, K] from the residual stream x (not the normed input)."""

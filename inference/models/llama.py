@@ -1,12 +1,12 @@
 """Llama (dense): SmolLM2 and friends. RMSNorm, rotate-half RoPE, GQA, SwiGLU MLP."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
 
-from .base import (BaseArgs, KVCache, LayerKV, Transformer, apply_rope, attention, rms_norm,
-                   rope_inv_freq, silu)
+from .base import BaseArgs, KVCache, LayerKV, Transformer, apply_rope, attention, rms_norm, rope_inv_freq, silu
 from .moe import expert_mlp
 
 # checkpoint tensor name → (internal name, tensor class); see inference/convert/hf.py
@@ -49,15 +49,19 @@ def expected_shapes(a: Args) -> dict[str, tuple]:
     H, D = a.hidden_size, a.head_dim
     shapes = {"embed": (a.vocab_size, H), "norm": (H,), "lm_head": (a.vocab_size, H)}
     for i in range(a.num_hidden_layers):
-        shapes.update({
-            f"layers.{i}.attn_norm": (H,), f"layers.{i}.mlp_norm": (H,),
-            f"layers.{i}.attn.q": (a.num_attention_heads * D, H),
-            f"layers.{i}.attn.k": (a.num_key_value_heads * D, H),
-            f"layers.{i}.attn.v": (a.num_key_value_heads * D, H),
-            f"layers.{i}.attn.o": (H, a.num_attention_heads * D),
-            f"layers.{i}.mlp.gate": (a.intermediate_size, H), f"layers.{i}.mlp.up": (a.intermediate_size, H),
-            f"layers.{i}.mlp.down": (H, a.intermediate_size),
-        })
+        shapes.update(
+            {
+                f"layers.{i}.attn_norm": (H,),
+                f"layers.{i}.mlp_norm": (H,),
+                f"layers.{i}.attn.q": (a.num_attention_heads * D, H),
+                f"layers.{i}.attn.k": (a.num_key_value_heads * D, H),
+                f"layers.{i}.attn.v": (a.num_key_value_heads * D, H),
+                f"layers.{i}.attn.o": (H, a.num_attention_heads * D),
+                f"layers.{i}.mlp.gate": (a.intermediate_size, H),
+                f"layers.{i}.mlp.up": (a.intermediate_size, H),
+                f"layers.{i}.mlp.down": (H, a.intermediate_size),
+            }
+        )
     return shapes
 
 
@@ -70,15 +74,17 @@ class Model(Transformer):
     def _load_layer(self, i: int) -> dict:
         p = f"layers.{i}."
         return {
-            "attn_norm": self.vec(p + "attn_norm"), "mlp_norm": self.vec(p + "mlp_norm"),
+            "attn_norm": self.vec(p + "attn_norm"),
+            "mlp_norm": self.vec(p + "mlp_norm"),
             **{n: self.w(p + "attn." + n) for n in ("q", "k", "v", "o")},
             "mlp": {n: self.w(p + "mlp." + n) for n in ("gate", "up", "down")},
         }
 
     @staticmethod
     def cache_for(a: Args, chunk: int, dtype) -> KVCache:
-        return KVCache([LayerKV(a.num_key_value_heads, a.head_dim, None, chunk, dtype=dtype)
-                        for _ in range(a.num_hidden_layers)])
+        return KVCache(
+            [LayerKV(a.num_key_value_heads, a.head_dim, None, chunk, dtype=dtype) for _ in range(a.num_hidden_layers)]
+        )
 
     def layer(self, i: int, h: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:
         a, L = self.args, self.layers[i]

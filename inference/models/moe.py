@@ -5,6 +5,7 @@ top-k choice is the same: each chosen expert runs once on all the rows that chos
 weighted outputs are combined in top-k slot order, a fixed order, so the result does not depend
 on which experts happened to be loaded first.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -45,8 +46,15 @@ def experts_mlp(pairs: list[tuple[np.ndarray, dict[str, QTensor]]], act: Callabl
     return linear_grouped([(hi, w["down"]) for hi, (_, w) in zip(h, pairs)])
 
 
-def mixture(x: np.ndarray, idx: np.ndarray, weights: np.ndarray, layer: int, source, act: Callable,
-            during_io: Callable | None = None):
+def mixture(
+    x: np.ndarray,
+    idx: np.ndarray,
+    weights: np.ndarray,
+    layer: int,
+    source,
+    act: Callable,
+    during_io: Callable | None = None,
+):
     """Σ_k weights[t, k] · expert_{idx[t, k]}(x[t]) for every row t, and during_io()'s result.
 
     x [T, H], idx [T, K] int, weights [T, K] float32 → ([T, H], extra). `source` (resident or

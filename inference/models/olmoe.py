@@ -1,5 +1,6 @@
 """OLMoE: Qwen3-MoE's routing (softmax → top-k, renormalised only when `norm_topk_prob`, off by
 default) with q/k RMSNorm over the whole projection rather than per head, and optional clip_qkv."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

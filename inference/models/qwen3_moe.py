@@ -1,5 +1,6 @@
 """Qwen3-MoE (Qwen3-30B-A3B and friends): Llama-style attention with per-head q/k RMSNorm, and a
 sparse MoE block routed by softmax → top-k → (renormalise when `norm_topk_prob`)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -43,8 +44,7 @@ class Args(llama.Args):
             raise ValueError("qwen3_moe: use_sliding_window=True is not supported")
 
     def is_moe(self, i: int) -> bool:
-        return (i not in self.mlp_only_layers and self.num_experts > 0
-                and (i + 1) % self.decoder_sparse_step == 0)
+        return i not in self.mlp_only_layers and self.num_experts > 0 and (i + 1) % self.decoder_sparse_step == 0
 
     def moe_layers(self) -> list[int]:
         return [i for i in range(self.num_hidden_layers) if self.is_moe(i)]
@@ -75,8 +75,10 @@ class Model(Transformer):
     def _load_layer(self, i: int) -> dict:
         p = f"layers.{i}."
         d = {
-            "attn_norm": self.vec(p + "attn_norm"), "mlp_norm": self.vec(p + "mlp_norm"),
-            "q_norm": self.vec(p + "attn.q_norm"), "k_norm": self.vec(p + "attn.k_norm"),
+            "attn_norm": self.vec(p + "attn_norm"),
+            "mlp_norm": self.vec(p + "mlp_norm"),
+            "q_norm": self.vec(p + "attn.q_norm"),
+            "k_norm": self.vec(p + "attn.k_norm"),
             **{n: self.w(p + "attn." + n) for n in ("q", "k", "v", "o")},
         }
         if self.args.is_moe(i):
@@ -87,8 +89,9 @@ class Model(Transformer):
 
     @staticmethod
     def cache_for(a: Args, chunk: int, dtype) -> KVCache:
-        return KVCache([LayerKV(a.num_key_value_heads, a.head_dim, None, chunk, dtype=dtype)
-                        for _ in range(a.num_hidden_layers)])
+        return KVCache(
+            [LayerKV(a.num_key_value_heads, a.head_dim, None, chunk, dtype=dtype) for _ in range(a.num_hidden_layers)]
+        )
 
     def route(self, i: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Top-k expert ids and weights [T, K] for the normed MLP input x."""

@@ -23,6 +23,7 @@ with an error naming the file; a server that ignores Range requests is a clear e
 file (`rkmojo pull https://…/x.gguf`, `gguf.py`) is downloaded the same resumable way (the one place a
 whole source file lands on disk, since the GGUF reader maps a local file), converted, then deleted.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,18 @@ from .http import PullCancelled, PullError, Remote
 from .repo import DEFAULT_ENDPOINT, pull_repo
 from .staging import PullLock
 
-__all__ = ["pull", "pull_repo", "pull_gguf", "PullError", "PullCancelled", "PullLock", "Remote", "describe_partial", "default_name",
-           "DEFAULT_ENDPOINT"]
+__all__ = [
+    "pull",
+    "pull_repo",
+    "pull_gguf",
+    "PullError",
+    "PullCancelled",
+    "PullLock",
+    "Remote",
+    "describe_partial",
+    "default_name",
+    "DEFAULT_ENDPOINT",
+]
 
 
 def default_name(spec: str) -> str:

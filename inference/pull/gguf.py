@@ -1,4 +1,5 @@
 """Pulling one GGUF file by URL: a resumable download into the staging directory, then `convert_gguf`."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,9 @@ from .repo import staging_dir
 from .staging import Journal, PullLock, Spool
 
 
-def pull_gguf(url: str, out: Path, *, token: str | None = None, progress: bool = True, retries: int = 6,
-              cancel=None) -> Path:
+def pull_gguf(
+    url: str, out: Path, *, token: str | None = None, progress: bool = True, retries: int = 6, cancel=None
+) -> Path:
     """Download one GGUF file by URL (resumable, chunk digests), convert it into `out`, drop the download."""
     parsed = urllib.parse.urlsplit(url)
     remote = Remote(url, parsed.path.rsplit("/", 1)[-1] or url, token=token, retries=retries, cancel=cancel)

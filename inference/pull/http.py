@@ -5,6 +5,7 @@ Transient failures (connection errors, timeouts, 408/425/429/5xx) are retried wi
 with an error naming the file. A bearer token goes to the endpoint's host only, never along a redirect
 to another host (the hub's CDN links are signed). urllib (stdlib) suffices: one connection at a time.
 """
+
 from __future__ import annotations
 
 import http.client
@@ -39,8 +40,11 @@ class _SameHostAuth(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, req, fp, code, msg, headers, newurl):
         new = super().redirect_request(req, fp, code, msg, headers, newurl)
         auth = req.unredirected_hdrs.get("Authorization")
-        if new is not None and auth and urllib.parse.urlsplit(new.full_url).netloc == urllib.parse.urlsplit(
-                req.full_url).netloc:
+        if (
+            new is not None
+            and auth
+            and urllib.parse.urlsplit(new.full_url).netloc == urllib.parse.urlsplit(req.full_url).netloc
+        ):
             new.add_unredirected_header("Authorization", auth)
         return new
 
@@ -56,8 +60,17 @@ class Remote:
         cancel: asked between blocks (at most every `CANCEL_POLL` s); True stops with `PullCancelled`.
     """
 
-    def __init__(self, base: str, label: str, *, token: str | None = None, retries: int = 6,
-                 backoff: float = 0.5, timeout: float = 60.0, cancel: Callable[[], bool] | None = None):
+    def __init__(
+        self,
+        base: str,
+        label: str,
+        *,
+        token: str | None = None,
+        retries: int = 6,
+        backoff: float = 0.5,
+        timeout: float = 60.0,
+        cancel: Callable[[], bool] | None = None,
+    ):
         self.base = base.rstrip("/")
         self.label = label
         self.token = token
@@ -92,17 +105,22 @@ class Remote:
             hint = "set HF_TOKEN to a token with access" if not self.token else "HF_TOKEN has no access to it"
             return PullError(f"{self.label}: {what}: HTTP {e.code} (access denied); {hint}")
         if e.code == 416:
-            return PullError(f"{self.label}: {what} is shorter than its header says (HTTP 416); the remote file "
-                             "is damaged or changed")
+            return PullError(
+                f"{self.label}: {what} is shorter than its header says (HTTP 416); the remote file "
+                "is damaged or changed"
+            )
         if e.code == 404:
-            return PullError(f"{self.label}: {what} not found (HTTP 404 at {self.url(file)}); check the repository, "
-                             "revision and file name")
+            return PullError(
+                f"{self.label}: {what} not found (HTTP 404 at {self.url(file)}); check the repository, "
+                "revision and file name"
+            )
         return PullError(f"{self.label}: {what}: HTTP {e.code} {e.reason}")
 
     def _retry(self, attempt: int, file: str, why: str, retry_after: str | None = None) -> None:
         if attempt >= self.retries:
-            raise PullError(f"{self.label}: {file}: {why}; gave up after {attempt + 1} attempts, "
-                            "run `rkmojo pull` again to resume")
+            raise PullError(
+                f"{self.label}: {file}: {why}; gave up after {attempt + 1} attempts, run `rkmojo pull` again to resume"
+            )
         delay = min(30.0, self.backoff * 2**attempt) * (0.75 + 0.5 * random.random())
         if retry_after and retry_after.isdigit():
             delay = max(delay, min(float(retry_after), 120.0))
@@ -124,9 +142,11 @@ class Remote:
                 self._retry(attempt, file, f"HTTP {e.code}", e.headers.get("Retry-After"))
             except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
                 if disk_full(e):  # local, not transient: retrying cannot help
-                    raise DiskFullError(f"{self.label}{': ' + file if file else ''}: the disk is full; nothing is installed "
-                                        "and the part downloaded so far is kept: free space, then run the same "
-                                        "`rkmojo pull` again to resume") from e
+                    raise DiskFullError(
+                        f"{self.label}{': ' + file if file else ''}: the disk is full; nothing is installed "
+                        "and the part downloaded so far is kept: free space, then run the same "
+                        "`rkmojo pull` again to resume"
+                    ) from e
                 self._retry(attempt, file, _why(e))
             attempt += 1
 
@@ -163,8 +183,9 @@ class Remote:
             _check_partial(r, self.url(file), 0, 1)
             total = r.headers.get("Content-Range", "").rpartition("/")[2]
             if not total.isdigit():
-                raise PullError(f"{self.url(file)}: no total size in Content-Range; the server's Range support "
-                                "is incomplete")
+                raise PullError(
+                    f"{self.url(file)}: no total size in Content-Range; the server's Range support is incomplete"
+                )
             return int(total), r.headers.get("ETag")
 
         return self._call(file, lambda: (0, 1), read)
@@ -180,9 +201,13 @@ def _why(e: Exception) -> str:
 
 def _check_partial(r, url: str, start: int, end: int) -> None:
     if r.status == 200:
-        raise PullError(f"{url}: the server ignored the Range request (HTTP 200, whole file) — `rkmojo pull` "
-                        "needs HTTP Range support; use another server, or download the files and run `rkmojo convert`")
+        raise PullError(
+            f"{url}: the server ignored the Range request (HTTP 200, whole file) — `rkmojo pull` "
+            "needs HTTP Range support; use another server, or download the files and run `rkmojo convert`"
+        )
     m = re.match(r"bytes (\d+)-(\d+)/", r.headers.get("Content-Range", ""))
     if r.status != 206 or not m or int(m.group(1)) != start:
-        raise PullError(f"{url}: unexpected answer to a Range request for bytes {start}-{end - 1} "
-                        f"(HTTP {r.status}, Content-Range {r.headers.get('Content-Range')!r})")
+        raise PullError(
+            f"{url}: unexpected answer to a Range request for bytes {start}-{end - 1} "
+            f"(HTTP {r.status}, Content-Range {r.headers.get('Content-Range')!r})"
+        )

@@ -1,4 +1,5 @@
 """Pulling a Hugging Face-style repository: remote shards feeding the converter, and a resumable store writer."""
+
 from __future__ import annotations
 
 import json
@@ -54,8 +55,14 @@ class PullState:
         w = self.writer
         dense_size = w.sync()
         file, tensor = self.current
-        rec = {"t": "tensor", "file": file, "tensor": tensor, "dense_size": dense_size,
-               "dense": self.pending_dense, "experts": self.pending_experts}
+        rec = {
+            "t": "tensor",
+            "file": file,
+            "tensor": tensor,
+            "dense_size": dense_size,
+            "dense": self.pending_dense,
+            "experts": self.pending_experts,
+        }
         self.journal.append(rec)
         self.done[self.current] = rec
         self.pending_dense, self.pending_experts = {}, []
@@ -74,7 +81,9 @@ class RemoteShard:
         remote.read_range(file, 0, 8, head.extend)
         (n,) = struct.unpack("<Q", bytes(head))
         if n > 100 * 2**20:
-            raise ModelFormatError(f"{remote.label}: {file}: header length {n} is not plausible; not a safetensors file")
+            raise ModelFormatError(
+                f"{remote.label}: {file}: header length {n} is not plausible; not a safetensors file"
+            )
         raw = bytearray()
         remote.read_range(file, 8, 8 + n, raw.extend)
         try:
@@ -100,7 +109,9 @@ class RemoteShard:
         t = self.tensors[name]
         dt = DTYPES.get(t["dtype"])
         if dt is None:
-            raise ConvertError(f"{self.file}: tensor {name} has dtype {t['dtype']}; only F32/F16/BF16 checkpoints convert")
+            raise ConvertError(
+                f"{self.file}: tensor {name} has dtype {t['dtype']}; only F32/F16/BF16 checkpoints convert"
+            )
         st = self.state
         st.begin(self.file, name)
         a, b = t["data_offsets"]
@@ -121,8 +132,11 @@ class ResumableWriter(StoreWriter):
         resume = None
         if state.done and partial.is_dir():
             records = [r for r in state.journal.records if r.get("t") == "tensor"]
-            resume = ResumePoint(records[-1]["dense_size"], {k: v for r in records for k, v in r["dense"].items()},
-                                 [tuple(x) for r in records for x in r["experts"]])
+            resume = ResumePoint(
+                records[-1]["dense_size"],
+                {k: v for r in records for k, v in r["dense"].items()},
+                [tuple(x) for r in records for x in r["experts"]],
+            )
         super().__init__(out, architecture, config, workdir=partial, resume=resume)
         self.state = state
         state.writer = self
@@ -143,16 +157,31 @@ class ResumableWriter(StoreWriter):
         return super().finish()
 
 
-def pull_repo(repo: str, out: Path, *, revision: str = "main", endpoint: str | None = None, quant: str = "q4",
-              token: str | None = None, progress: bool = True, retries: int = 6, cancel=None) -> Path:
+def pull_repo(
+    repo: str,
+    out: Path,
+    *,
+    revision: str = "main",
+    endpoint: str | None = None,
+    quant: str = "q4",
+    token: str | None = None,
+    progress: bool = True,
+    retries: int = 6,
+    cancel=None,
+) -> Path:
     """Install `repo` (a Hugging Face repository id) at `out`, converting as it downloads.
 
     Raises:
         PullError / ConvertError / ModelFormatError: one line naming the file and the fix.
     """
     endpoint = (endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
-    remote = Remote(f"{endpoint}/{repo}/resolve/{urllib.parse.quote(revision, safe='')}", f"{repo}@{revision}",
-                    token=token, retries=retries, cancel=cancel)
+    remote = Remote(
+        f"{endpoint}/{repo}/resolve/{urllib.parse.quote(revision, safe='')}",
+        f"{repo}@{revision}",
+        token=token,
+        retries=retries,
+        cancel=cancel,
+    )
     source = {"type": "hf", "endpoint": endpoint, "repo": repo, "revision": revision}
     staging = staging_dir(out)
     with PullLock(staging, out.name):
@@ -168,26 +197,45 @@ def pull_repo(repo: str, out: Path, *, revision: str = "main", endpoint: str | N
                     (src / f).unlink()
             shards = [RemoteShard(remote, f) for f in _shard_files(remote)]
             total = sum(s.nbytes() for s in shards)
-            start = {"t": "start", **source, "quant": quant, "name": out.name, "size": total,
-                     "headers": {s.file: s.header_digest for s in shards}}
+            start = {
+                "t": "start",
+                **source,
+                "quant": quant,
+                "name": out.name,
+                "size": total,
+                "headers": {s.file: s.header_digest for s in shards},
+            }
             first = journal.records[0] if journal.records else None
             if first != start or not _partial_intact(staging, journal):
                 if first is not None:
-                    print(f"rkmojo pull: the interrupted pull of {out.name} does not match {repo}@{revision} "
-                          "as it is now, or its files are damaged; starting over", file=sys.stderr)
+                    print(
+                        f"rkmojo pull: the interrupted pull of {out.name} does not match {repo}@{revision} "
+                        "as it is now, or its files are damaged; starting over",
+                        file=sys.stderr,
+                    )
                 journal.reset(start)
                 shutil.rmtree(staging / "store", ignore_errors=True)
                 (staging / "spool.bin").unlink(missing_ok=True)
             state = PullState(staging, journal, source)
             for s in shards:
                 s.state = state
-            done = sum(shard.tensors[t]["data_offsets"][1] - shard.tensors[t]["data_offsets"][0]
-                       for shard in shards for t in shard.tensors if (shard.file, t) in state.done)
+            done = sum(
+                shard.tensors[t]["data_offsets"][1] - shard.tensors[t]["data_offsets"][0]
+                for shard in shards
+                for t in shard.tensors
+                if (shard.file, t) in state.done
+            )
             with progress_bar(total, f"pull {repo}", progress) as bar:
                 bar.update(done)
                 state.bar = bar
-                result = convert_hf(src, out, quant, progress=False, shards=shards,
-                                    writer=lambda o, a, c: ResumableWriter(o, a, c, state=state))
+                result = convert_hf(
+                    src,
+                    out,
+                    quant,
+                    progress=False,
+                    shards=shards,
+                    writer=lambda o, a, c: ResumableWriter(o, a, c, state=state),
+                )
                 bar.update(max(0, total - bar.n))
         finally:
             journal.close()

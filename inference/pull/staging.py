@@ -1,4 +1,5 @@
 """The staging directory of one pull (`.NAME.pull/`): its lock, its journal, and the download spool."""
+
 from __future__ import annotations
 
 import fcntl
@@ -28,7 +29,9 @@ class PullLock:
             self.f.seek(0)
             pid = self.f.read().strip() or "?"
             self.f.close()
-            raise PullError(f"another `rkmojo pull` is installing {self.name} (pid {pid}); wait for it to finish") from None
+            raise PullError(
+                f"another `rkmojo pull` is installing {self.name} (pid {pid}); wait for it to finish"
+            ) from None
         self.f.seek(0)
         self.f.truncate()
         self.f.write(str(os.getpid()))
@@ -99,8 +102,14 @@ class Spool:
                 pos += n
 
     def _verified_prefix(self) -> int:
-        chunks = sorted((r for r in self.journal.records if r.get("t") == "chunk"
-                         and all(r.get(k) == v for k, v in self.key.items())), key=lambda r: r["off"])
+        chunks = sorted(
+            (
+                r
+                for r in self.journal.records
+                if r.get("t") == "chunk" and all(r.get(k) == v for k, v in self.key.items())
+            ),
+            key=lambda r: r["off"],
+        )
         if not chunks or not self.path.exists():
             return 0
         pos = 0

@@ -1,4 +1,5 @@
 """The `.rkmojo` store: a directory with manifest.json, dense.bin and experts/layer_NN.bin."""
+
 from .reader import ExpertLayout, Store
 from .writer import StoreWriter
 

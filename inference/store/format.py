@@ -1,4 +1,5 @@
 """Constants of the `.rkmojo` store format (documented in docs/store-format.md)."""
+
 from __future__ import annotations
 
 import xxhash

@@ -1,4 +1,5 @@
 """Reads a `.rkmojo` store: the manifest, dense tensors (memory-mapped), expert blobs, digests."""
+
 from __future__ import annotations
 
 import functools
@@ -43,8 +44,10 @@ class ExpertLayout:
     def view(self, blob: np.ndarray) -> dict[str, QTensor]:
         """Sub-tensors of one expert as views into `blob` (uint8, at least blob_size bytes)."""
         blob = np.asarray(blob)  # plain ndarray views: a memmap subclass costs µs per slice
-        return {name: QTensor(kind, shape, {pname: blob[a:b].view(dt).reshape(shp) for pname, dt, a, b, shp in parts})
-                for name, kind, shape, parts in self._plan}
+        return {
+            name: QTensor(kind, shape, {pname: blob[a:b].view(dt).reshape(shp) for pname, dt, a, b, shp in parts})
+            for name, kind, shape, parts in self._plan
+        }
 
 
 class Store:
@@ -58,7 +61,9 @@ class Store:
         self.path = Path(path)
         mpath = self.path / "manifest.json"
         if not mpath.is_file():
-            raise ModelFormatError(f"{self.path}: not an rkmojo store (no manifest.json); convert a model with `rkmojo convert`")
+            raise ModelFormatError(
+                f"{self.path}: not an rkmojo store (no manifest.json); convert a model with `rkmojo convert`"
+            )
         try:
             self.manifest = json.loads(mpath.read_text())
         except (OSError, ValueError) as e:

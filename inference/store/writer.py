@@ -3,6 +3,7 @@
 A store either verifies or does not exist: `StoreWriter` is a context manager whose exit without
 `finish()` (or with an exception) removes the temporary directory and leaves the target untouched.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,15 @@ class StoreWriter:
         config: the model's full (text) config, stored as given.
     """
 
-    def __init__(self, out: str | os.PathLike, architecture: str, config: dict, *,
-                 workdir: str | os.PathLike | None = None, resume: "ResumePoint | None" = None):
+    def __init__(
+        self,
+        out: str | os.PathLike,
+        architecture: str,
+        config: dict,
+        *,
+        workdir: str | os.PathLike | None = None,
+        resume: "ResumePoint | None" = None,
+    ):
         self.out = Path(out)
         if self.out.exists():
             raise ConvertError(f"{self.out}: output path exists; remove it or choose another path")
@@ -202,7 +210,9 @@ class StoreWriter:
         for pname, p in spec["parts"].items():
             arr = np.ascontiguousarray(t.parts[pname])
             if str(arr.dtype) != p["dtype"] or list(arr.shape) != p["shape"]:
-                raise ConvertError(f"layer {layer} expert {expert} {tname}.{pname}: wrong dtype/shape {arr.dtype}{list(arr.shape)}")
+                raise ConvertError(
+                    f"layer {layer} expert {expert} {tname}.{pname}: wrong dtype/shape {arr.dtype}{list(arr.shape)}"
+                )
             _pwrite_all(self._expert_fds[layer], memoryview(arr).cast("B"), base + p["offset"])
         self._expert_written[layer].add((expert, tname))
 

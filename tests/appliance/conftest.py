@@ -5,6 +5,7 @@ One stack per test session (`stack`), built from the same commands `rkmojo up` r
 (`RKMOJO_API_KEYS=always`) so the tests prove the key check through the real clients; the context is
 512 tokens so that "prompt longer than the context" is cheap to provoke.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,24 +36,48 @@ class Stack:
         self.redis = processes.Child("redis", argv, processes.base_env(), self.data / "logs" / "redis.log").start()
         processes.wait_for(lambda: processes.redis_ready(self.redis_url), 10, "redis-server", child=self.redis)
         self.env = processes.base_env(
-            RKMOJO_DATA=str(self.data), REDIS_URL=self.redis_url, RKMOJO_API_KEYS="always", RKMOJO_THREADS="1",
-            OMP_NUM_THREADS="1", RKMOJO_CONTEXT="512", RKMOJO_PRELOAD=MODEL, RKMOJO_WORKER_NAME="board-a",
-            RKMOJO_NO_WORKER_TIMEOUT="30", RKMOJO_SETUP_TOKEN_FILE=str(base / "setup-token"))
+            RKMOJO_DATA=str(self.data),
+            REDIS_URL=self.redis_url,
+            RKMOJO_API_KEYS="always",
+            RKMOJO_THREADS="1",
+            OMP_NUM_THREADS="1",
+            RKMOJO_CONTEXT="512",
+            RKMOJO_PRELOAD=MODEL,
+            RKMOJO_WORKER_NAME="board-a",
+            RKMOJO_NO_WORKER_TIMEOUT="30",
+            RKMOJO_SETUP_TOKEN_FILE=str(base / "setup-token"),
+        )
         subprocess.run(processes.migrate_argv(), env=self.env, cwd=ROOT, check=True)
-        self.key = subprocess.run([sys.executable, "-m", "django", "apikey", "create", "tests"], env=self.env,
-                                  cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
+        self.key = subprocess.run(
+            [sys.executable, "-m", "django", "apikey", "create", "tests"],
+            env=self.env,
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
         self.port = processes.free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.daphne = processes.Child("daphne", processes.daphne_argv("127.0.0.1", self.port), self.env,
-                                      self.data / "logs" / "daphne.log", cwd=str(ROOT)).start()
+        self.daphne = processes.Child(
+            "daphne",
+            processes.daphne_argv("127.0.0.1", self.port),
+            self.env,
+            self.data / "logs" / "daphne.log",
+            cwd=str(ROOT),
+        ).start()
         self.workers: dict[str, processes.Child] = {}
         self.start_worker("board-a", self.env)
         processes.wait_for(lambda: processes.tcp_open("127.0.0.1", self.port), 30, "daphne", child=self.daphne)
 
     # --- workers ---------------------------------------------------------------------------------
     def start_worker(self, name: str, env: dict, wait: bool = True) -> processes.Child:
-        child = processes.Child(f"worker {name}", processes.worker_argv(name), {**env, "RKMOJO_WORKER_NAME": name},
-                                Path(env["RKMOJO_DATA"]) / "logs" / f"worker-{name}.log", cwd=str(ROOT)).start()
+        child = processes.Child(
+            f"worker {name}",
+            processes.worker_argv(name),
+            {**env, "RKMOJO_WORKER_NAME": name},
+            Path(env["RKMOJO_DATA"]) / "logs" / f"worker-{name}.log",
+            cwd=str(ROOT),
+        ).start()
         self.workers[name] = child
         if wait:
             self.wait_registered(name, child)
@@ -66,6 +91,7 @@ class Stack:
         def ready():
             reg = self.registration(name)
             return reg is not None and reg["pid"] == child.pid
+
         processes.wait_for(ready, timeout, f"worker {name} to register", child=child)
         return self.registration(name)
 
@@ -87,9 +113,11 @@ class Stack:
 
     def idle(self, timeout: float = 30) -> None:
         """Wait until no request is queued or running on any model."""
+
         def empty():
             r = self.r()
             return all(r.zcard(k) == 0 for k in r.scan_iter("rkmojo:queue:*"))
+
         processes.wait_for(empty, timeout, "the queues to drain")
 
     @staticmethod
@@ -130,8 +158,11 @@ def http(stack):
     """An HTTP client with the stack's key that sends JSON bodies (`content=` included)."""
     import httpx
 
-    with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {stack.key}",
-                                                   "Content-Type": "application/json"}, timeout=60) as c:
+    with httpx.Client(
+        base_url=stack.url,
+        headers={"Authorization": f"Bearer {stack.key}", "Content-Type": "application/json"},
+        timeout=60,
+    ) as c:
         yield c
 
 
@@ -143,8 +174,9 @@ def oll(stack):
 @pytest.fixture
 def django_for_stack(stack):
     """Django set up in this process against the stack's data directory and Redis."""
-    os.environ.update(DJANGO_SETTINGS_MODULE="appliance.settings", RKMOJO_DATA=str(stack.data),
-                      REDIS_URL=stack.redis_url)
+    os.environ.update(
+        DJANGO_SETTINGS_MODULE="appliance.settings", RKMOJO_DATA=str(stack.data), REDIS_URL=stack.redis_url
+    )
     import django
     from django.conf import settings
 
@@ -155,6 +187,7 @@ def django_for_stack(stack):
 @pytest.fixture
 def session_cookie(django_for_stack):
     """`session_cookie(username)`: a logged-in session of that (new) user, as a browser's Cookie header."""
+
     def make(username: str) -> str:
         from django.contrib.auth import get_user_model
         from django.test import Client
@@ -163,4 +196,5 @@ def session_cookie(django_for_stack):
         c = Client()
         c.force_login(user)
         return f"sessionid={c.cookies['sessionid'].value}"
+
     return make

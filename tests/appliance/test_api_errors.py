@@ -1,4 +1,5 @@
 """Bad requests get the right 4xx in the API's own error format — never a 500 — through the real clients."""
+
 import httpx
 import ollama
 import openai
@@ -33,10 +34,21 @@ def test_an_unknown_model_is_a_404(oai, oll):
     assert e.value.status_code == 404
 
 
-@pytest.mark.parametrize("field, value", [
-    ("temperature", "hot"), ("max_tokens", "12"), ("max_tokens", 1.5), ("stream", "yes"), ("messages", "hi"),
-    ("stop", 5), ("seed", True), ("top_p", 0), ("temperature", 3), ("presence_penalty", -5),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("temperature", "hot"),
+        ("max_tokens", "12"),
+        ("max_tokens", 1.5),
+        ("stream", "yes"),
+        ("messages", "hi"),
+        ("stop", 5),
+        ("seed", True),
+        ("top_p", 0),
+        ("temperature", 3),
+        ("presence_penalty", -5),
+    ],
+)
 def test_a_wrong_type_or_range_names_the_field(oai, field, value):
     with pytest.raises(openai.BadRequestError) as e:
         oai.chat.completions.create(model="smollm2", messages=ASK, max_tokens=2, extra_body={field: value})
@@ -50,13 +62,24 @@ def test_a_non_positive_max_tokens_is_a_400(oai, max_tokens):
     assert e.value.body["param"] == "max_tokens"
 
 
-@pytest.mark.parametrize("extra, param", [
-    ({"n": 2}, "n"), ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ({"response_format": {"type": "json_object"}}, "response_format"), ({"frobnicate": 1}, "frobnicate"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
-     "messages[0].content[0].type"),
-    ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
-])
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        ({"n": 2}, "n"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"frobnicate": 1}, "frobnicate"),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}
+                ]
+            },
+            "messages[0].content[0].type",
+        ),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+    ],
+)
 def test_what_the_engine_cannot_do_is_refused_naming_the_field(oai, extra, param):
     with pytest.raises(openai.BadRequestError) as e:
         oai.chat.completions.create(model="smollm2", messages=ASK, max_tokens=2, extra_body=extra)
@@ -97,12 +120,30 @@ def test_a_wrong_method_is_a_405_not_a_500(http):
     assert http.post("/api/tags").status_code == 405
 
 
-@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/api/chat",
-                                  "/api/generate", "/api/embed", "/api/show", "/api/pull"])
-@pytest.mark.parametrize("body", [{}, {"model": 5}, {"model": "smollm2", "messages": [None]},
-                                  {"model": "smollm2", "prompt": ["a", "b"], "input": [1, 2]},
-                                  {"model": "smollm2", "options": {"num_predict": "x"}, "messages": ASK},
-                                  {"model": "smollm2", "options": [], "prompt": "x"}])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/embeddings",
+        "/api/chat",
+        "/api/generate",
+        "/api/embed",
+        "/api/show",
+        "/api/pull",
+    ],
+)
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"model": 5},
+        {"model": "smollm2", "messages": [None]},
+        {"model": "smollm2", "prompt": ["a", "b"], "input": [1, 2]},
+        {"model": "smollm2", "options": {"num_predict": "x"}, "messages": ASK},
+        {"model": "smollm2", "options": [], "prompt": "x"},
+    ],
+)
 def test_junk_never_gets_a_500(http, path, body):
     r = http.post(path, json=body)
     assert r.status_code < 500, (path, body, r.status_code, r.text)

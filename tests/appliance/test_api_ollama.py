@@ -1,4 +1,5 @@
 """The Ollama-compatible API driven by the unmodified `ollama` client against the real stack."""
+
 import numpy as np
 import ollama
 import pytest
@@ -27,8 +28,15 @@ def test_it_streams_a_chat_as_ndjson(oll):
 def test_it_generates_from_a_prompt_templated_or_raw(oll):
     r = oll.generate(model="smollm2", prompt="What is the capital of France?", options=GREEDY)
     assert "Paris" in r.response and r.done
-    raw = list(oll.generate(model="smollm2", prompt="The capital of France is", raw=True, stream=True,
-                            options={"temperature": 0, "num_predict": 4}))
+    raw = list(
+        oll.generate(
+            model="smollm2",
+            prompt="The capital of France is",
+            raw=True,
+            stream=True,
+            options={"temperature": 0, "num_predict": 4},
+        )
+    )
     assert raw[-1].done and raw[-1].eval_count == 4
 
 
@@ -81,7 +89,9 @@ def test_it_pulls_a_file_of_the_import_directory_with_progress_then_deletes(oll,
     assert parts[0].status == "pulling manifest" and parts[-1].status == "success"
     name = "smollm2-135m-instruct.q4_1"
     assert any(m.model == name for m in oll.list().models)
-    r = oll.generate(model=name, prompt="The capital of France is", raw=True, options={"temperature": 0, "num_predict": 3})
+    r = oll.generate(
+        model=name, prompt="The capital of France is", raw=True, options={"temperature": 0, "num_predict": 3}
+    )
     assert r.eval_count == 3
     assert oll.delete(name).status == "success"
     assert not any(m.model == name for m in oll.list().models)

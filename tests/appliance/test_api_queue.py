@@ -1,4 +1,5 @@
 """One generation at a time per worker: concurrent clients, the queue limit, cancellation by disconnect."""
+
 import asyncio
 import json
 import time
@@ -12,8 +13,9 @@ PROMPTS = [f"Write one sentence about the number {n}." for n in range(8)]
 
 def chat_stream(client, prompt):
     """The answer of one streaming greedy request, checking that every chunk belongs to it."""
-    stream = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": prompt}],
-                                            max_tokens=8, temperature=0, stream=True)
+    stream = client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": prompt}], max_tokens=8, temperature=0, stream=True
+    )
     chunks = list(stream)
     assert len({c.id for c in chunks}) == 1
     return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -39,16 +41,22 @@ def test_eight_concurrent_clients_get_what_each_gets_alone(stack):
 async def _hold(url, key, body, started: asyncio.Event | None = None):
     """A streaming request held open until cancelled (the client goes away)."""
     async with httpx.AsyncClient(timeout=None) as c:
-        async with c.stream("POST", f"{url}/v1/chat/completions", json=body,
-                            headers={"Authorization": f"Bearer {key}"}) as r:
+        async with c.stream(
+            "POST", f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+        ) as r:
             async for _ in r.aiter_lines():
                 if started is not None:
                     started.set()
 
 
 def test_past_the_queue_limit_it_answers_429_with_retry_after_and_drains_when_clients_leave(stack):
-    long = {"model": "smollm2", "messages": [{"role": "user", "content": "Tell me a very long story."}],
-            "max_tokens": 400, "temperature": 0, "stream": True}
+    long = {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": "Tell me a very long story."}],
+        "max_tokens": 400,
+        "temperature": 0,
+        "stream": True,
+    }
     client = stack.openai(max_retries=0)
     result = {}
 
@@ -63,13 +71,21 @@ def test_past_the_queue_limit_it_answers_429_with_retry_after_and_drains_when_cl
             ps = (await c.get(f"{stack.url}/api/ps")).json()
         states = sorted(q["state"] for q in ps["requests"])
         try:
-            await asyncio.to_thread(client.chat.completions.create, model="smollm2",
-                                    messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+            await asyncio.to_thread(
+                client.chat.completions.create,
+                model="smollm2",
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=2,
+            )
         except openai.RateLimitError as e:
             result["error"] = e
-        ollama_status = (await httpx.AsyncClient().post(
-            f"{stack.url}/api/generate", json={"model": "smollm2", "prompt": "hi"},
-            headers={"Authorization": f"Bearer {stack.key}"})).status_code
+        ollama_status = (
+            await httpx.AsyncClient().post(
+                f"{stack.url}/api/generate",
+                json={"model": "smollm2", "prompt": "hi"},
+                headers={"Authorization": f"Bearer {stack.key}"},
+            )
+        ).status_code
         result["ollama"] = ollama_status
         result["states"] = states
         t0 = time.monotonic()
@@ -94,8 +110,13 @@ def test_past_the_queue_limit_it_answers_429_with_retry_after_and_drains_when_cl
 
 def test_a_client_that_disconnects_frees_the_worker_within_one_token(stack):
     client = stack.openai(max_retries=0)
-    stream = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Tell me a long story."}],
-                                            max_tokens=400, temperature=0, stream=True)
+    stream = client.chat.completions.create(
+        model="smollm2",
+        messages=[{"role": "user", "content": "Tell me a long story."}],
+        max_tokens=400,
+        temperature=0,
+        stream=True,
+    )
     first = [next(stream) for _ in range(4)]
     rid = first[0].id.removeprefix("chatcmpl-")
     stream.close()
@@ -106,11 +127,14 @@ def test_a_client_that_disconnects_frees_the_worker_within_one_token(stack):
             ev = json.loads(fields["e"])
             if ev["t"] == "final":
                 return ev
+
     ev = stack.wait_until(final, 10)
     assert ev["finish_reason"] == "cancelled"
     assert ev["tokens_after_cancel"] <= 1
     per_token = 1 / max(ev["timings"]["decode_tps"], 1e-3)
-    print(f"\ncancelled after {ev['usage']['completion_tokens']} tokens; the worker saw it "
-          f"{ev['cancel_latency'] * 1000:.0f} ms after the disconnect (a token takes {per_token * 1000:.0f} ms)")
+    print(
+        f"\ncancelled after {ev['usage']['completion_tokens']} tokens; the worker saw it "
+        f"{ev['cancel_latency'] * 1000:.0f} ms after the disconnect (a token takes {per_token * 1000:.0f} ms)"
+    )
     assert ev["usage"]["completion_tokens"] < 400
     stack.idle(5)

@@ -1,4 +1,5 @@
 """Workers: one killed (SIGKILL) or stopped (SIGTERM) mid-stream and restarted; several boards behind one API."""
+
 import os
 import signal
 import time
@@ -10,8 +11,13 @@ import pytest
 def streaming(stack):
     """A client and a long streaming answer it has started to read."""
     client = stack.openai(max_retries=0, timeout=60)
-    stream = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Tell me a long story."}],
-                                            max_tokens=400, temperature=0, stream=True)
+    stream = client.chat.completions.create(
+        model="smollm2",
+        messages=[{"role": "user", "content": "Tell me a long story."}],
+        max_tokens=400,
+        temperature=0,
+        stream=True,
+    )
     for _ in range(3):
         next(stream)
     return client, stream
@@ -33,13 +39,13 @@ def test_a_worker_killed_mid_stream_gives_an_error_not_a_hang_and_its_restart_se
 
     new = stack.start_worker("board-a", stack.env, wait=False)
     # sent while no worker runs: it waits in the queue for the restarted worker
-    r = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
-                                       temperature=0)
+    r = client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "hi"}], max_tokens=3, temperature=0
+    )
     assert r.usage.completion_tokens >= 1
     stack.wait_registered("board-a", new)
     oll = stack.ollama()
-    assert oll.chat(model="smollm2", messages=[{"role": "user", "content": "hi"}],
-                    options={"num_predict": 2}).done
+    assert oll.chat(model="smollm2", messages=[{"role": "user", "content": "hi"}], options={"num_predict": 2}).done
 
 
 def test_two_workers_with_two_stores_serve_their_own_model_behind_one_api(stack, tmp_path):
@@ -55,8 +61,9 @@ def test_two_workers_with_two_stores_serve_their_own_model_behind_one_api(stack,
         assert {"smollm2", "smollm2-b"} <= ids
         assert {"smollm2", "smollm2-b"} <= {m.model for m in stack.ollama().list().models}
         for model, board in (("smollm2", "board-a"), ("smollm2-b", "board-b")):
-            r = oai.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=3,
-                                            temperature=0)
+            r = oai.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=3, temperature=0
+            )
             assert r.system_fingerprint == f"rkmojo-{board}" and r.model == model
         loaded = {m.model: m for m in stack.ollama().ps().models}
         assert {"smollm2", "smollm2-b"} <= set(loaded)
@@ -80,8 +87,10 @@ def test_a_worker_stopped_with_sigterm_mid_stream_ends_the_stream_with_an_error_
     noticed = time.monotonic() - t0
     assert "stopping" in e.value.message
     assert old.proc.wait(15) == 0
-    print(f"\nthe client got its error {noticed:.2f} s after SIGTERM; the worker exited "
-          f"{time.monotonic() - t0:.1f} s after it")
+    print(
+        f"\nthe client got its error {noticed:.2f} s after SIGTERM; the worker exited "
+        f"{time.monotonic() - t0:.1f} s after it"
+    )
     assert noticed < 2
     stack.start_worker("board-a", stack.env)
     r = client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "hi"}], max_tokens=2)

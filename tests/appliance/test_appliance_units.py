@@ -1,4 +1,5 @@
 """The appliance's small pieces without the stack: settings helpers, keep-alive, API-key policy, prompt cache."""
+
 import os
 import time
 
@@ -107,8 +108,14 @@ def test_pull_sources_are_repo_ids_urls_or_files_of_the_import_directory(tmp_pat
     assert local_path("Qwen/Qwen3-30B-A3B", imports) is None and local_path("https://h/x.gguf", imports) is None
     assert local_path("m.gguf", imports) == imports / "m.gguf" == local_path(str(imports / "m.gguf"), imports)
     assert local_path("linked.gguf", imports) == imports / "linked.gguf"
-    for bad, says in [("/etc/passwd", "only from inside"), ("../elsewhere.gguf", "only from inside"),
-                      ("m.gguf/../../elsewhere.gguf", "only from inside"), ("file:///etc/passwd", "http"),
-                      ("ftp://h/x.gguf", "http"), ("llama3", "repository id"), ("./gone.gguf", "no such file")]:
+    for bad, says in [
+        ("/etc/passwd", "only from inside"),
+        ("../elsewhere.gguf", "only from inside"),
+        ("m.gguf/../../elsewhere.gguf", "only from inside"),
+        ("file:///etc/passwd", "http"),
+        ("ftp://h/x.gguf", "http"),
+        ("llama3", "repository id"),
+        ("./gone.gguf", "no such file"),
+    ]:
         with pytest.raises(SourceError, match=says):
             local_path(bad, imports)

@@ -1,4 +1,5 @@
 """The board queue's tasks driven through Celery as the admin pages will: verify a model, refuse unknown ones."""
+
 import asyncio
 
 from appliance.events import Error, Final, Progress, Start
@@ -13,6 +14,7 @@ def run_board_task(task: str, worker: str, payload: dict) -> list:
             return [ev async for ev in job.events()]
         finally:
             await job.close()
+
     return asyncio.run(scenario())
 
 

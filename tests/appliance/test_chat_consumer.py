@@ -1,8 +1,10 @@
 """The Channels chat consumer (the chat page's plumbing): actions in, the worker's events out, per owner."""
+
 import asyncio
 import time
 
 import pytest
+
 
 @pytest.fixture
 def socket_of(session_cookie):
@@ -19,6 +21,7 @@ def socket_of(session_cookie):
         if username:
             headers.append((b"cookie", cookies[username]))
         return WebsocketCommunicator(application, "/ws/chat/", headers=headers)
+
     return make
 
 
@@ -38,8 +41,13 @@ def test_a_new_chat_streams_and_is_stored_for_its_owner(socket_of, stack):
     async def scenario():
         ws = socket_of("chatter")
         assert (await ws.connect())[0]
-        await ws.send_json_to({"action": "send", "text": "hi",
-                               "new": {"model": "smollm2", "max_tokens": 4, "temperature": 0, "system": "Be brief."}})
+        await ws.send_json_to(
+            {
+                "action": "send",
+                "text": "hi",
+                "new": {"model": "smollm2", "max_tokens": 4, "temperature": 0, "system": "Be brief."},
+            }
+        )
         events = await until_end(ws)
         answer = [e["t"] for e in events if e["t"] not in STATUS]  # queued, loading, prefill: shown while waiting
         assert answer[:2] == ["turn", "start"] and events[-1]["t"] == "final"
@@ -64,8 +72,11 @@ def test_a_new_chat_streams_and_is_stored_for_its_owner(socket_of, stack):
 
 def test_sockets_without_a_session_or_from_another_origin_are_refused(socket_of):
     async def scenario():
-        return [(await socket_of(None).connect())[0], (await socket_of("chatter", b"http://evil.example").connect())[0],
-                (await socket_of("chatter").connect())[0]]
+        return [
+            (await socket_of(None).connect())[0],
+            (await socket_of("chatter", b"http://evil.example").connect())[0],
+            (await socket_of("chatter").connect())[0],
+        ]
 
     assert asyncio.run(scenario()) == [False, False, True]
 
@@ -82,10 +93,13 @@ def test_another_users_conversation_and_bad_actions_are_refused_by_name(socket_o
         ws = socket_of("chatter")
         await ws.connect()
         out = []
-        for msg in ({"action": "send", "session": str(theirs.pk), "text": "mine now"},
-                    {"action": "regenerate"}, {"action": "fly"},
-                    {"action": "send", "text": "hi", "new": {"model": "smollm2", "top_p": 3}},
-                    {"action": "send", "text": "hi", "new": {"model": "nope"}}):
+        for msg in (
+            {"action": "send", "session": str(theirs.pk), "text": "mine now"},
+            {"action": "regenerate"},
+            {"action": "fly"},
+            {"action": "send", "text": "hi", "new": {"model": "smollm2", "top_p": 3}},
+            {"action": "send", "text": "hi", "new": {"model": "nope"}},
+        ):
             await ws.send_json_to(msg)
             out.append(await ws.receive_json_from(timeout=10))
         await ws.disconnect()
@@ -93,8 +107,12 @@ def test_another_users_conversation_and_bad_actions_are_refused_by_name(socket_o
 
     errs = asyncio.run(scenario())
     assert [(e["t"], e["status"], e["param"]) for e in errs] == [
-        ("error", 404, "session"), ("error", 400, "session"), ("error", 400, "action"),
-        ("error", 400, "top_p"), ("error", 400, "model")]
+        ("error", 404, "session"),
+        ("error", 400, "session"),
+        ("error", 400, "action"),
+        ("error", 400, "top_p"),
+        ("error", 400, "model"),
+    ]
     assert "top_p=3" in errs[3]["message"] and theirs.messages.count() == 0
 
 
@@ -104,8 +122,13 @@ def test_stop_frees_the_worker_within_a_token_keeps_the_answer_and_the_socket(so
     async def scenario():
         ws = socket_of("chatter")
         await ws.connect()
-        await ws.send_json_to({"action": "send", "text": "Tell a long story about a dragon.",
-                               "new": {"model": "smollm2", "max_tokens": 400}})
+        await ws.send_json_to(
+            {
+                "action": "send",
+                "text": "Tell a long story about a dragon.",
+                "new": {"model": "smollm2", "max_tokens": 400},
+            }
+        )
         turn = await ws.receive_json_from(timeout=30)
         ev = await ws.receive_json_from(timeout=30)
         while ev["t"] != "delta":
@@ -134,8 +157,13 @@ def test_continue_extends_a_cut_off_answer_in_place(socket_of, stack):
     async def scenario():
         ws = socket_of("chatter")
         await ws.connect()
-        await ws.send_json_to({"action": "send", "text": "Count from 1 to 30.",
-                               "new": {"model": "smollm2", "max_tokens": 6, "temperature": 0}})
+        await ws.send_json_to(
+            {
+                "action": "send",
+                "text": "Count from 1 to 30.",
+                "new": {"model": "smollm2", "max_tokens": 6, "temperature": 0},
+            }
+        )
         first = await until_end(ws)
         sid = first[0]["session"]
         await ws.send_json_to({"action": "continue", "session": sid})
@@ -164,15 +192,17 @@ def test_while_it_waits_the_page_gets_the_queue_position_loading_and_prefill_pro
         busy, waiting = socket_of("chatter"), socket_of("chatter")
         await busy.connect()
         await waiting.connect()
-        await busy.send_json_to({"action": "send", "text": "Tell a long story.", "new": {"model": "smollm2",
-                                                                                         "max_tokens": 300}})
+        await busy.send_json_to(
+            {"action": "send", "text": "Tell a long story.", "new": {"model": "smollm2", "max_tokens": 300}}
+        )
         while (await busy.receive_json_from(timeout=30))["t"] != "delta":
             pass
         await waiting.send_json_to({"action": "send", "text": "hi", "new": {"model": "smollm2", "max_tokens": 2}})
         assert (await waiting.receive_json_from(timeout=10))["t"] == "turn"
         running = stack.registration("board-a")["running"]
-        ids = await asyncio.to_thread(lambda: stack.wait_until(
-            lambda: [i for i in r.zrange("rkmojo:queue:smollm2", 0, -1) if i != running]))
+        ids = await asyncio.to_thread(
+            lambda: stack.wait_until(lambda: [i for i in r.zrange("rkmojo:queue:smollm2", 0, -1) if i != running])
+        )
         for ev in (Queued(position=1), Loading(model="smollm2"), PrefillProgress(done=512, total=1800)):
             bus.emit(r, ids[0], ev)
         got = [await waiting.receive_json_from(timeout=10) for _ in range(3)]
@@ -184,7 +214,10 @@ def test_while_it_waits_the_page_gets_the_queue_position_loading_and_prefill_pro
         return got, rest
 
     got, rest = asyncio.run(scenario())
-    assert got == [{"t": "queued", "position": 1}, {"t": "loading", "model": "smollm2"},
-                   {"t": "prefill", "done": 512, "total": 1800}]
+    assert got == [
+        {"t": "queued", "position": 1},
+        {"t": "loading", "model": "smollm2"},
+        {"t": "prefill", "done": 512, "total": 1800},
+    ]
     assert rest[-1]["t"] == "final"
     stack.idle(10)

@@ -1,4 +1,5 @@
 """The chat page's views through Django's test client, against the stack's database, Redis and worker."""
+
 import json
 import re
 
@@ -26,8 +27,9 @@ def conversation(owner, messages=(("user", "hi"), ("assistant", "hello")), title
     from webui.models import ChatMessage, ChatSession
 
     s = ChatSession.objects.create(owner=owner, source="web", model="smollm2", title=title)
-    ChatMessage.objects.bulk_create([ChatMessage(session=s, index=i, role=r, content=c)
-                                     for i, (r, c) in enumerate(messages)])
+    ChatMessage.objects.bulk_create(
+        [ChatMessage(session=s, index=i, role=r, content=c) for i, (r, c) in enumerate(messages)]
+    )
     return s
 
 
@@ -68,12 +70,18 @@ def test_a_post_without_the_csrf_token_is_refused(people):
 
 
 def test_html_in_a_stored_message_comes_out_inert(people):
-    evil = ('look <img src=x onerror=alert(1)> and <script>alert(2)</script>\n\n'
-            '[click](javascript:alert(3)) <a href="#" onclick="alert(4)">x</a>\n\n```html\n<script>alert(5)</script>\n```')
+    evil = (
+        "look <img src=x onerror=alert(1)> and <script>alert(2)</script>\n\n"
+        '[click](javascript:alert(3)) <a href="#" onclick="alert(4)">x</a>\n\n```html\n<script>alert(5)</script>\n```'
+    )
     s = conversation(people["ann"], (("user", evil), ("assistant", evil)))
     page = client_of(people["ann"]).get(f"/chat/{s.pk}/").content.decode()
-    thread = page[page.index('id="messages"'):page.index('id="status"')]
-    assert "<img" not in thread and "<script" not in thread and "onerror=" not in thread.replace("onerror=alert(1)&gt;", "")
+    thread = page[page.index('id="messages"') : page.index('id="status"')]
+    assert (
+        "<img" not in thread
+        and "<script" not in thread
+        and "onerror=" not in thread.replace("onerror=alert(1)&gt;", "")
+    )
     assert "javascript:" not in re.sub(r">[^<]*<", "><", thread)  # not in any attribute
     assert "onclick" not in re.sub(r">[^<]*<", "><", thread)
     assert "&lt;img src=x onerror=alert(1)&gt;" in thread  # shown as the text it is
@@ -89,8 +97,9 @@ def test_the_list_is_limited_searchable_and_shows_only_ones_own(people):
     from webui.models import ChatSession
 
     ChatSession.objects.filter(owner=people["ann"]).delete()
-    ChatSession.objects.bulk_create([ChatSession(owner=people["ann"], source="web", model="smollm2",
-                                                 title=f"topic {i}") for i in range(75)])
+    ChatSession.objects.bulk_create(
+        [ChatSession(owner=people["ann"], source="web", model="smollm2", title=f"topic {i}") for i in range(75)]
+    )
     conversation(people["bob"], title="topic bob")
     ann = client_of(people["ann"])
     page = ann.get("/chat/").content.decode()

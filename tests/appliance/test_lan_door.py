@@ -1,6 +1,7 @@
 """The LAN door on the real stack (webui/door.py, appliance/serve.py, appliance/hosts.py): foreign Hosts and
 Origins refused, JSON endpoints JSON-only, bodies too big, too deep or not text refused before any work,
 pull confined to the import directory, and the limits on embedding batches and num_ctx."""
+
 import asyncio
 import json
 import os
@@ -43,8 +44,11 @@ def test_a_present_foreign_origin_is_refused(http, origin):
 
 
 def test_the_machines_own_origin_is_served(http):
-    r = chat(http, json.dumps({"model": "smollm2", "messages": ASK, "max_tokens": 1}).encode(),
-             Origin=str(http.base_url).rstrip("/"))
+    r = chat(
+        http,
+        json.dumps({"model": "smollm2", "messages": ASK, "max_tokens": 1}).encode(),
+        Origin=str(http.base_url).rstrip("/"),
+    )
     assert r.status_code == 200, r.text
 
 
@@ -62,20 +66,30 @@ def test_a_body_over_the_limit_is_a_413_decided_at_its_header(stack):
     daphne = psutil.Process(stack.daphne.pid)
     before = daphne.memory_info().rss
     big = b'{"model": "smollm2", "messages": [{"role": "user", "content": "' + b"a" * (20 * 2**20) + b'"}]}'
-    r = httpx.post(f"{stack.url}/v1/chat/completions", content=big, timeout=60,
-                   headers={"Content-Type": "application/json"})  # no key either: the size is decided first
+    r = httpx.post(
+        f"{stack.url}/v1/chat/completions", content=big, timeout=60, headers={"Content-Type": "application/json"}
+    )  # no key either: the size is decided first
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
     assert daphne.memory_info().rss - before < 8 * 2**20
     # a chunked body (no Content-Length) is counted as it comes and dropped past the limit
     before = daphne.memory_info().rss
-    r = httpx.post(f"{stack.url}/api/chat", content=iter([big[i:i + 2**20] for i in range(0, len(big), 2**20)]),
-                   headers={"Content-Type": "application/json"}, timeout=60)
+    r = httpx.post(
+        f"{stack.url}/api/chat",
+        content=iter([big[i : i + 2**20] for i in range(0, len(big), 2**20)]),
+        headers={"Content-Type": "application/json"},
+        timeout=60,
+    )
     assert r.status_code == 413 and "larger than" in r.json()["error"]
     assert daphne.memory_info().rss - before < 8 * 2**20
 
 
 def test_deep_nesting_is_a_400_naming_the_field(http):
-    deep = b'{"model": "smollm2", "messages": [{"role": "user", "content": "hi", "x": ' + b"[" * 5000 + b"]" * 5000 + b"}]}"
+    deep = (
+        b'{"model": "smollm2", "messages": [{"role": "user", "content": "hi", "x": '
+        + b"[" * 5000
+        + b"]" * 5000
+        + b"}]}"
+    )
     r = chat(http, deep)
     assert r.status_code == 400 and r.json()["error"]["param"].startswith("messages[0].x[0][0]")
     r = http.post("/api/chat", content=b'{"a": {"b": ' + b"[" * 100 + b"]" * 100 + b"}}")
@@ -111,8 +125,9 @@ def test_num_ctx_past_the_servers_context_is_refused(http):
     assert http.post("/api/generate", json=body).status_code == 200
 
 
-@pytest.mark.parametrize("source", ["/etc/passwd", "../../../../etc/passwd", "file:///etc/passwd", "~/.bashrc",
-                                    "import/../../secret_key"])
+@pytest.mark.parametrize(
+    "source", ["/etc/passwd", "../../../../etc/passwd", "file:///etc/passwd", "~/.bashrc", "import/../../secret_key"]
+)
 def test_pull_reads_no_file_outside_the_import_directory(http, source):
     r = http.post("/api/pull", json={"model": source, "stream": False})
     assert r.status_code == 400, r.text
@@ -123,7 +138,9 @@ def test_pull_reads_no_file_outside_the_import_directory(http, source):
 def test_the_ps_context_length_is_the_one_overflow_errors_name(http, oai):
     import openai
 
-    http.post("/api/generate", json={"model": "smollm2", "prompt": "hi", "stream": False, "options": {"num_predict": 1}})
+    http.post(
+        "/api/generate", json={"model": "smollm2", "prompt": "hi", "stream": False, "options": {"num_predict": 1}}
+    )
     ps = http.get("/api/ps").json()["models"]
     ctx = next(m["context_length"] for m in ps if m["model"] == "smollm2")
     with pytest.raises(openai.BadRequestError) as e:
@@ -132,8 +149,12 @@ def test_the_ps_context_length_is_the_one_overflow_errors_name(http, oai):
 
 
 def test_check_deploy_passes_for_the_lan_appliance(stack):
-    r = subprocess.run([sys.executable, "-m", "django", "check", "--deploy", "--fail-level", "WARNING"],
-                       env=stack.env, capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "django", "check", "--deploy", "--fail-level", "WARNING"],
+        env=stack.env,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -160,11 +181,13 @@ def test_the_chat_socket_refuses_foreign_origins_and_clients_without_a_session(s
     cookie = session_cookie("door-test")
 
     async def statuses():
-        return [await handshake(ws, Origin="http://evil.example.com", Cookie=cookie),
-                await handshake(ws, Origin="null", Cookie=cookie),
-                await handshake(ws, Cookie=cookie),  # no Origin at all
-                await handshake(ws, Origin=own),  # same origin, no session
-                await handshake(ws, Origin=own, Cookie=cookie)]
+        return [
+            await handshake(ws, Origin="http://evil.example.com", Cookie=cookie),
+            await handshake(ws, Origin="null", Cookie=cookie),
+            await handshake(ws, Cookie=cookie),  # no Origin at all
+            await handshake(ws, Origin=own),  # same origin, no session
+            await handshake(ws, Origin=own, Cookie=cookie),
+        ]
 
     assert asyncio.run(statuses()) == [403, 403, 403, 403, 101]
 
@@ -177,8 +200,13 @@ def test_under_the_remote_policy_loopback_placeholder_keys_pass_and_chat_open_le
 
     port = processes.free_port()
     env = {**stack.env, "RKMOJO_API_KEYS": "remote", "RKMOJO_CHAT_OPEN": "1"}
-    web = processes.Child("daphne-remote", processes.daphne_argv("127.0.0.1", port), env,
-                          stack.data / "logs" / "daphne-remote.log", cwd=os.getcwd()).start()
+    web = processes.Child(
+        "daphne-remote",
+        processes.daphne_argv("127.0.0.1", port),
+        env,
+        stack.data / "logs" / "daphne-remote.log",
+        cwd=os.getcwd(),
+    ).start()
     try:
         processes.wait_for(lambda: processes.tcp_open("127.0.0.1", port), 30, "daphne", child=web)
         r = httpx.get(f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": "Bearer anything"})

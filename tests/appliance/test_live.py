@@ -1,5 +1,6 @@
 """The live view's data on the real stack: the worker's stats in Redis and on the Channels group, a waiting
 request's place in the queue and its prefill progress on the chat socket, saved settings applied."""
+
 import asyncio
 import json
 import time
@@ -15,8 +16,9 @@ def socket(cookie: bytes):
 
     from appliance.asgi import application
 
-    return WebsocketCommunicator(application, CHAT, headers=[(b"host", b"127.0.0.1"), (b"cookie", cookie),
-                                                             (b"origin", b"http://127.0.0.1")])
+    return WebsocketCommunicator(
+        application, CHAT, headers=[(b"host", b"127.0.0.1"), (b"cookie", cookie), (b"origin", b"http://127.0.0.1")]
+    )
 
 
 async def until_end(ws, timeout: float = 60) -> list[dict]:
@@ -90,7 +92,7 @@ def test_a_waiting_chat_request_sees_its_place_in_the_queue_fall_before_it_start
     kinds = [e["t"] for e in third]
     positions = [e["position"] for e in third if e["t"] == "queued"]
     assert kinds[-1] == "final" and "start" in kinds and kinds.index("start") > kinds.index("queued")
-    assert "queued" not in kinds[kinds.index("start"):]
+    assert "queued" not in kinds[kinds.index("start") :]
     assert positions[0] >= 1 and min(positions) < positions[0], positions
     assert positions == sorted(positions, reverse=True) and len(set(positions)) == len(positions)
     assert all(r[-1]["t"] == "final" for r in rest)
@@ -104,8 +106,9 @@ def test_a_long_prompt_reports_its_prefill_progress_between_start_and_the_answer
     async def scenario():
         ws = socket(cookie)
         assert (await ws.connect())[0]
-        await ws.send_json_to({"action": "send", "text": long,
-                               "new": {"model": "smollm2", "max_tokens": 3, "temperature": 0}})
+        await ws.send_json_to(
+            {"action": "send", "text": long, "new": {"model": "smollm2", "max_tokens": 3, "temperature": 0}}
+        )
         out = await until_end(ws)
         await ws.disconnect()
         return out
@@ -126,21 +129,24 @@ def test_a_long_prompt_reports_its_prefill_progress_between_start_and_the_answer
 
 def test_a_saved_keep_alive_applies_at_once_and_the_environment_still_wins(stack):
     r = stack.r()
-    stack.openai().chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "hi"}],
-                                           max_tokens=1)  # loaded, following the default keep-alive
+    stack.openai().chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "hi"}], max_tokens=1
+    )  # loaded, following the default keep-alive
 
     def model_in(reg):
         return next(ld for ld in reg["loaded"] if ld["name"] == "smollm2")
 
     r.set(bus.K_SETTINGS, json.dumps({"keep_alive": "3h", "context": 1024, "expert_slots": 0, "theme": "dark"}))
     try:
-        reg = stack.wait_until(lambda: (g := stack.registration("board-a")) and "keep_alive" in g["settings"]["applied"]
-                               and g, timeout=5)
+        reg = stack.wait_until(
+            lambda: (g := stack.registration("board-a")) and "keep_alive" in g["settings"]["applied"] and g, timeout=5
+        )
         assert model_in(reg)["expires_at"] - time.time() > 2 * 3600
         assert reg["settings"]["environment"] == ["context"]  # RKMOJO_CONTEXT=512 in the stack's environment
         assert "expert_slots=0 is out of range" in reg["settings"]["invalid"]["expert_slots"]
     finally:
         r.delete(bus.K_SETTINGS)
-    reg = stack.wait_until(lambda: (g := stack.registration("board-a")) and not g["settings"]["applied"] and g,
-                           timeout=5)
+    reg = stack.wait_until(
+        lambda: (g := stack.registration("board-a")) and not g["settings"]["applied"] and g, timeout=5
+    )
     assert model_in(reg)["expires_at"] - time.time() < 1800 + 5  # back to the 30 min default

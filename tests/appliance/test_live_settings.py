@@ -1,5 +1,6 @@
 """Saved settings as a worker applies them: the schema checks them, the environment wins, and the
 registration tells what applied and what waits for a reload."""
+
 import json
 
 from appliance.live_settings import resolve
@@ -14,14 +15,21 @@ def saved(**values) -> str:
 
 def test_saved_keep_alive_and_engine_options_replace_the_defaults():
     r = resolve(saved(keep_alive="2h", expert_slots=12, memory_budget="6G", kv_dtype="f32", queue_limit=3), BASE, {})
-    assert r.keep_alive == 7200 and r.engine == {"threads": 1, "expert_slots": 12, "memory_budget": 6 * 2**30,
-                                                 "kv_dtype": "f32"}
+    assert r.keep_alive == 7200 and r.engine == {
+        "threads": 1,
+        "expert_slots": 12,
+        "memory_budget": 6 * 2**30,
+        "kv_dtype": "f32",
+    }
     assert r.saved == ("keep_alive", "expert_slots", "memory_budget", "kv_dtype") and not r.invalid
 
 
 def test_an_environment_variable_that_is_set_wins_over_a_saved_value():
-    r = resolve(saved(keep_alive=5, threads=4, context=1024), BASE, {"RKMOJO_KEEP_ALIVE": "30m",
-                                                                     "RKMOJO_THREADS": "1", "RKMOJO_CONTEXT": " "})
+    r = resolve(
+        saved(keep_alive=5, threads=4, context=1024),
+        BASE,
+        {"RKMOJO_KEEP_ALIVE": "30m", "RKMOJO_THREADS": "1", "RKMOJO_CONTEXT": " "},
+    )
     assert r.keep_alive == 1800 and r.engine == {"threads": 1, "context": 1024}
     assert r.environment == ("keep_alive", "threads") and r.saved == ("context",)
 
@@ -38,8 +46,7 @@ def test_an_invalid_value_is_ignored_with_its_reason_and_the_others_still_apply(
 def test_engine_options_wait_for_a_reload_while_a_loaded_engine_runs_with_others():
     r = resolve(saved(keep_alive=60, context=1024), BASE, {})
     running = EngineConfig(threads=1)  # opened before the setting was saved
-    assert r.status([running]) == {"applied": ["keep_alive"], "pending": ["context"], "environment": [],
-                                   "invalid": {}}
+    assert r.status([running]) == {"applied": ["keep_alive"], "pending": ["context"], "environment": [], "invalid": {}}
     assert r.status([EngineConfig(threads=1, context=1024)])["pending"] == []
     assert r.status([])["applied"] == ["keep_alive", "context"]  # nothing loaded: the next load takes them
     back = resolve(None, BASE, {})  # the setting removed: a model opened with it waits for a reload too

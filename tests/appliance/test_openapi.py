@@ -4,6 +4,7 @@ every 4xx in the API's own error format naming what was wrong.
 Bounded: a fixed number of examples per generation mode and a wall-clock cap. /api/pull and /api/delete
 are left out: they install or delete models on the board the other tests use.
 """
+
 import time
 
 import hypothesis
@@ -49,9 +50,14 @@ def test_fuzzing_the_apis_finds_no_server_error_and_no_hang(stack, mode):
     deadline = time.monotonic() + TIME_CAP
     seen = {"calls": 0}
 
-    @hypothesis.settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
-                         phases=[Phase.explicit, Phase.generate],
-                         suppress_health_check=list(HealthCheck))
+    @hypothesis.settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=schema.as_strategy(generation_mode=mode))
     def run(case):
         if time.monotonic() > deadline:

@@ -1,6 +1,7 @@
 """The panel's WebSockets through Channels' communicator on the real ASGI application: the live view is for
 staff from this server's origin, sends the latest stats at connect, forwards the live group at most twice a
 second per worker; a job socket follows a board job to its end."""
+
 import asyncio
 import time
 
@@ -59,6 +60,7 @@ def test_the_live_socket_sends_the_latest_stats_then_the_group_throttled(staff_c
             got.append(await ws.receive_json_from(timeout=5))
         latest = next(m for m in got if m["worker"] == "board-live")
         assert latest["heatmap"]["experts"] == 32 and latest["memory"]["total"] == 8 * 2**30
+
         # ten samples within half a second: one goes out at once, the latest at the next slot, none between
         async def pushes():
             for step in range(2, 12):

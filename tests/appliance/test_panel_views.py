@@ -1,16 +1,35 @@
 """The admin panel's pages through Django's test client (the stack's database and Redis): who may see them, CSRF,
 the settings form's checks and where a saved setting goes, the pages' content."""
+
 import html
 import json
 
 import pytest
 
-PAGES = ["/panel/", "/panel/models/", "/panel/models/smollm2/", "/panel/models/smollm2/delete/", "/panel/settings/",
-         "/panel/keys/", "/panel/users/", "/panel/users/{pk}/password/", "/panel/sessions/"]
-POSTS = ["/panel/models/pull/", "/panel/models/smollm2/delete/", "/panel/models/smollm2/load/",
-         "/panel/models/smollm2/default/", "/panel/models/smollm2/verify/board-a/", "/panel/settings/",
-         "/panel/keys/", "/panel/keys/{pk}/revoke/", "/panel/users/", "/panel/users/{pk}/active/",
-         "/panel/sessions/prompt-cache/clear/"]
+PAGES = [
+    "/panel/",
+    "/panel/models/",
+    "/panel/models/smollm2/",
+    "/panel/models/smollm2/delete/",
+    "/panel/settings/",
+    "/panel/keys/",
+    "/panel/users/",
+    "/panel/users/{pk}/password/",
+    "/panel/sessions/",
+]
+POSTS = [
+    "/panel/models/pull/",
+    "/panel/models/smollm2/delete/",
+    "/panel/models/smollm2/load/",
+    "/panel/models/smollm2/default/",
+    "/panel/models/smollm2/verify/board-a/",
+    "/panel/settings/",
+    "/panel/keys/",
+    "/panel/keys/{pk}/revoke/",
+    "/panel/users/",
+    "/panel/users/{pk}/active/",
+    "/panel/sessions/prompt-cache/clear/",
+]
 
 
 @pytest.fixture
@@ -101,12 +120,26 @@ def test_saved_settings_reach_the_web_side_and_redis_for_the_workers(people, cle
 
     monkeypatch.setenv("RKMOJO_API_KEYS", "always")  # as the stack's daphne has it
     staff, _ = people
-    r = client(staff).post("/panel/settings/", {"queue_limit": "3", "keep_alive": "5m", "expert_slots": "16",
-                                                "memory_budget": "6G", "chat_open": "on", "api_keys": ""})
+    r = client(staff).post(
+        "/panel/settings/",
+        {
+            "queue_limit": "3",
+            "keep_alive": "5m",
+            "expert_slots": "16",
+            "memory_budget": "6G",
+            "chat_open": "on",
+            "api_keys": "",
+        },
+    )
     assert r.status_code == 302
     saved = json.loads(stack.r().get(bus.K_SETTINGS))
-    assert saved == {"queue_limit": 3, "keep_alive": 300.0, "expert_slots": 16, "memory_budget": 6 * 2**30,
-                     "chat_open": True}
+    assert saved == {
+        "queue_limit": 3,
+        "keep_alive": 300.0,
+        "expert_slots": 16,
+        "memory_budget": 6 * 2**30,
+        "chat_open": True,
+    }
     eff = config.current()
     assert eff["queue_limit"] == 3 and eff.values["queue_limit"].source == "saved"
     assert eff["api_keys"] == "always" and eff.values["api_keys"].source == "env"  # the stack sets RKMOJO_API_KEYS
@@ -126,7 +159,9 @@ def test_users_are_created_disabled_and_given_a_new_password(people):
     assert not bob.is_staff and bob.check_password("a fine passphrase 4")
     c.post(f"/panel/users/{bob.pk}/active/", {"active": "0"})
     assert not User.objects.get(pk=bob.pk).is_active
-    c.post(f"/panel/users/{bob.pk}/password/", {"new_password1": "another phrase 55", "new_password2": "another phrase 55"})
+    c.post(
+        f"/panel/users/{bob.pk}/password/", {"new_password1": "another phrase 55", "new_password2": "another phrase 55"}
+    )
     assert User.objects.get(pk=bob.pk).check_password("another phrase 55")
     r = c.post(f"/panel/users/{staff.pk}/active/", {"active": "0"}, follow=True)
     assert User.objects.get(pk=staff.pk).is_active and b"cannot disable your own" in r.content
@@ -209,9 +244,16 @@ def test_the_first_administrator_lands_on_the_panel_signed_in(django_for_stack, 
         with httpx.Client(base_url=stack.url, timeout=30) as browser:
             form = browser.get("/setup/").text
             csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form).group(1)
-            r = browser.post("/setup/", data={"csrfmiddlewaretoken": csrf, "token": "Zq3vR8kTn2WcY5hLp7Xa",
-                                              "username": "first", "password1": "a long passphrase 7",
-                                              "password2": "a long passphrase 7"})
+            r = browser.post(
+                "/setup/",
+                data={
+                    "csrfmiddlewaretoken": csrf,
+                    "token": "Zq3vR8kTn2WcY5hLp7Xa",
+                    "username": "first",
+                    "password1": "a long passphrase 7",
+                    "password2": "a long passphrase 7",
+                },
+            )
             assert r.status_code == 302 and r.headers["location"] == "/panel/"
             panel = browser.get("/panel/")
             assert panel.status_code == 200 and "<h1>Live" in panel.text

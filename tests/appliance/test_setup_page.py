@@ -1,4 +1,5 @@
 """/setup/ takes the board's one-time setup token and creates the first administrator, once."""
+
 import re
 
 import httpx
@@ -47,8 +48,13 @@ def test_the_page_asks_for_the_token_a_name_and_a_password(token_file, browser):
 
 
 def test_a_wrong_token_creates_nobody(token_file, browser):
-    r = post_form(browser, token="not-the-token", username="admin", password1="a long passphrase 7",
-                  password2="a long passphrase 7")
+    r = post_form(
+        browser,
+        token="not-the-token",
+        username="admin",
+        password1="a long passphrase 7",
+        password2="a long passphrase 7",
+    )
     assert r.status_code == 403 and "not the setup token" in r.text
     assert superusers() == []
 
@@ -60,8 +66,9 @@ def test_passwords_that_differ_create_nobody(token_file, browser):
 
 
 def test_the_token_creates_the_administrator_once(token_file, browser, stack):
-    r = post_form(browser, token=TOKEN, username="admin", password1="a long passphrase 7",
-                  password2="a long passphrase 7")
+    r = post_form(
+        browser, token=TOKEN, username="admin", password1="a long passphrase 7", password2="a long passphrase 7"
+    )
     assert r.status_code == 302 and r.headers["location"] == "/panel/"
     assert superusers() == ["admin"]
     assert (stack.data / "setup-done").exists()  # the next boot removes the token file
@@ -71,8 +78,16 @@ def test_the_token_creates_the_administrator_once(token_file, browser, stack):
     assert get_user_model().objects.get(username="admin").check_password("a long passphrase 7")
     again = browser.get("/setup/")
     assert again.status_code == 410 and "admin pages" in again.text
-    r = browser.post("/setup/", data={"csrfmiddlewaretoken": browser.cookies["csrftoken"], "token": TOKEN,
-                                      "username": "second", "password1": "x" * 12, "password2": "x" * 12})
+    r = browser.post(
+        "/setup/",
+        data={
+            "csrfmiddlewaretoken": browser.cookies["csrftoken"],
+            "token": TOKEN,
+            "username": "second",
+            "password1": "x" * 12,
+            "password2": "x" * 12,
+        },
+    )
     assert r.status_code == 410
     assert superusers() == ["admin"]
 
@@ -90,8 +105,9 @@ def test_without_a_token_file_there_is_no_setup_page(token_file, browser):
 
 
 def test_the_page_stays_closed_after_the_next_boot_removed_the_spent_token(token_file, browser):
-    r = post_form(browser, token=TOKEN, username="admin", password1="a long passphrase 7",
-                  password2="a long passphrase 7")
+    r = post_form(
+        browser, token=TOKEN, username="admin", password1="a long passphrase 7", password2="a long passphrase 7"
+    )
     assert r.status_code == 302
     token_file.unlink()  # what rkmojo-firstboot does at the next boot
     again = browser.get("/setup/")

@@ -1,5 +1,6 @@
 """The live view's sampler: the machine from /sys (a fake root here), the memory budget, the decaying
 expert heatmap of a streaming MoE store, and one whole `WorkerStats` of a board that ran a request."""
+
 import shutil
 import time
 
@@ -92,8 +93,14 @@ def test_a_board_that_ran_a_request_samples_into_one_sane_worker_stats(stack, mo
     models = tmp_path / "models"
     models.mkdir()
     (models / "tiny").symlink_to(moe_store)
-    cfg = {"ENGINE": {"threads": 1, "context": 256, "expert_slots": 3}, "KEEP_ALIVE": 60, "HEARTBEAT_TTL": 2,
-           "PROMPT_CACHE_DIR": str(tmp_path / "pc"), "PROMPT_CACHE_MAX": 2**30, "PROMPT_CACHE_DAYS": 7}
+    cfg = {
+        "ENGINE": {"threads": 1, "context": 256, "expert_slots": 3},
+        "KEEP_ALIVE": 60,
+        "HEARTBEAT_TTL": 2,
+        "PROMPT_CACHE_DIR": str(tmp_path / "pc"),
+        "PROMPT_CACHE_MAX": 2**30,
+        "PROMPT_CACHE_DAYS": 7,
+    }
     b = Board("unit-stats", "host", stack.redis_url.replace("db=0", "db=5"), models, cfg)
     b.scan()
     eng, _ = b.engine("tiny")
@@ -111,7 +118,9 @@ def test_a_board_that_ran_a_request_samples_into_one_sane_worker_stats(stack, mo
         assert s.tokens_per_s > 0 and 0 <= s.expert_hit_rate <= 1 and s.disk_mb_per_s > 0
         assert s.throttled is True and s.temperatures == {"soc-thermal": 60.0} and s.cpu_max_mhz == 2000.0
         assert s.memory.total == b.budget() and s.memory.expert_slots > 0 and s.memory.runtime > 0
-        assert s.heatmap is not None and s.heatmap.model == "tiny" and any(r is not None for r in s.heatmap.layer_hit_rate)
+        assert (
+            s.heatmap is not None and s.heatmap.model == "tiny" and any(r is not None for r in s.heatmap.layer_hit_rate)
+        )
         assert s.queue_depth == 0 and s.oldest_wait == 0.0
         quiet = sampler.sample()  # nothing ran since: no rate, the heatmap remembers
         assert quiet.tokens_per_s == 0 and quiet.expert_hit_rate is None and quiet.disk_mb_per_s == 0

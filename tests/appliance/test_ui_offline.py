@@ -1,5 +1,6 @@
 """The pages are offline: every page, style sheet and script refers only to this server, and the vendored
 libraries are exactly the files `webui/static/webui/vendor/VENDORED.md` lists (name, sha256)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -13,8 +14,22 @@ import pytest
 
 STATIC = Path(__file__).resolve().parents[2] / "webui" / "static" / "webui"
 VENDOR = STATIC / "vendor"
-URL_ATTRS = {"src", "href", "action", "formaction", "poster", "data", "srcset", "hx-get", "hx-post", "hx-put",
-             "hx-delete", "hx-patch", "manifest", "background"}
+URL_ATTRS = {
+    "src",
+    "href",
+    "action",
+    "formaction",
+    "poster",
+    "data",
+    "srcset",
+    "hx-get",
+    "hx-post",
+    "hx-put",
+    "hx-delete",
+    "hx-patch",
+    "manifest",
+    "background",
+}
 CSS_URL = re.compile(r"""url\(\s*['"]?([^'")]+)|@import\s+['"]([^'"]+)""")
 
 
@@ -95,7 +110,9 @@ def test_every_page_refers_only_to_this_server(stack, session_cookie, who):
     if who == "admin":
         from django.contrib.auth import get_user_model
 
-        get_user_model().objects.update_or_create(username="panel-crawler", defaults={"is_staff": True, "is_superuser": True})
+        get_user_model().objects.update_or_create(
+            username="panel-crawler", defaults={"is_staff": True, "is_superuser": True}
+        )
         headers["Cookie"] = session_cookie("panel-crawler")
     elif who == "alice":
         headers["Cookie"] = session_cookie("chat-crawler")

@@ -1,4 +1,5 @@
 """`rkmojo up` end to end: private Redis, migrations, demo model on first start, the URL, a clean stop."""
+
 import os
 import signal
 import subprocess
@@ -19,13 +20,20 @@ ROOT = Path(__file__).resolve().parents[2]
 def start_up(data: Path, port: int) -> tuple[subprocess.Popen, list[str]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("REDIS_URL", "RKMOJO_", "DJANGO_"))}
     env.update(RKMOJO_DATA=str(data), RKMOJO_THREADS="1", OMP_NUM_THREADS="1", RKMOJO_WORKER_NAME="up-test")
-    proc = subprocess.Popen([sys.executable, "-m", "inference.cli", "up", "--host", "127.0.0.1", "--port", str(port)],
-                            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "inference.cli", "up", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines: list[str] = []
 
     def read():
         for line in proc.stdout:
             lines.append(line)
+
     threading.Thread(target=read, daemon=True).start()
     deadline = time.monotonic() + 180
     while not any("Ctrl-C stops" in l for l in lines):
@@ -42,7 +50,9 @@ def descendants(pid: int) -> list[psutil.Process]:
 def stop_and_check(proc, sig) -> None:
     kids = descendants(proc.pid)
     names = " ".join(" ".join(k.cmdline()) for k in kids)
-    assert "redis-server" in names and "appliance.serve" in names and "celery" in names  # daphne, as appliance.serve runs it
+    assert (
+        "redis-server" in names and "appliance.serve" in names and "celery" in names
+    )  # daphne, as appliance.serve runs it
     proc.send_signal(sig)
     assert proc.wait(60) == 0
     gone, alive = psutil.wait_procs(kids, timeout=5)
@@ -60,8 +70,9 @@ def test_up_serves_the_demo_model_and_stops_every_child(tmp_path):
         client = ollama.Client(host=f"http://127.0.0.1:{port}")  # loopback: no API key needed by default
         assert "smollm2-135m-instruct" in [m.model for m in client.list().models]
         assert "smollm2-135m-instruct" in [m.model for m in client.ps().models]  # loaded at start
-        r = client.chat(model="smollm2-135m-instruct", messages=[{"role": "user", "content": "hi"}],
-                        options={"num_predict": 2})
+        r = client.chat(
+            model="smollm2-135m-instruct", messages=[{"role": "user", "content": "hi"}], options={"num_predict": 2}
+        )
         assert r.done and r.load_duration == 0
         stop_and_check(proc, signal.SIGTERM)
     finally:

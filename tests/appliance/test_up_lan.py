@@ -4,6 +4,7 @@ printed setup URL, private files, clients in another network namespace, and Redi
 The LAN client runs in a network namespace joined to this one by a veth pair on a private /30 that the
 fixture creates and removes; nothing leaves this machine. Needs root (ip netns); skipped otherwise.
 """
+
 import json
 import os
 import re
@@ -23,8 +24,10 @@ from appliance import processes
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = "smollm2-135m-instruct"
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(os.geteuid() != 0, reason="the LAN client's network namespace needs root")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(os.geteuid() != 0, reason="the LAN client's network namespace needs root"),
+]
 
 
 class Lan:
@@ -39,14 +42,16 @@ class Lan:
         self.host_ip, self.ns_ip = f"{base}.{last + 1}", f"{base}.{last + 2}"
 
     def up(self) -> "Lan":
-        for argv in (["ip", "netns", "add", self.ns],
-                     ["ip", "link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if],
-                     ["ip", "link", "set", self.ns_if, "netns", self.ns],
-                     ["ip", "addr", "add", f"{self.host_ip}/30", "dev", self.host_if],
-                     ["ip", "link", "set", self.host_if, "up"],
-                     ["ip", "-n", self.ns, "addr", "add", f"{self.ns_ip}/30", "dev", self.ns_if],
-                     ["ip", "-n", self.ns, "link", "set", self.ns_if, "up"],
-                     ["ip", "-n", self.ns, "link", "set", "lo", "up"]):
+        for argv in (
+            ["ip", "netns", "add", self.ns],
+            ["ip", "link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if],
+            ["ip", "link", "set", self.ns_if, "netns", self.ns],
+            ["ip", "addr", "add", f"{self.host_ip}/30", "dev", self.host_if],
+            ["ip", "link", "set", self.host_if, "up"],
+            ["ip", "-n", self.ns, "addr", "add", f"{self.ns_ip}/30", "dev", self.ns_if],
+            ["ip", "-n", self.ns, "link", "set", self.ns_if, "up"],
+            ["ip", "-n", self.ns, "link", "set", "lo", "up"],
+        ):
             subprocess.run(argv, check=True, capture_output=True)
         return self
 
@@ -56,8 +61,13 @@ class Lan:
 
     def python(self, code: str, **args) -> dict:
         """Run `code` (which prints one JSON object) inside the namespace; that object."""
-        r = subprocess.run(["ip", "netns", "exec", self.ns, sys.executable, "-c", code, json.dumps(args)],
-                           capture_output=True, text=True, timeout=120, cwd=ROOT)
+        r = subprocess.run(
+            ["ip", "netns", "exec", self.ns, sys.executable, "-c", code, json.dumps(args)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
         assert r.returncode == 0, r.stderr
         return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -66,11 +76,22 @@ class Up:
     def __init__(self, data: Path, port: int):
         self.data, self.port, self.url = data, port, f"http://127.0.0.1:{port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("REDIS_URL", "RKMOJO_", "DJANGO_"))}
-        self.env = {**env, "RKMOJO_DATA": str(data), "RKMOJO_THREADS": "1", "OMP_NUM_THREADS": "1",
-                    "RKMOJO_WORKER_NAME": "lan-test", "RKMOJO_CONTEXT": "512"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "inference.cli", "up", "--host", "0.0.0.0", "--port",
-                                      str(port)], env=self.env, cwd=ROOT, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
+        self.env = {
+            **env,
+            "RKMOJO_DATA": str(data),
+            "RKMOJO_THREADS": "1",
+            "OMP_NUM_THREADS": "1",
+            "RKMOJO_WORKER_NAME": "lan-test",
+            "RKMOJO_CONTEXT": "512",
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "inference.cli", "up", "--host", "0.0.0.0", "--port", str(port)],
+            env=self.env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         self.lines: list[str] = []
         threading.Thread(target=lambda: [self.lines.append(line) for line in self.proc.stdout], daemon=True).start()
         self.wait_line("Ctrl-C stops", 180)
@@ -142,13 +163,21 @@ def test_the_printed_setup_url_makes_the_first_administrator_once(up):
         assert token in c.get(url.group(1)).text  # the link fills the token in
         no_csrf = c.post("/setup/", data={"token": token, "username": "x", "password1": "p", "password2": "p"})
         assert no_csrf.status_code == 403  # forms carry CSRF tokens
-        r = form_post(c, "/setup/", token=token, username="admin", password1="a long pass 42", password2="a long pass 42")
+        r = form_post(
+            c, "/setup/", token=token, username="admin", password1="a long pass 42", password2="a long pass 42"
+        )
         assert r.status_code == 302 and r.headers["location"] == "/panel/"
         assert c.get("/setup/").status_code == 410
         # /setup/ signed the administrator in: the admin index itself, with its style sheet
         assert "base.css" in c.get("/admin/").text and c.get("/static/admin/css/base.css").status_code == 200
-    spent = subprocess.run([sys.executable, "-m", "django", "setuptoken"], env={**up.env, "DJANGO_SETTINGS_MODULE":
-                           "appliance.settings"}, cwd=ROOT, capture_output=True, text=True, check=True)
+    spent = subprocess.run(
+        [sys.executable, "-m", "django", "setuptoken"],
+        env={**up.env, "DJANGO_SETTINGS_MODULE": "appliance.settings"},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert spent.stdout.strip() == "" and not (up.data / "setup-token").exists()
 
 
@@ -195,22 +224,46 @@ print(json.dumps(out))
 
 def test_a_lan_client_needs_a_key_for_the_api_and_a_session_for_the_chat_socket(up, lan):
     """Runs after the setup test, which made the administrator this client logs in as."""
-    key = subprocess.run([sys.executable, "-m", "inference.cli", "up", "--create-api-key", "lan"], env=up.env,
-                         cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+    key = (
+        subprocess.run(
+            [sys.executable, "-m", "inference.cli", "up", "--create-api-key", "lan"],
+            env=up.env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     got = lan.python(LAN_CLIENT, url=f"http://{lan.host_ip}:{up.port}", key=key, model=DEMO)
-    assert got == {"no_key": 401, "bad_key": 401, "foreign_host": 400, "with_key": 200, "foreign_origin": 403,
-                   "text_plain": 415, "pull_etc_passwd": 400, "socket_no_session": 403,
-                   "socket_session_foreign_origin": 403, "socket_session": "final"}
+    assert got == {
+        "no_key": 401,
+        "bad_key": 401,
+        "foreign_host": 400,
+        "with_key": 200,
+        "foreign_origin": 403,
+        "text_plain": 415,
+        "pull_etc_passwd": 400,
+        "socket_no_session": 403,
+        "socket_session_foreign_origin": 403,
+        "socket_session": "final",
+    }
 
 
 def test_redis_killed_mid_stream_ends_the_stream_with_an_error_then_the_service_recovers(up):
-    ask = {"model": DEMO, "messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": 400,
-           "stream": True}
+    ask = {
+        "model": DEMO,
+        "messages": [{"role": "user", "content": "Tell a long story."}],
+        "max_tokens": 400,
+        "stream": True,
+    }
     events, killed, waiting = [], None, {}
 
     def queued():  # admitted behind the running one (the worker runs one at a time)
-        r = httpx.post(f"{up.url}/api/chat", timeout=60, json={"model": DEMO, "messages": ask["messages"],
-                                                                "stream": False})
+        r = httpx.post(
+            f"{up.url}/api/chat", timeout=60, json={"model": DEMO, "messages": ask["messages"], "stream": False}
+        )
         waiting.update(status=r.status_code, body=r.json(), at=time.monotonic())
 
     with httpx.stream("POST", f"{up.url}/v1/chat/completions", json=ask, timeout=60) as r:
@@ -226,16 +279,21 @@ def test_redis_killed_mid_stream_ends_the_stream_with_an_error_then_the_service_
                 killed = time.monotonic()
         ended = time.monotonic()
     second.join(30)
-    print(f"\nstream: error event {ended - killed:.2f} s after the kill, after {len(events) - 1} chunks; "
-          f"queued request: {waiting.get('status')} {waiting.get('at', killed) - killed:.2f} s after the kill")
+    print(
+        f"\nstream: error event {ended - killed:.2f} s after the kill, after {len(events) - 1} chunks; "
+        f"queued request: {waiting.get('status')} {waiting.get('at', killed) - killed:.2f} s after the kill"
+    )
     assert killed is not None and "error" in events[-1], (len(events), events[-2:])
     assert "Redis" in events[-1]["error"]["message"]
     assert waiting["status"] == 503 and "Redis" in waiting["body"]["error"]
     tries = 0
     while True:
         tries += 1
-        r = httpx.post(f"{up.url}/v1/chat/completions", timeout=30,
-                       json={"model": DEMO, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+        r = httpx.post(
+            f"{up.url}/v1/chat/completions",
+            timeout=30,
+            json={"model": DEMO, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
+        )
         if r.status_code == 200:
             break
         assert time.monotonic() - killed < 10, r.text

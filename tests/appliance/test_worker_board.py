@@ -1,4 +1,5 @@
 """The worker's model management without Celery: the memory budget decides what stays loaded."""
+
 from appliance.worker import Board
 
 
@@ -7,9 +8,14 @@ def board(stack, tmp_path, budget_factor: float) -> Board:
     models.mkdir()
     for name in ("a", "b"):
         (models / name).symlink_to(stack.store)
-    cfg = {"ENGINE": {"threads": 1, "context": 512}, "KEEP_ALIVE": 60,
-           "HEARTBEAT_TTL": 2, "PROMPT_CACHE_DIR": str(tmp_path / "pc"), "PROMPT_CACHE_MAX": 2**30,
-           "PROMPT_CACHE_DAYS": 7}
+    cfg = {
+        "ENGINE": {"threads": 1, "context": 512},
+        "KEEP_ALIVE": 60,
+        "HEARTBEAT_TTL": 2,
+        "PROMPT_CACHE_DIR": str(tmp_path / "pc"),
+        "PROMPT_CACHE_MAX": 2**30,
+        "PROMPT_CACHE_DAYS": 7,
+    }
     b = Board("unit", "host", stack.redis_url.replace("db=0", "db=5"), models, cfg)  # a DB the stack does not read
     b.scan()
     b.cfg["ENGINE"]["memory_budget"] = int(b.models["a"]["footprint"] * budget_factor)
@@ -30,6 +36,7 @@ def test_models_that_fit_stay_loaded_together_until_idle(stack, tmp_path):
     b.engine("b", keep_alive=0.01)
     assert set(b.loaded) == {"a", "b"}
     import time
+
     time.sleep(0.05)
     b.unload_idle()
     assert list(b.loaded) == ["a"]
@@ -39,9 +46,15 @@ def test_a_reloaded_moe_model_warms_its_expert_caches_from_the_popularity_it_sav
     models = tmp_path / "models"
     models.mkdir()
     (models / "moe").symlink_to(moe_store)
-    cfg = {"ENGINE": {"threads": 1, "context": 256, "expert_slots": 4}, "KEEP_ALIVE": 60, "HEARTBEAT_TTL": 2,
-           "PROMPT_CACHE_DIR": str(tmp_path / "pc"), "POPULARITY_DIR": str(tmp_path / "pop"),
-           "PROMPT_CACHE_MAX": 2**30, "PROMPT_CACHE_DAYS": 7}
+    cfg = {
+        "ENGINE": {"threads": 1, "context": 256, "expert_slots": 4},
+        "KEEP_ALIVE": 60,
+        "HEARTBEAT_TTL": 2,
+        "PROMPT_CACHE_DIR": str(tmp_path / "pc"),
+        "POPULARITY_DIR": str(tmp_path / "pop"),
+        "PROMPT_CACHE_MAX": 2**30,
+        "PROMPT_CACHE_DAYS": 7,
+    }
     b = Board("unit", "host", stack.redis_url.replace("db=0", "db=5"), models, cfg)
     b.scan()
     eng, _ = b.engine("moe")

@@ -4,6 +4,7 @@ The slow tests build images with image/build, which needs root, mmdebstrap, qemu
 binfmt (scripts/setup --test installs them). Every build here uses the same inputs (the test key, a
 stand-in vendor U-Boot), so the stages they share are built once and reused from the cache.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,9 @@ def test_ssh_key() -> Path:
     key = CACHE / "test-ssh" / "id_ed25519"
     if not key.exists():
         key.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "rkmojo-image-test", "-f", str(key)],
-                       check=True)
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "rkmojo-image-test", "-f", str(key)], check=True
+        )
     return key
 
 
@@ -141,11 +143,16 @@ def build_ahead() -> int:
         t0 = time.monotonic()
         try:
             _build(board)
-            print(f"image builds ahead: {board} in {time.monotonic() - t0:.0f} s, stages {json.dumps(stage_seconds(board))}",
-                  flush=True)
+            print(
+                f"image builds ahead: {board} in {time.monotonic() - t0:.0f} s, stages {json.dumps(stage_seconds(board))}",
+                flush=True,
+            )
         except AssertionError as e:
-            print(f"image builds ahead: {board} failed after {time.monotonic() - t0:.0f} s "
-                  f"(the image tests build it again and report it):\n{str(e)[-2000:]}", flush=True)
+            print(
+                f"image builds ahead: {board} failed after {time.monotonic() - t0:.0f} s "
+                f"(the image tests build it again and report it):\n{str(e)[-2000:]}",
+                flush=True,
+            )
             return 1
     return 0
 

@@ -1,4 +1,5 @@
 """image/flash writes an image to a real block device (a loop device over a file), asking first."""
+
 from __future__ import annotations
 
 import os
@@ -43,8 +44,12 @@ def image(tmp_path):
             f.seek(at)
             f.write(rng.randbytes(8192))
     env = {**os.environ, "CACHE": str(tmp_path / "cache")}
-    r = subprocess.run([str(IMAGE / "stages" / "50-compress" / "run.sh"), str(disk), "rkmojo-test"], env=env,
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [str(IMAGE / "stages" / "50-compress" / "run.sh"), str(disk), "rkmojo-test"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     published = Path(r.stdout.strip())
     for f in ("rkmojo-test.img.xz", "rkmojo-test.img.bmap", "rkmojo-test.img.xz.sha256", "rkmojo-test.img.sha256"):
@@ -64,8 +69,8 @@ def test_flash_writes_the_image_and_its_holes_to_the_device(loop_disk, image):
     # a disk (the image's holes are free space of its filesystems)
     want = image.read_bytes()
     for at in (64 * 512, 5 * MIB, 16 * MIB - 8192):
-        assert written[at:at + 8192] == want[at:at + 8192]
-    assert written[16 * MIB:] == b"\xaa" * (16 * MIB)  # nothing past the image
+        assert written[at : at + 8192] == want[at : at + 8192]
+    assert written[16 * MIB :] == b"\xaa" * (16 * MIB)  # nothing past the image
 
 
 def test_flash_asks_and_writes_nothing_without_a_yes(loop_disk, image):

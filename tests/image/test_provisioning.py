@@ -5,6 +5,7 @@ becomes the image, and keeps its output beside the cache entry: a task that is n
 `changed` there. (Re-applying the play for real to an unpacked copy proved the same at the cost of a
 second copy and a second emulated run of every task.)
 """
+
 from __future__ import annotations
 
 import re

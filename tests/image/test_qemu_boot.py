@@ -7,6 +7,7 @@ token and creates the administrator. Second boot: the same machine-id, host key,
 (the administrator too); the spent token is gone and /setup/ is closed. Slow: a full boot under TCG
 emulation takes minutes.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,37 +44,81 @@ class Guest:
     def __init__(self, disk: Path, nvme: Path, log: Path):
         self.ssh_port, self.web_port = free_port(), free_port()
         self.log = log
-        argv = ["nice", "-n", "19", "qemu-system-aarch64", "-M", "virt", "-cpu", "cortex-a72", "-smp", "2",
-                "-m", "2048", "-bios", str(UBOOT), "-nographic", "-monitor", "none",
-                "-serial", f"file:{log}",
-                # the disks are copies made for this test: the guest's flushes need not reach the host's disk
-                "-drive", f"if=none,id=root,format=raw,cache=unsafe,file={disk}", "-device", "virtio-blk-pci,drive=root",
-                "-drive", f"if=none,id=data,format=raw,cache=unsafe,file={nvme}",
-                "-device", "nvme,drive=data,serial=rkmojo0", "-device", "virtio-rng-pci",
-                "-netdev", f"user,id=net,hostfwd=tcp:127.0.0.1:{self.ssh_port}-:22,"
-                           f"hostfwd=tcp:127.0.0.1:{self.web_port}-:8000",
-                "-device", "virtio-net-pci,netdev=net"]
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE)
+        argv = [
+            "nice",
+            "-n",
+            "19",
+            "qemu-system-aarch64",
+            "-M",
+            "virt",
+            "-cpu",
+            "cortex-a72",
+            "-smp",
+            "2",
+            "-m",
+            "2048",
+            "-bios",
+            str(UBOOT),
+            "-nographic",
+            "-monitor",
+            "none",
+            "-serial",
+            f"file:{log}",
+            # the disks are copies made for this test: the guest's flushes need not reach the host's disk
+            "-drive",
+            f"if=none,id=root,format=raw,cache=unsafe,file={disk}",
+            "-device",
+            "virtio-blk-pci,drive=root",
+            "-drive",
+            f"if=none,id=data,format=raw,cache=unsafe,file={nvme}",
+            "-device",
+            "nvme,drive=data,serial=rkmojo0",
+            "-device",
+            "virtio-rng-pci",
+            "-netdev",
+            f"user,id=net,hostfwd=tcp:127.0.0.1:{self.ssh_port}-:22,hostfwd=tcp:127.0.0.1:{self.web_port}-:8000",
+            "-device",
+            "virtio-net-pci,netdev=net",
+        ]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
     def console(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
     def ssh(self, command: str, timeout: float = 120, check: bool = True) -> str:
         key = test_ssh_key()
-        argv = ["ssh", "-i", str(key), "-p", str(self.ssh_port), "-o", "StrictHostKeyChecking=no",
-                "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=10",
-                "-o", "BatchMode=yes", "admin@127.0.0.1", command]
+        argv = [
+            "ssh",
+            "-i",
+            str(key),
+            "-p",
+            str(self.ssh_port),
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "LogLevel=ERROR",
+            "-o",
+            "ConnectTimeout=10",
+            "-o",
+            "BatchMode=yes",
+            "admin@127.0.0.1",
+            command,
+        ]
         r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
         if check and r.returncode != 0:
-            raise AssertionError(f"ssh {command!r} -> {r.returncode}: {r.stdout}{r.stderr}\n"
-                                 f"console tail:\n{self.console()[-3000:]}")
+            raise AssertionError(
+                f"ssh {command!r} -> {r.returncode}: {r.stdout}{r.stderr}\nconsole tail:\n{self.console()[-3000:]}"
+            )
         return r.stdout.strip()
 
     def wait_for_ssh(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"qemu exited: {self.proc.stderr.read().decode()}\n{self.console()[-3000:]}"
+            assert self.proc.poll() is None, (
+                f"qemu exited: {self.proc.stderr.read().decode()}\n{self.console()[-3000:]}"
+            )
             if self.ssh_answers():
                 return
             time.sleep(5)
@@ -117,8 +162,10 @@ def wait_for_models(guest: Guest, key: str, timeout: float) -> list[str]:
         except OSError as e:
             last = e
         time.sleep(5)
-    raise AssertionError(f"/v1/models never listed a model ({last}); worker log:\n"
-                         + guest.ssh("sudo journalctl -u rkmojo-worker -u rkmojo-web --no-pager -n 60", check=False))
+    raise AssertionError(
+        f"/v1/models never listed a model ({last}); worker log:\n"
+        + guest.ssh("sudo journalctl -u rkmojo-worker -u rkmojo-web --no-pager -n 60", check=False)
+    )
 
 
 def first_disk_size(guest: Guest, dev: str) -> int:
@@ -131,8 +178,16 @@ def create_admin_with_the_token(port: int, token: str) -> httpx.Response:
         page = c.get("/setup/")
         assert page.status_code == 200 and 'name="token"' in page.text, page.text[:2000]
         csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)
-        return c.post("/setup/", data={"csrfmiddlewaretoken": csrf, "token": token, "username": "owner",
-                                       "password1": ADMIN_PASSWORD, "password2": ADMIN_PASSWORD})
+        return c.post(
+            "/setup/",
+            data={
+                "csrfmiddlewaretoken": csrf,
+                "token": token,
+                "username": "owner",
+                "password1": ADMIN_PASSWORD,
+                "password2": ADMIN_PASSWORD,
+            },
+        )
 
 
 def admin_signs_in(port: int) -> bool:
@@ -143,8 +198,15 @@ def admin_signs_in(port: int) -> bool:
         page = c.get("/admin/login/")
         csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
         assert page.status_code == 200 and csrf, page.text[:2000]
-        r = c.post("/admin/login/?next=/admin/", data={"csrfmiddlewaretoken": csrf.group(1), "username": "owner",
-                                                       "password": ADMIN_PASSWORD, "next": "/admin/"})
+        r = c.post(
+            "/admin/login/?next=/admin/",
+            data={
+                "csrfmiddlewaretoken": csrf.group(1),
+                "username": "owner",
+                "password": ADMIN_PASSWORD,
+                "next": "/admin/",
+            },
+        )
         if r.status_code != 302 or r.headers["location"] != "/admin/":
             return False
         return c.get("/admin/auth/user/").status_code == 200

@@ -1,4 +1,5 @@
 """Quick checks of provisioning/ and image/: lint, role conventions, board profiles, refusals."""
+
 from __future__ import annotations
 
 import os
@@ -34,10 +35,19 @@ def test_provisioning_passes_yamllint():
 
 
 def test_provisioning_passes_ansible_lint_with_the_production_profile():
-    env = {**os.environ, "ANSIBLE_CONFIG": str(PROVISIONING / "ansible.cfg"), "NO_COLOR": "1",
-           "PATH": f"{VENV_BIN}:{os.environ['PATH']}"}
-    r = subprocess.run([tool("ansible-lint"), "--profile", "production", "--offline"], cwd=PROVISIONING,
-                       capture_output=True, text=True, env=env)
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(PROVISIONING / "ansible.cfg"),
+        "NO_COLOR": "1",
+        "PATH": f"{VENV_BIN}:{os.environ['PATH']}",
+    }
+    r = subprocess.run(
+        [tool("ansible-lint"), "--profile", "production", "--offline"],
+        cwd=PROVISIONING,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
 
 
@@ -69,8 +79,12 @@ def test_the_image_playbook_gathers_no_facts_and_starts_nothing():
 def test_units_are_sandboxed_and_restart_on_failure():
     tpl = PROVISIONING / "roles" / "appliance" / "templates"
     sandbox = (tpl / "sandbox.j2").read_text()
-    for line in ("NoNewPrivileges=yes", "ProtectSystem=strict", "ReadWritePaths={{ appliance_data_dir }}",
-                 "UMask=0077"):  # the data directory's files are the service user's alone
+    for line in (
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "ReadWritePaths={{ appliance_data_dir }}",
+        "UMask=0077",
+    ):  # the data directory's files are the service user's alone
         assert line in sandbox
     assert "AF_NETLINK" in sandbox  # appliance.hosts lists the interfaces' addresses for ALLOWED_HOSTS
     assert "-m appliance.serve " in (tpl / "rkmojo-web.service.j2").read_text()  # 413 before the body is read
@@ -93,8 +107,15 @@ def profile(board: str) -> dict:
 @pytest.mark.parametrize("board", ["qemu-arm64", "rock5b", "orangepi5-plus"])
 def test_each_board_profile_names_kernel_console_bootloader_and_sizes(board):
     p = profile(board)
-    for k in ("KERNEL_SOURCE", "KERNEL_SUITE", "KERNEL_PACKAGE", "CONSOLE", "UBOOT_SOURCE", "ROOT_START_MIB",
-              "ROOT_SIZE_MIB"):
+    for k in (
+        "KERNEL_SOURCE",
+        "KERNEL_SUITE",
+        "KERNEL_PACKAGE",
+        "CONSOLE",
+        "UBOOT_SOURCE",
+        "ROOT_START_MIB",
+        "ROOT_SIZE_MIB",
+    ):
         assert k in p, f"{board}: {k}"
     assert p["ROOT_START_MIB"] == "16"
     if board != "qemu-arm64":
@@ -123,8 +144,9 @@ def test_scripts_parse():
 
 def test_the_kernel_stage_builds_on_the_base_root_filesystem_alone():
     build = (IMAGE / "build").read_text()
-    order = re.findall(r'^\s*(?:\w+=\$\()?timed (STAGE_\w+) "\$here/stages/([\w-]+)/run.sh"(.*?)\)?(?: > .*&)?$',
-                       build, re.M)
+    order = re.findall(
+        r'^\s*(?:\w+=\$\()?timed (STAGE_\w+) "\$here/stages/([\w-]+)/run.sh"(.*?)\)?(?: > .*&)?$', build, re.M
+    )
     assert sorted(o[1] for o in order) == sorted(p.parent.name for p in IMAGE.glob("stages/*/run.sh"))
     args = {o[1]: o[2].split() for o in order}
     assert args["10-kernel"] == ['"$rootfs"']  # not the provisioned one: the appliance never rebuilds it
@@ -135,15 +157,28 @@ def test_the_kernel_stage_builds_on_the_base_root_filesystem_alone():
 def wheel_key(repo: Path) -> str:
     stage = (IMAGE / "stages" / "20-wheelhouse" / "run.sh").read_text()
     paths = re.search(r"^wheel_paths=\((.*)\)$", stage, re.M).group(1)
-    r = subprocess.run(["bash", "-c", f'. "{IMAGE}/lib/common.sh"; tree_key "{repo}" {paths}'], capture_output=True,
-                       text=True, check=True)
+    r = subprocess.run(
+        ["bash", "-c", f'. "{IMAGE}/lib/common.sh"; tree_key "{repo}" {paths}'],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return r.stdout.strip()
 
 
 def test_the_wheelhouse_key_covers_what_goes_into_the_wheel_and_nothing_else(tmp_path):
-    files = ["pyproject.toml", "setup.py", "README.md", "inference/engine.py", "inference/kernels/rkkernels.c",
-             "appliance/settings.py", "webui/templates/webui/setup.html", "tests/test_x.py", "docs/x.md",
-             "benchmarks/b.py"]
+    files = [
+        "pyproject.toml",
+        "setup.py",
+        "README.md",
+        "inference/engine.py",
+        "inference/kernels/rkkernels.c",
+        "appliance/settings.py",
+        "webui/templates/webui/setup.html",
+        "tests/test_x.py",
+        "docs/x.md",
+        "benchmarks/b.py",
+    ]
     for f in files:
         (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / f).write_text(f"{f}\n")
@@ -154,8 +189,13 @@ def test_the_wheelhouse_key_covers_what_goes_into_the_wheel_and_nothing_else(tmp
     for f in ["tests/test_x.py", "docs/x.md", "benchmarks/b.py", "README.md", "inference/_built.so"]:
         (tmp_path / f).write_text("changed")
         assert wheel_key(tmp_path) == key, f
-    for f in ["inference/engine.py", "inference/kernels/rkkernels.c", "webui/templates/webui/setup.html",
-              "setup.py", "pyproject.toml"]:
+    for f in [
+        "inference/engine.py",
+        "inference/kernels/rkkernels.c",
+        "webui/templates/webui/setup.html",
+        "setup.py",
+        "pyproject.toml",
+    ]:
         (tmp_path / f).write_text("changed")
         changed = wheel_key(tmp_path)
         assert changed != key, f
@@ -163,28 +203,61 @@ def test_the_wheelhouse_key_covers_what_goes_into_the_wheel_and_nothing_else(tmp
 
 
 def test_the_cache_keeps_what_each_boards_latest_build_used_and_nothing_else(tmp_path):
-    entries = ["rootfs-a.tar", "kernel-b.tar", "wheelhouse-old", "wheelhouse-new", "provisioned-c.tar",
-               "provisioned-c.vars.json", "disk-rock5b-d", "disk-rock5b-e", "compressed-f", "work-disk-g",
-               "kernel-h.tar.part", "test-ssh"]
+    entries = [
+        "rootfs-a.tar",
+        "kernel-b.tar",
+        "wheelhouse-old",
+        "wheelhouse-new",
+        "provisioned-c.tar",
+        "provisioned-c.vars.json",
+        "disk-rock5b-d",
+        "disk-rock5b-e",
+        "compressed-f",
+        "work-disk-g",
+        "kernel-h.tar.part",
+        "test-ssh",
+    ]
     for e in entries:
         (tmp_path / e).mkdir() if "." not in e else (tmp_path / e).write_text("x")
     (tmp_path / ".used").mkdir()
     (tmp_path / ".used" / "qemu-arm64").write_text(
-        "".join(f"{tmp_path / e}\n" for e in ["rootfs-a.tar", "kernel-b.tar", "wheelhouse-new", "provisioned-c.tar",
-                                              "provisioned-c.vars.json", "compressed-f"]))
+        "".join(
+            f"{tmp_path / e}\n"
+            for e in [
+                "rootfs-a.tar",
+                "kernel-b.tar",
+                "wheelhouse-new",
+                "provisioned-c.tar",
+                "provisioned-c.vars.json",
+                "compressed-f",
+            ]
+        )
+    )
     (tmp_path / ".used" / "rock5b").write_text(f"{tmp_path / 'kernel-b.tar'}\n{tmp_path / 'disk-rock5b-e'}\n")
-    subprocess.run(["bash", "-c", f'. "{IMAGE}/lib/common.sh"; CACHE="{tmp_path}"; prune_cache'], check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["bash", "-c", f'. "{IMAGE}/lib/common.sh"; CACHE="{tmp_path}"; prune_cache'], check=True, capture_output=True
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [".used", "rootfs-a.tar", "kernel-b.tar", "wheelhouse-new", "provisioned-c.tar", "provisioned-c.vars.json",
-         "disk-rock5b-e", "compressed-f", "test-ssh"])
+        [
+            ".used",
+            "rootfs-a.tar",
+            "kernel-b.tar",
+            "wheelhouse-new",
+            "provisioned-c.tar",
+            "provisioned-c.vars.json",
+            "disk-rock5b-e",
+            "compressed-f",
+            "test-ssh",
+        ]
+    )
 
 
 def test_flash_refuses_a_file_that_is_not_a_block_device(tmp_path):
     img = tmp_path / "x.img"
     img.write_bytes(b"\0" * 1024)
-    r = subprocess.run([str(IMAGE / "flash"), "--yes", str(img), str(tmp_path / "disk")], capture_output=True,
-                       text=True)
+    r = subprocess.run(
+        [str(IMAGE / "flash"), "--yes", str(img), str(tmp_path / "disk")], capture_output=True, text=True
+    )
     assert r.returncode != 0 and "not a block device" in r.stderr
 
 

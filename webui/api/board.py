@@ -4,6 +4,7 @@ install (pull), delete, verify, load and unload, each a `Job` on the worker's bo
 Errors are `ApiError`s with one clear message (the worker's own, such as an unsupported architecture or a
 full disk, comes through as its `Error` event says it).
 """
+
 from __future__ import annotations
 
 from django.conf import settings
@@ -25,8 +26,9 @@ def install_name(source: str) -> tuple[str, str]:
     from inference.pull import default_name
 
     if not source:
-        raise ApiError(400, "model is required: a repository id (owner/name), a .gguf URL or a path on the worker",
-                       param="model")
+        raise ApiError(
+            400, "model is required: a repository id (owner/name), a .gguf URL or a path on the worker", param="model"
+        )
     try:
         local = local_path(source, settings.RKMOJO["IMPORT_DIR"])
     except SourceError as e:

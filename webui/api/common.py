@@ -5,6 +5,7 @@ key, parses the JSON body, and turns every failure into the flavor's error forma
 `{"error": {"message", "type", "param", "code"}}` or Ollama's `{"error": "..."}` — with the right
 status. An unexpected exception is logged and answered 500 in the same format, never as HTML.
 """
+
 from __future__ import annotations
 
 import functools
@@ -25,10 +26,19 @@ from inference.errors import disk_full
 
 log = logging.getLogger("rkmojo.api")
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "invalid_request_error", 409: "invalid_request_error", 413: "invalid_request_error",
-          415: "invalid_request_error", 507: "server_error",
-          422: "invalid_request_error", 429: "rate_limit_exceeded", 503: "server_error"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    409: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    507: "server_error",
+    422: "invalid_request_error",
+    429: "rate_limit_exceeded",
+    503: "server_error",
+}
 
 
 _UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
@@ -37,8 +47,15 @@ _UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
 class ApiError(Exception):
     """A request that cannot be served; `status` is the HTTP status, `param` the offending field."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 headers: dict | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict | None = None,
+    ):
         super().__init__(message)
         self.status, self.param, self.code, self.headers = status, param, code, headers or {}
 
@@ -47,14 +64,23 @@ class ApiError(Exception):
         return cls(ev.status, ev.message, param=ev.param, code=ev.code)
 
 
-DISK_FULL = ApiError(507, "the appliance's data disk is full; nothing was saved. Free space in its data directory "
-                          "(remove a model with `rkmojo rm`, or old prompt caches) and retry", code="disk_full")
+DISK_FULL = ApiError(
+    507,
+    "the appliance's data disk is full; nothing was saved. Free space in its data directory "
+    "(remove a model with `rkmojo rm`, or old prompt caches) and retry",
+    code="disk_full",
+)
 
 
 def openai_error_body(e: ApiError) -> dict:
-    return {"error": {"message": str(e), "type": _TYPES.get(e.status, "server_error" if e.status >= 500 else
-                                                            "invalid_request_error"),
-                      "param": e.param, "code": e.code}}
+    return {
+        "error": {
+            "message": str(e),
+            "type": _TYPES.get(e.status, "server_error" if e.status >= 500 else "invalid_request_error"),
+            "param": e.param,
+            "code": e.code,
+        }
+    }
 
 
 def error_response(flavor: str, e: ApiError) -> JsonResponse:
@@ -78,12 +104,17 @@ def validation_error(e: pydantic.ValidationError) -> ApiError:
     if err.get("type") == "extra_forbidden":
         return ApiError(400, f"Unrecognized request argument supplied: {param}", param=param or None)
     if err.get("type") == "missing":
-        return ApiError(400, f"Missing required parameter: '{param}'", param=param or None,
-                        code="missing_required_parameter")
+        return ApiError(
+            400, f"Missing required parameter: '{param}'", param=param or None, code="missing_required_parameter"
+        )
     got = err.get("input")
     shown = json.dumps(got)[:80] if not isinstance(got, dict) else "an object"
-    return ApiError(400, f"Invalid value for '{param}': {msg} (got {shown})", param=param or None,
-                    code="invalid_value" if "type" not in err.get("type", "") else "invalid_type")
+    return ApiError(
+        400,
+        f"Invalid value for '{param}': {msg} (got {shown})",
+        param=param or None,
+        code="invalid_value" if "type" not in err.get("type", "") else "invalid_type",
+    )
 
 
 def parse_json(request: HttpRequest) -> dict:
@@ -127,12 +158,17 @@ async def check_api_key(request: HttpRequest) -> None:
     header = request.headers.get("Authorization", "")
     key = header[7:].strip() if header[:7].lower() == "bearer " else ""
     if not key:
-        raise ApiError(401, "You didn't provide an API key. Give it as `Authorization: Bearer KEY`; create one "
-                            "with `rkmojo up --create-api-key NAME` or in the admin pages.", code="missing_api_key")
+        raise ApiError(
+            401,
+            "You didn't provide an API key. Give it as `Authorization: Bearer KEY`; create one "
+            "with `rkmojo up --create-api-key NAME` or in the admin pages.",
+            code="missing_api_key",
+        )
     found = await ApiKey.objects.filter(digest=hash_key(key), revoked=None).afirst()
     if found is None:
-        raise ApiError(401, f"Incorrect API key provided: {key[:6]}…; check it or create a new one.",
-                       code="invalid_api_key")
+        raise ApiError(
+            401, f"Incorrect API key provided: {key[:6]}…; check it or create a new one.", code="invalid_api_key"
+        )
     now = timezone.now()
     if found.last_used is None or now - found.last_used > timedelta(minutes=1):
         await ApiKey.objects.filter(pk=found.pk).aupdate(last_used=now)
@@ -147,8 +183,11 @@ def api_view(flavor: str, methods: tuple[str, ...] = ("POST",), *, auth: bool = 
         async def view(request: HttpRequest, *args, **kwargs):
             try:
                 if request.method not in methods:
-                    raise ApiError(405, f"{request.method} is not allowed on {request.path}; use {' or '.join(methods)}",
-                                   headers={"Allow": ", ".join(methods)})
+                    raise ApiError(
+                        405,
+                        f"{request.method} is not allowed on {request.path}; use {' or '.join(methods)}",
+                        headers={"Allow": ", ".join(methods)},
+                    )
                 if auth:
                     await check_api_key(request)
                 body = parse_json(request) if request.method in ("POST", "DELETE") else {}
@@ -159,9 +198,15 @@ def api_view(flavor: str, methods: tuple[str, ...] = ("POST",), *, auth: bool = 
                 return error_response(flavor, validation_error(e))
             except (redis.exceptions.ConnectionError, kombu.exceptions.OperationalError) as e:
                 log.warning("%s %s: Redis does not answer (%s)", request.method, request.path, e)
-                return error_response(flavor, ApiError(503, "the appliance's Redis does not answer (restarting?); "
-                                                            "retry in a few seconds", code="redis_unavailable",
-                                                       headers={"Retry-After": "2"}))
+                return error_response(
+                    flavor,
+                    ApiError(
+                        503,
+                        "the appliance's Redis does not answer (restarting?); retry in a few seconds",
+                        code="redis_unavailable",
+                        headers={"Retry-After": "2"},
+                    ),
+                )
             except Exception as e:
                 if disk_full(e):
                     log.error("%s %s: the data disk is full (%s)", request.method, request.path, e)

@@ -18,6 +18,7 @@ worker's) ends the stream with an error event instead of a hang. So does losing 
 connection, or a stream that vanished because Redis restarted empty, is an error event (503
 `redis_lost`); the next request reconnects (`bus.connect_async` retries with backoff).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -72,14 +73,26 @@ async def find_model(name: str) -> tuple[list[dict], dict]:
     if not found and (worker := await bus.seen(redis(), name)):
         return [{"name": worker}], {"name": name}  # its worker is restarting: the request waits for it
     if not found:
-        raise ApiError(404, f"The model '{name}' does not exist or is not served by any worker; "
-                            "GET /v1/models lists the ones that are", param="model", code="model_not_found")
+        raise ApiError(
+            404,
+            f"The model '{name}' does not exist or is not served by any worker; GET /v1/models lists the ones that are",
+            param="model",
+            code="model_not_found",
+        )
     return [w for w, _ in found], found[0][1]
 
 
 class Job:
-    def __init__(self, task: str, queue: str, payload: dict, *, model: str | None, worker: str | None,
-                 names: dict[str, str] | None = None):
+    def __init__(
+        self,
+        task: str,
+        queue: str,
+        payload: dict,
+        *,
+        model: str | None,
+        worker: str | None,
+        names: dict[str, str] | None = None,
+    ):
         self.task, self.queue, self.payload = task, queue, payload
         self.names = names or {}  # the engine's name of a field → this API's (prompt → messages)
         self.model, self.worker = model, worker
@@ -91,8 +104,16 @@ class Job:
         self.after = "0"  # the last stream id read: `events()` may be called again and goes on from there
 
     @classmethod
-    async def submit(cls, task: str, model: str, payload: dict, *, client: str | None = None,
-                     refused_status: int = 429, names: dict[str, str] | None = None) -> "Job":
+    async def submit(
+        cls,
+        task: str,
+        model: str,
+        payload: dict,
+        *,
+        client: str | None = None,
+        refused_status: int = 429,
+        names: dict[str, str] | None = None,
+    ) -> "Job":
         """Admit a generation request for `model` and hand it to the model's queue. `names`: how this API
         spells the fields the worker's errors name (`{"prompt": "messages"}` for a chat).
 
@@ -105,9 +126,12 @@ class Job:
         info = {"id": rid, "model": model, "kind": payload.get("kind"), "client": client, "created": time.time()}
         if not await bus.admit(redis(), model, rid, capacity, info):
             wait = settings.RKMOJO["RETRY_AFTER"]
-            raise ApiError(refused_status, f"{model} has {capacity} requests running or waiting, the most it "
-                                           f"queues; retry after {wait} s", code="queue_full",
-                           headers={"Retry-After": str(wait)})
+            raise ApiError(
+                refused_status,
+                f"{model} has {capacity} requests running or waiting, the most it queues; retry after {wait} s",
+                code="queue_full",
+                headers={"Retry-After": str(wait)},
+            )
         job = cls(task, bus.model_queue(model), payload, model=model, worker=None, names=names)
         await job._send()
         return job
@@ -124,8 +148,7 @@ class Job:
         from appliance.celery import app
 
         try:
-            await sync_to_async(app.send_task, thread_sensitive=False)(self.task, args=[self.payload],
-                                                                       queue=self.queue)
+            await sync_to_async(app.send_task, thread_sensitive=False)(self.task, args=[self.payload], queue=self.queue)
         except BaseException:
             await self.close()
             raise
@@ -228,17 +251,23 @@ class Job:
             w = await bus.worker(r, self.claim.worker)
             if w is None or w.get("boot") != self.claim.boot:
                 why = "restarted" if w is not None else "stopped answering"
-                return Error(status=503, code="worker_lost",
-                             message=f"the worker {self.claim.worker} {why} while serving this request; retry it")
+                return Error(
+                    status=503,
+                    code="worker_lost",
+                    message=f"the worker {self.claim.worker} {why} while serving this request; retry it",
+                )
             return None
         if self.worker is not None:
             alive = await bus.worker(r, self.worker) is not None
         else:
             alive = any(m["name"] == self.model for w in await bus.workers(r) for m in w.get("models", []))
         if not alive and time.monotonic() - waiting_since > settings.RKMOJO["NO_WORKER_TIMEOUT"]:
-            return Error(status=503, code="no_worker",
-                         message=f"no worker serving {self.model or self.worker} came up within "
-                                 f"{settings.RKMOJO['NO_WORKER_TIMEOUT']:.0f} s; retry later")
+            return Error(
+                status=503,
+                code="no_worker",
+                message=f"no worker serving {self.model or self.worker} came up within "
+                f"{settings.RKMOJO['NO_WORKER_TIMEOUT']:.0f} s; retry later",
+            )
         return None
 
     async def stop(self) -> None:
@@ -275,5 +304,8 @@ class Job:
 def redis_lost(e: Exception | None) -> Error:
     """The error event of a request whose events were lost with the Redis connection."""
     why = f" ({type(e).__name__})" if e is not None else " (it restarted)"
-    return Error(status=503, code="redis_lost",
-                 message=f"the appliance lost its Redis connection{why} while serving this request; retry it")
+    return Error(
+        status=503,
+        code="redis_lost",
+        message=f"the appliance lost its Redis connection{why} while serving this request; retry it",
+    )

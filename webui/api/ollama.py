@@ -6,6 +6,7 @@ durations in nanoseconds; a failure after the first line is a line `{"error": ".
 client raises it). Like Ollama, fields it does not know are ignored; values the engine cannot honour
 (images, tools, a JSON `format`, `think`, mirostat, …) are refused with 400.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,9 +33,23 @@ from .params import chat_messages, check_embed_batch, check_sampling, sampling_f
 VERSION = "0.9.0"  # the Ollama API level these endpoints follow; clients gate features on it
 
 # options that tune Ollama's own runtime: accepted and without effect here (the worker owns its engine)
-_RUNTIME_OPTIONS = {"num_batch", "num_gpu", "main_gpu", "low_vram", "num_thread", "use_mmap",
-                    "use_mlock", "numa", "num_keep", "repeat_last_n", "penalize_newline", "vocab_only",
-                    "logits_all", "embedding_only", "f16_kv"}
+_RUNTIME_OPTIONS = {
+    "num_batch",
+    "num_gpu",
+    "main_gpu",
+    "low_vram",
+    "num_thread",
+    "use_mmap",
+    "use_mlock",
+    "numa",
+    "num_keep",
+    "repeat_last_n",
+    "penalize_newline",
+    "vocab_only",
+    "logits_all",
+    "embedding_only",
+    "f16_kv",
+}
 
 
 class _Req(BaseModel):
@@ -155,14 +170,22 @@ def sampling(req: _Generation) -> dict:
     if req.format:
         raise ApiError(400, "format (structured output) is not supported by this server", param="format")
     if req.think:
-        raise ApiError(400, f"\"{req.model}\" does not support thinking", param="think")
+        raise ApiError(400, f'"{req.model}" does not support thinking', param="think")
     max_tokens = None if o.num_predict is None or o.num_predict < 0 else o.num_predict
     if o.num_predict == 0:
         raise ApiError(400, "num_predict 0 asks for nothing; give a positive number or -1", param="options.num_predict")
-    params = {"max_tokens": max_tokens, "temperature": o.temperature, "top_k": o.top_k,
-              "top_p": o.top_p if o.top_p else None, "min_p": o.min_p, "repetition_penalty": o.repeat_penalty or None,
-              "presence_penalty": o.presence_penalty or 0.0, "frequency_penalty": o.frequency_penalty or 0.0,
-              "seed": seed_value(o.seed), "stop": o.stop or []}
+    params = {
+        "max_tokens": max_tokens,
+        "temperature": o.temperature,
+        "top_k": o.top_k,
+        "top_p": o.top_p if o.top_p else None,
+        "min_p": o.min_p,
+        "repetition_penalty": o.repeat_penalty or None,
+        "presence_penalty": o.presence_penalty or 0.0,
+        "frequency_penalty": o.frequency_penalty or 0.0,
+        "seed": seed_value(o.seed),
+        "stop": o.stop or [],
+    }
     if req.logprobs:
         params["logprobs"] = req.top_logprobs or 0
     return check_sampling(params, OLLAMA)
@@ -173,8 +196,12 @@ def check_num_ctx(value: int | None) -> None:
     value is accepted up to it and refused past it instead of being ignored."""
     limit = settings.RKMOJO["ENGINE"].get("context", EngineConfig.context)  # the workers' (RKMOJO_CONTEXT)
     if value is not None and value > limit:
-        raise ApiError(400, f"options.num_ctx {value}: this server runs a context of {limit} tokens "
-                            "(RKMOJO_CONTEXT); give at most that", param="options.num_ctx")
+        raise ApiError(
+            400,
+            f"options.num_ctx {value}: this server runs a context of {limit} tokens "
+            "(RKMOJO_CONTEXT); give at most that",
+            param="options.num_ctx",
+        )
 
 
 def _now() -> str:
@@ -190,9 +217,14 @@ def _iso(ts: float | None) -> str:
 def _durations(final: Final, t0: float) -> dict:
     u = final.usage or Usage()
     ttft, total = (final.timings.ttft, final.timings.total) if final.timings else (0.0, 0.0)
-    return {"total_duration": int((time.perf_counter() - t0) * 1e9), "load_duration": int(final.load_duration * 1e9),
-            "prompt_eval_count": u.prompt_tokens, "prompt_eval_duration": int(ttft * 1e9),
-            "eval_count": u.completion_tokens, "eval_duration": int(max(total - ttft, 0.0) * 1e9)}
+    return {
+        "total_duration": int((time.perf_counter() - t0) * 1e9),
+        "load_duration": int(final.load_duration * 1e9),
+        "prompt_eval_count": u.prompt_tokens,
+        "prompt_eval_duration": int(ttft * 1e9),
+        "eval_count": u.completion_tokens,
+        "eval_duration": int(max(total - ttft, 0.0) * 1e9),
+    }
 
 
 def _ndjson(job, lines) -> StreamingHttpResponse:
@@ -217,8 +249,13 @@ async def _answer(job, model: str, t0: float, piece, stream: bool, on_final=None
             parts.append(ev.text)
             lp = logprob_dicts(ev)
             if stream:
-                yield {"model": model, "created_at": _now(), **piece(ev.text), "done": False,
-                       **({"logprobs": lp} if lp else {})}
+                yield {
+                    "model": model,
+                    "created_at": _now(),
+                    **piece(ev.text),
+                    "done": False,
+                    **({"logprobs": lp} if lp else {}),
+                }
             else:
                 lps += lp
         elif isinstance(ev, Final):
@@ -226,8 +263,15 @@ async def _answer(job, model: str, t0: float, piece, stream: bool, on_final=None
             text = "" if stream else "".join(parts)
             if on_final is not None:
                 await on_final("".join(parts), ev)
-            yield {"model": model, "created_at": _now(), **piece(text), "done": True, "done_reason": reason,
-                   **_durations(ev, t0), **({"logprobs": lps} if lps else {})}
+            yield {
+                "model": model,
+                "created_at": _now(),
+                **piece(text),
+                "done": True,
+                "done_reason": reason,
+                **_durations(ev, t0),
+                **({"logprobs": lps} if lps else {}),
+            }
         elif isinstance(ev, Error):
             raise ApiError.from_event(ev)
 
@@ -248,8 +292,13 @@ async def _respond(job, model: str, t0: float, piece, stream: bool, on_final=Non
 async def _load_or_unload(request, model: str, keep_alive: float | None, piece) -> JsonResponse:
     """Ollama's way to load a model (empty prompt/messages) or unload it (that and keep_alive 0)."""
     kind = "unload" if keep_alive == 0 else "load"
-    job = await jobs.Job.submit("rkmojo.generate", model, {"kind": kind, "model": model, "keep_alive": keep_alive},
-                                client=request.META.get("REMOTE_ADDR"), refused_status=503)
+    job = await jobs.Job.submit(
+        "rkmojo.generate",
+        model,
+        {"kind": kind, "model": model, "keep_alive": keep_alive},
+        client=request.META.get("REMOTE_ADDR"),
+        refused_status=503,
+    )
     try:
         await job.started()
         async for ev in job.events():
@@ -267,7 +316,7 @@ async def chat(request, body):
     req = ChatRequest.model_validate(body)
     model = ollama_model_name(req.model)
     if req.tools:
-        raise ApiError(400, f"\"{model}\" does not support tools", param="tools")
+        raise ApiError(400, f'"{model}" does not support tools', param="tools")
     params = sampling(req)
     keep_alive = keep_alive_seconds(req.keep_alive)
     piece = lambda text: {"message": {"role": "assistant", "content": text}}  # noqa: E731
@@ -275,8 +324,14 @@ async def chat(request, body):
         return await _load_or_unload(request, model, keep_alive, piece)
     messages = chat_messages(req.messages)
     payload = {"kind": "chat", "model": model, "messages": messages, "params": params, "keep_alive": keep_alive}
-    job = await jobs.Job.submit("rkmojo.generate", model, payload, client=request.META.get("REMOTE_ADDR"),
-                                refused_status=503, names={"prompt": "messages"})
+    job = await jobs.Job.submit(
+        "rkmojo.generate",
+        model,
+        payload,
+        client=request.META.get("REMOTE_ADDR"),
+        refused_status=503,
+        names={"prompt": "messages"},
+    )
     await job.started()
 
     async def record(text, final):
@@ -306,12 +361,14 @@ async def generate(request, body):
     if req.raw:
         payload = {"kind": "complete", "prompt": req.prompt}
     else:
-        messages = ([{"role": "system", "content": req.system}] if req.system else []) + \
-                   [{"role": "user", "content": req.prompt}]
+        messages = ([{"role": "system", "content": req.system}] if req.system else []) + [
+            {"role": "user", "content": req.prompt}
+        ]
         payload = {"kind": "chat", "messages": messages}
     payload.update(model=model, params=params, keep_alive=keep_alive)
-    job = await jobs.Job.submit("rkmojo.generate", model, payload, client=request.META.get("REMOTE_ADDR"),
-                                refused_status=503)
+    job = await jobs.Job.submit(
+        "rkmojo.generate", model, payload, client=request.META.get("REMOTE_ADDR"), refused_status=503
+    )
     await job.started()
     return await _respond(job, model, t0, piece, req.stream is not False)
 
@@ -321,9 +378,13 @@ async def _embed(request, model: str, texts: list[str], keep_alive) -> tuple:
     if not texts or any(not isinstance(t, str) or not t for t in texts):
         raise ApiError(400, "input must be a non-empty string or a list of non-empty strings", param="input")
     check_embed_batch(texts)
-    job = await jobs.Job.submit("rkmojo.generate", model, {"kind": "embed", "model": model, "input": texts,
-                                                           "keep_alive": keep_alive_seconds(keep_alive)},
-                                client=request.META.get("REMOTE_ADDR"), refused_status=503)
+    job = await jobs.Job.submit(
+        "rkmojo.generate",
+        model,
+        {"kind": "embed", "model": model, "input": texts, "keep_alive": keep_alive_seconds(keep_alive)},
+        client=request.META.get("REMOTE_ADDR"),
+        refused_status=503,
+    )
     try:
         start = await job.started()
         vecs, tokens = await embedding_result(job)
@@ -339,10 +400,18 @@ async def embed(request, body):
     if req.dimensions:
         raise ApiError(400, "dimensions is not supported by this server", param="dimensions")
     model = ollama_model_name(req.model)
-    vecs, tokens, start = await _embed(request, model, [req.input] if isinstance(req.input, str) else req.input,
-                                       req.keep_alive)
-    return JsonResponse({"model": model, "embeddings": vecs.tolist(), "total_duration": int((time.perf_counter() - t0) * 1e9),
-                         "load_duration": int(start.load_duration * 1e9), "prompt_eval_count": tokens})
+    vecs, tokens, start = await _embed(
+        request, model, [req.input] if isinstance(req.input, str) else req.input, req.keep_alive
+    )
+    return JsonResponse(
+        {
+            "model": model,
+            "embeddings": vecs.tolist(),
+            "total_duration": int((time.perf_counter() - t0) * 1e9),
+            "load_duration": int(start.load_duration * 1e9),
+            "prompt_eval_count": tokens,
+        }
+    )
 
 
 @api_view("ollama")
@@ -356,18 +425,35 @@ async def embeddings(request, body):
 def _details(desc: dict) -> dict:
     from inference.models_dir import fmt_count
 
-    return {"parent_model": "", "format": "rkmojo", "family": desc.get("family", ""),
-            "families": [desc.get("family", "")], "parameter_size": fmt_count(desc.get("params", 0)),
-            "quantization_level": desc.get("quant", "")}
+    return {
+        "parent_model": "",
+        "format": "rkmojo",
+        "family": desc.get("family", ""),
+        "families": [desc.get("family", "")],
+        "parameter_size": fmt_count(desc.get("params", 0)),
+        "quantization_level": desc.get("quant", ""),
+    }
 
 
 @api_view("ollama", ("GET",))
 async def tags(request, body):
     cat = await jobs.catalog()
-    return JsonResponse({"models": [
-        {"name": name, "model": name, "modified_at": _iso(d.get("modified")), "size": d.get("size", 0),
-         "digest": d.get("digest", ""), "details": _details(d)}
-        for name, entries in sorted(cat.items()) for d in [entries[0][1]]]})
+    return JsonResponse(
+        {
+            "models": [
+                {
+                    "name": name,
+                    "model": name,
+                    "modified_at": _iso(d.get("modified")),
+                    "size": d.get("size", 0),
+                    "digest": d.get("digest", ""),
+                    "details": _details(d),
+                }
+                for name, entries in sorted(cat.items())
+                for d in [entries[0][1]]
+            ]
+        }
+    )
 
 
 @api_view("ollama", ("GET",))
@@ -382,15 +468,27 @@ async def ps(request, body):
         descs = {m["name"]: m for m in w.get("models", [])}
         for ld in w.get("loaded", []):
             d = descs.get(ld["name"], {})
-            models.append({"name": ld["name"], "model": ld["name"], "size": ld.get("size", 0), "digest": d.get("digest", ""),
-                           "details": _details(d), "expires_at": _iso(ld.get("expires_at")), "size_vram": 0,
-                           "context_length": ld.get("context") or d.get("context") or None, "worker": w["name"],
-                           # rkmojo's own: what computes its prefill (cpu, rknpu) and why
-                           "backend": ld.get("backend"), "backend_reason": ld.get("backend_reason")})
+            models.append(
+                {
+                    "name": ld["name"],
+                    "model": ld["name"],
+                    "size": ld.get("size", 0),
+                    "digest": d.get("digest", ""),
+                    "details": _details(d),
+                    "expires_at": _iso(ld.get("expires_at")),
+                    "size_vram": 0,
+                    "context_length": ld.get("context") or d.get("context") or None,
+                    "worker": w["name"],
+                    # rkmojo's own: what computes its prefill (cpu, rknpu) and why
+                    "backend": ld.get("backend"),
+                    "backend_reason": ld.get("backend_reason"),
+                }
+            )
     for name in sorted({m["name"] for w in workers for m in w.get("models", [])}):
         for q in await bus.queued(r, name):
-            requests.append({**q, "state": "running" if q["id"] in running else "waiting",
-                             "worker": running.get(q["id"])})
+            requests.append(
+                {**q, "state": "running" if q["id"] in running else "waiting", "worker": running.get(q["id"])}
+            )
     return JsonResponse({"models": models, "requests": requests})
 
 
@@ -400,14 +498,25 @@ async def show(request, body):
     _, d = await jobs.find_model(name)
     arch = d.get("architecture", "")
     gen = d.get("generation") or {}
-    return JsonResponse({
-        "modelfile": f"# rkmojo store {name}\n", "template": "", "license": "",
-        "parameters": "\n".join(f"{k} {v}" for k, v in gen.items() if isinstance(v, (int, float, str))),
-        "details": _details(d), "modified_at": _iso(d.get("modified")),
-        "model_info": {"general.architecture": arch, "general.parameter_count": d.get("params", 0),
-                       f"{arch}.context_length": d.get("context", 0), f"{arch}.embedding_length": d.get("hidden", 0),
-                       f"{arch}.block_count": d.get("layers", 0), "rkmojo.active_parameter_count": d.get("active_params", 0)},
-        "capabilities": ["completion", "embedding"]})
+    return JsonResponse(
+        {
+            "modelfile": f"# rkmojo store {name}\n",
+            "template": "",
+            "license": "",
+            "parameters": "\n".join(f"{k} {v}" for k, v in gen.items() if isinstance(v, (int, float, str))),
+            "details": _details(d),
+            "modified_at": _iso(d.get("modified")),
+            "model_info": {
+                "general.architecture": arch,
+                "general.parameter_count": d.get("params", 0),
+                f"{arch}.context_length": d.get("context", 0),
+                f"{arch}.embedding_length": d.get("hidden", 0),
+                f"{arch}.block_count": d.get("layers", 0),
+                "rkmojo.active_parameter_count": d.get("active_params", 0),
+            },
+            "capabilities": ["completion", "embedding"],
+        }
+    )
 
 
 @api_view("ollama", ("GET",), auth=False)

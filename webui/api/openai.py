@@ -5,6 +5,7 @@ as OpenAI does: "Unrecognized request argument supplied"). Fields OpenAI defines
 cannot honour (n > 1, tools, image parts, …) are refused with 400 naming the field, never ignored.
 Streaming answers are server-sent events in OpenAI's chunk format ending with `data: [DONE]`.
 """
+
 from __future__ import annotations
 
 import base64
@@ -102,19 +103,36 @@ def _refuse_unsupported(req: BaseModel, allowed: dict[str, Any]) -> None:
             continue
         good = ok(value) if callable(ok) else value == ok
         if not good:
-            raise ApiError(400, f"'{name}' = {json.dumps(value)[:60]} is not supported by this server",
-                           param=name, code="unsupported_value")
+            raise ApiError(
+                400,
+                f"'{name}' = {json.dumps(value)[:60]} is not supported by this server",
+                param=name,
+                code="unsupported_value",
+            )
 
 
-_COMMON_UNSUPPORTED = {"n": 1, "logit_bias": lambda v: not v, "store": False, "metadata": lambda v: not v,
-                       "service_tier": lambda v: v in ("auto", "default")}
+_COMMON_UNSUPPORTED = {
+    "n": 1,
+    "logit_bias": lambda v: not v,
+    "store": False,
+    "metadata": lambda v: not v,
+    "service_tier": lambda v: v in ("auto", "default"),
+}
 
 
 def _sampling(req: _Sampling, max_tokens: int | None) -> dict:
-    params = {"max_tokens": max_tokens, "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
-              "min_p": req.min_p, "repetition_penalty": req.repetition_penalty,
-              "presence_penalty": req.presence_penalty or 0.0, "frequency_penalty": req.frequency_penalty or 0.0,
-              "seed": seed_value(req.seed), "stop": [req.stop] if isinstance(req.stop, str) else (req.stop or [])}
+    params = {
+        "max_tokens": max_tokens,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "top_k": req.top_k,
+        "min_p": req.min_p,
+        "repetition_penalty": req.repetition_penalty,
+        "presence_penalty": req.presence_penalty or 0.0,
+        "frequency_penalty": req.frequency_penalty or 0.0,
+        "seed": seed_value(req.seed),
+        "stop": [req.stop] if isinstance(req.stop, str) else (req.stop or []),
+    }
     return check_sampling(params, OPENAI)
 
 
@@ -126,12 +144,23 @@ def _client(request) -> str | None:
 @api_view("openai")
 async def chat_completions(request, body):
     req = ChatRequest.model_validate(body)
-    _refuse_unsupported(req, {**_COMMON_UNSUPPORTED, "tools": lambda v: not v, "functions": lambda v: not v,
-                              "tool_choice": lambda v: v in ("none", "auto"), "parallel_tool_calls": lambda v: True,
-                              "response_format": lambda v: v.get("type") == "text",
-                              "modalities": lambda v: v == ["text"], "audio": lambda v: False,
-                              "prediction": lambda v: False, "reasoning_effort": lambda v: False,
-                              "web_search_options": lambda v: False, "function_call": lambda v: v == "none"})
+    _refuse_unsupported(
+        req,
+        {
+            **_COMMON_UNSUPPORTED,
+            "tools": lambda v: not v,
+            "functions": lambda v: not v,
+            "tool_choice": lambda v: v in ("none", "auto"),
+            "parallel_tool_calls": lambda v: True,
+            "response_format": lambda v: v.get("type") == "text",
+            "modalities": lambda v: v == ["text"],
+            "audio": lambda v: False,
+            "prediction": lambda v: False,
+            "reasoning_effort": lambda v: False,
+            "web_search_options": lambda v: False,
+            "function_call": lambda v: v == "none",
+        },
+    )
     if req.top_logprobs is not None and not req.logprobs:
         raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     if req.stream_options is not None and not req.stream:
@@ -150,17 +179,37 @@ async def chat_completions(request, body):
     finally:
         await job.close()
     await _record(req.model, messages, text, final)
-    return JsonResponse({**meta, "object": "chat.completion", "choices": [{
-        "index": 0, "message": {"role": "assistant", "content": text, "refusal": None},
-        "logprobs": {"content": lps, "refusal": None} if req.logprobs else None,
-        "finish_reason": FINISH.get(final.finish_reason, "stop")}], "usage": _usage(final)})
+    return JsonResponse(
+        {
+            **meta,
+            "object": "chat.completion",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text, "refusal": None},
+                    "logprobs": {"content": lps, "refusal": None} if req.logprobs else None,
+                    "finish_reason": FINISH.get(final.finish_reason, "stop"),
+                }
+            ],
+            "usage": _usage(final),
+        }
+    )
 
 
 async def _chat_chunks(job, meta, include_usage: bool, messages, logprobs: bool):
     def chunk(delta: dict, finish=None, lps=None) -> dict:
-        c = {**meta, "object": "chat.completion.chunk",
-             "choices": [{"index": 0, "delta": delta, "logprobs": {"content": lps, "refusal": None} if lps else None,
-                          "finish_reason": finish}]}
+        c = {
+            **meta,
+            "object": "chat.completion.chunk",
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": delta,
+                    "logprobs": {"content": lps, "refusal": None} if lps else None,
+                    "finish_reason": finish,
+                }
+            ],
+        }
         if include_usage:
             c["usage"] = None
         return c
@@ -184,18 +233,28 @@ async def _chat_chunks(job, meta, include_usage: bool, messages, logprobs: bool)
 @api_view("openai")
 async def completions(request, body):
     req = CompletionRequest.model_validate(body)
-    _refuse_unsupported(req, {**_COMMON_UNSUPPORTED, "suffix": lambda v: v == "", "echo": False, "best_of": 1,
-                              "logprobs": lambda v: False})
+    _refuse_unsupported(
+        req,
+        {**_COMMON_UNSUPPORTED, "suffix": lambda v: v == "", "echo": False, "best_of": 1, "logprobs": lambda v: False},
+    )
     prompt = req.prompt
     if isinstance(prompt, list):
         if len(prompt) != 1:
-            raise ApiError(400, f"prompt: a list of {len(prompt)} prompts is not supported; send one at a time",
-                           param="prompt", code="unsupported_value")
+            raise ApiError(
+                400,
+                f"prompt: a list of {len(prompt)} prompts is not supported; send one at a time",
+                param="prompt",
+                code="unsupported_value",
+            )
         prompt = prompt[0]
     if not prompt:
         raise ApiError(400, "prompt is empty", param="prompt")
-    payload = {"kind": "complete", "model": req.model, "prompt": prompt,
-               "params": _sampling(req, req.max_tokens or 16)}  # OpenAI's default is 16
+    payload = {
+        "kind": "complete",
+        "model": req.model,
+        "prompt": prompt,
+        "params": _sampling(req, req.max_tokens or 16),
+    }  # OpenAI's default is 16
     job, _, meta = await _start("cmpl", request, req.model, payload)
     if req.stream:
         usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -204,15 +263,25 @@ async def completions(request, body):
         text, final, _ = await _collect(job)
     finally:
         await job.close()
-    return JsonResponse({**meta, "object": "text_completion", "choices": [{
-        "index": 0, "text": text, "logprobs": None, "finish_reason": FINISH.get(final.finish_reason, "stop")}],
-        "usage": _usage(final)})
+    return JsonResponse(
+        {
+            **meta,
+            "object": "text_completion",
+            "choices": [
+                {"index": 0, "text": text, "logprobs": None, "finish_reason": FINISH.get(final.finish_reason, "stop")}
+            ],
+            "usage": _usage(final),
+        }
+    )
 
 
 async def _completion_chunks(job, meta, include_usage: bool):
     def chunk(text: str, finish=None) -> dict:
-        c = {**meta, "object": "text_completion",
-             "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+        c = {
+            **meta,
+            "object": "text_completion",
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+        }
         if include_usage:
             c["usage"] = None
         return c
@@ -237,8 +306,9 @@ async def embeddings(request, body):
     if not texts or any(not t for t in texts):
         raise ApiError(400, "input must be a non-empty string or a list of non-empty strings", param="input")
     check_embed_batch(texts)
-    job = await jobs.Job.submit("rkmojo.generate", req.model, {"kind": "embed", "model": req.model, "input": texts},
-                                client=_client(request))
+    job = await jobs.Job.submit(
+        "rkmojo.generate", req.model, {"kind": "embed", "model": req.model, "input": texts}, client=_client(request)
+    )
     try:
         await job.started()
         vecs, tokens = await embedding_result(job)
@@ -248,8 +318,9 @@ async def embeddings(request, body):
     for i, v in enumerate(vecs):
         emb = base64.b64encode(v.astype("<f4").tobytes()).decode() if req.encoding_format == "base64" else v.tolist()
         data.append({"object": "embedding", "index": i, "embedding": emb})
-    return JsonResponse({"object": "list", "data": data, "model": req.model,
-                         "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+    return JsonResponse(
+        {"object": "list", "data": data, "model": req.model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+    )
 
 
 async def embedding_result(job) -> tuple[np.ndarray, int]:
@@ -266,8 +337,9 @@ async def embedding_result(job) -> tuple[np.ndarray, int]:
 @api_view("openai", ("GET",))
 async def models(request, body):
     cat = await jobs.catalog()
-    return JsonResponse({"object": "list", "data": [_model_entry(name, entries[0][1]) for name, entries in
-                                                     sorted(cat.items())]})
+    return JsonResponse(
+        {"object": "list", "data": [_model_entry(name, entries[0][1]) for name, entries in sorted(cat.items())]}
+    )
 
 
 @api_view("openai", ("GET",))
@@ -285,8 +357,12 @@ async def _start(prefix: str, request, model: str, payload: dict, names: dict | 
     """Submit a generation and wait for its start: (job, start event, the fields every response carries)."""
     job = await jobs.Job.submit("rkmojo.generate", model, payload, client=_client(request), names=names)
     start = await job.started()
-    meta = {"id": f"{prefix}-{job.id}", "created": int(time.time()), "model": model,
-            "system_fingerprint": f"rkmojo-{job.claim.worker if job.claim else 'unknown'}"}
+    meta = {
+        "id": f"{prefix}-{job.id}",
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": f"rkmojo-{job.claim.worker if job.claim else 'unknown'}",
+    }
     return job, start, meta
 
 
@@ -307,9 +383,13 @@ async def _collect(job) -> tuple[str, Final, list]:
 def _usage(final: Final) -> dict:
     u = final.usage or Usage()
     prompt, completion = u.prompt_tokens, u.completion_tokens
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-            "completion_tokens_details": {"reasoning_tokens": 0}}
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": 0},
+    }
 
 
 async def _record(model: str, messages: list[dict], text: str, final: Final) -> None:

@@ -4,6 +4,7 @@ views validate with — the document cannot drift from what the server accepts.
 Sampling fields carry the engine schema's ranges (`inference.options.api_type`); a 4xx answer is
 OpenAI's `{"error": {message, type, param, code}}` under /v1 and Ollama's `{"error": "..."}` under /api.
 """
+
 from __future__ import annotations
 
 import functools
@@ -34,10 +35,22 @@ ENDPOINTS: list[tuple[str, str, str, type[BaseModel] | None, str]] = [
     ("/api/pull", "post", "ollama", ollama.PullRequest, "Install a model (NDJSON progress unless stream is false)"),
 ]
 ERRORS = {
-    "OpenAIError": {"type": "object", "required": ["error"], "properties": {"error": {
-        "type": "object", "required": ["message", "type", "param", "code"],
-        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
-                       "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}},
+    "OpenAIError": {
+        "type": "object",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["message", "type", "param", "code"],
+                "properties": {
+                    "message": {"type": "string"},
+                    "type": {"type": "string"},
+                    "param": {"type": ["string", "null"]},
+                    "code": {"type": ["string", "null"]},
+                },
+            }
+        },
+    },
     "OllamaError": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
 }
 
@@ -49,21 +62,38 @@ def document() -> dict:
     schemas = {**ERRORS, **defs.get("$defs", {})}
     paths: dict[str, dict] = {}
     for path, method, flavor, model, summary in ENDPOINTS:
-        error = {"content": {"application/json": {"schema": {"$ref": REF.format(
-            model="OpenAIError" if flavor == "openai" else "OllamaError")}}}}
-        op = {"summary": summary, "operationId": f"{flavor}_{path.rsplit('/', 1)[-1]}_{method}",
-              "responses": {"200": {"description": "the answer"},
-                            "4XX": {"description": "a request the server refuses", **error}}}
+        error = {
+            "content": {
+                "application/json": {
+                    "schema": {"$ref": REF.format(model="OpenAIError" if flavor == "openai" else "OllamaError")}
+                }
+            }
+        }
+        op = {
+            "summary": summary,
+            "operationId": f"{flavor}_{path.rsplit('/', 1)[-1]}_{method}",
+            "responses": {
+                "200": {"description": "the answer"},
+                "4XX": {"description": "a request the server refuses", **error},
+            },
+        }
         if model is not None:
-            op["requestBody"] = {"required": True, "content": {"application/json": {"schema": refs[(model, "validation")]}}}
+            op["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": refs[(model, "validation")]}},
+            }
         paths.setdefault(path, {})[method] = op
-    return {"openapi": "3.1.0",
-            "info": {"title": "rkmojo", "version": "0.1.0",
-                     "description": "OpenAI- and Ollama-compatible APIs of an rkmojo appliance"},
-            "components": {"schemas": schemas,
-                           "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}}},
-            "security": [{"apiKey": []}, {}],
-            "paths": paths}
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "rkmojo",
+            "version": "0.1.0",
+            "description": "OpenAI- and Ollama-compatible APIs of an rkmojo appliance",
+        },
+        "components": {"schemas": schemas, "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}}},
+        "security": [{"apiKey": []}, {}],
+        "paths": paths,
+    }
 
 
 @api_view("openai", ("GET",), auth=False)

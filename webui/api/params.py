@@ -1,4 +1,5 @@
 """Request pieces both APIs share: chat messages and sampling parameters, checked at the edge."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -26,16 +27,22 @@ def chat_messages(messages: list[Any], *, allow_images: bool = False) -> list[di
             raise ApiError(400, f"{where} must be an object with a role and content", param=where)
         role = m.get("role")
         if role not in ROLES:
-            raise ApiError(400, f"{where}.role {role!r} is not supported; use one of {', '.join(ROLES)}",
-                           param=f"{where}.role")
+            raise ApiError(
+                400, f"{where}.role {role!r} is not supported; use one of {', '.join(ROLES)}", param=f"{where}.role"
+            )
         for key in ("tool_calls", "images", "audio", "function_call"):
             if m.get(key):
-                raise ApiError(400, f"{where}.{key} is not supported by this server", param=f"{where}.{key}",
-                               code="unsupported_value")
+                raise ApiError(
+                    400,
+                    f"{where}.{key} is not supported by this server",
+                    param=f"{where}.{key}",
+                    code="unsupported_value",
+                )
         content = m.get("content")
         if content is None and role != "assistant":  # an assistant turn may be empty; a question may not
-            raise ApiError(400, f"{where}.content must be a string or a list of text parts, not null",
-                           param=f"{where}.content")
+            raise ApiError(
+                400, f"{where}.content must be a string or a list of text parts, not null", param=f"{where}.content"
+            )
         if content is None:
             content = ""
         if isinstance(content, list):
@@ -44,8 +51,12 @@ def chat_messages(messages: list[Any], *, allow_images: bool = False) -> list[di
                 pwhere = f"{where}.content[{j}]"
                 if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                     kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                    raise ApiError(400, f"{pwhere}: only text parts are supported, got {kind!r}",
-                                   param=f"{pwhere}.type", code="unsupported_value")
+                    raise ApiError(
+                        400,
+                        f"{pwhere}: only text parts are supported, got {kind!r}",
+                        param=f"{pwhere}.type",
+                        code="unsupported_value",
+                    )
                 texts.append(part["text"])
             content = "".join(texts)
         if not isinstance(content, str):
@@ -60,8 +71,13 @@ def check_embed_batch(texts: list[str]) -> None:
 
     limit = settings.RKMOJO["MAX_EMBED_INPUTS"]
     if len(texts) > limit:
-        raise ApiError(400, f"input holds {len(texts)} texts; this server embeds at most {limit} per request "
-                            "(RKMOJO_MAX_EMBED_INPUTS): split the batch", param="input", code="too_many_inputs")
+        raise ApiError(
+            400,
+            f"input holds {len(texts)} texts; this server embeds at most {limit} per request "
+            "(RKMOJO_MAX_EMBED_INPUTS): split the batch",
+            param="input",
+            code="too_many_inputs",
+        )
 
 
 def seed_value(seed: int | None) -> int | None:

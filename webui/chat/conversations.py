@@ -11,6 +11,7 @@ where the answer goes (`index`); `record` stores the answer with its measurement
 
 Export is JSON (`Export`, the format import reads back) or Markdown.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -34,6 +35,7 @@ ROLES = ("user", "assistant")
 @dataclass(frozen=True)
 class Who:
     """The person at the page: a user, or an anonymous visitor's session key (RKMOJO_CHAT_OPEN)."""
+
     user: object = None
     visitor: str = ""
 
@@ -82,8 +84,15 @@ def listing(who: Who, query: str = "", limit: int = 50) -> list[ChatSession]:
 
 
 def create(who: Who, model: str, system: str = "", params: dict | None = None, title: str = "") -> ChatSession:
-    return ChatSession.objects.create(owner=who.user, visitor="" if who.user else who.visitor, source="web",
-                                      model=model, system=system, params=params or {}, title=title[:200])
+    return ChatSession.objects.create(
+        owner=who.user,
+        visitor="" if who.user else who.visitor,
+        source="web",
+        model=model,
+        system=system,
+        params=params or {},
+        title=title[:200],
+    )
 
 
 # --- turns -----------------------------------------------------------------------------------------
@@ -103,8 +112,14 @@ class Turn:
 
     @property
     def payload(self) -> dict:
-        return {"kind": "chat", "model": self.session.model, "messages": self.messages,
-                "params": dict(self.session.params), "session": str(self.session.pk), **self.extra}
+        return {
+            "kind": "chat",
+            "model": self.session.model,
+            "messages": self.messages,
+            "params": dict(self.session.params),
+            "session": str(self.session.pk),
+            **self.extra,
+        }
 
 
 def _history(session: ChatSession, upto: int | None = None) -> list[dict]:
@@ -168,18 +183,30 @@ def proceed(session: ChatSession) -> Turn:
     if last is None or last.role != "assistant" or not last.content.strip():
         raise TurnError("there is no answer to continue")
     session.save()
-    return Turn(session, last.index, _history(session), prefix=last.content,
-                extra={"template": {"continue_final_message": True}})
+    return Turn(
+        session,
+        last.index,
+        _history(session),
+        prefix=last.content,
+        extra={"template": {"continue_final_message": True}},
+    )
 
 
 def record(turn: Turn, text: str, final: Final) -> ChatMessage:
     """Store the answer (the continued one extended) with the final event's measurements."""
     t, u = final.timings, final.usage
-    fields = {"role": "assistant", "content": turn.prefix + text, "finish_reason": final.finish_reason,
-              "prompt_tokens": u and u.prompt_tokens, "cached_tokens": u and u.cached_tokens,
-              "completion_tokens": u and u.completion_tokens, "ttft": t and t.ttft,
-              "prefill_tps": t and t.prefill_tps, "decode_tps": t and t.decode_tps,
-              "expert_hit_rate": t and t.expert_hit_rate}
+    fields = {
+        "role": "assistant",
+        "content": turn.prefix + text,
+        "finish_reason": final.finish_reason,
+        "prompt_tokens": u and u.prompt_tokens,
+        "cached_tokens": u and u.cached_tokens,
+        "completion_tokens": u and u.completion_tokens,
+        "ttft": t and t.ttft,
+        "prefill_tps": t and t.prefill_tps,
+        "decode_tps": t and t.decode_tps,
+        "expert_hit_rate": t and t.expert_hit_rate,
+    }
     with transaction.atomic():
         msg, _ = ChatMessage.objects.update_or_create(session=turn.session, index=turn.index, defaults=fields)
         ChatSession.objects.filter(pk=turn.session.pk).update(updated=timezone.now())
@@ -225,10 +252,16 @@ METRICS = [f for f in ExportedMessage.model_fields if f not in ("role", "content
 def export(sessions: list[ChatSession]) -> Export:
     convs = []
     for s in sessions:
-        msgs = [ExportedMessage(role=m.role, content=m.content, **{f: getattr(m, f) for f in METRICS})
-                for m in s.messages.all() if m.role in ROLES]  # in index order (Meta), prefetched by the caller
-        convs.append(ExportedConversation(title=s.title, model=s.model, system=s.system, params=s.params,
-                                          created=s.created, messages=msgs))
+        msgs = [
+            ExportedMessage(role=m.role, content=m.content, **{f: getattr(m, f) for f in METRICS})
+            for m in s.messages.all()
+            if m.role in ROLES
+        ]  # in index order (Meta), prefetched by the caller
+        convs.append(
+            ExportedConversation(
+                title=s.title, model=s.model, system=s.system, params=s.params, created=s.created, messages=msgs
+            )
+        )
     return Export(conversations=convs)
 
 
@@ -248,8 +281,11 @@ def import_(who: Who, data: Export) -> list[ChatSession]:
     made = []
     for c in data.conversations:
         s = create(who, c.model, c.system, c.params, c.title)
-        ChatMessage.objects.bulk_create([ChatMessage(session=s, index=i, role=m.role, content=m.content,
-                                                     **{f: getattr(m, f) for f in METRICS})
-                                         for i, m in enumerate(c.messages)])
+        ChatMessage.objects.bulk_create(
+            [
+                ChatMessage(session=s, index=i, role=m.role, content=m.content, **{f: getattr(m, f) for f in METRICS})
+                for i, m in enumerate(c.messages)
+            ]
+        )
         made.append(s)
     return made

@@ -4,6 +4,7 @@ The sampling fields are made from the engine's option schema (`SamplingParams`: 
 checked by it (`webui.api.params.check_sampling`), the same rule the APIs apply; the browser gets the
 ranges as min/max hints only. The WebSocket takes the same form for a new conversation.
 """
+
 from __future__ import annotations
 
 import typing
@@ -23,7 +24,11 @@ def _sampling_field(name: str) -> forms.Field:
     tp, spec = specs(SamplingParams)[name]
     lo = spec.ge if spec.ge is not None else spec.gt
     hi = spec.le if spec.le is not None else spec.lt
-    attrs = {"placeholder": "default", **({"min": lo} if lo is not None else {}), **({"max": hi} if hi is not None else {})}
+    attrs = {
+        "placeholder": "default",
+        **({"min": lo} if lo is not None else {}),
+        **({"max": hi} if hi is not None else {}),
+    }
     if int in (tp, *typing.get_args(tp)):
         return forms.IntegerField(required=False, help_text=spec.help, widget=forms.NumberInput(attrs=attrs))
     return forms.FloatField(required=False, help_text=spec.help, widget=forms.NumberInput({**attrs, "step": "any"}))
@@ -38,13 +43,26 @@ def model_defaults(generation: dict | None) -> dict:
 
 class NewChatForm(forms.Form):
     model = forms.ChoiceField()
-    system = forms.CharField(required=False, max_length=20000, label="System prompt",
-                             widget=forms.Textarea(attrs={"rows": 3, "placeholder": "You are a helpful assistant."}))
+    system = forms.CharField(
+        required=False,
+        max_length=20000,
+        label="System prompt",
+        widget=forms.Textarea(attrs={"rows": 3, "placeholder": "You are a helpful assistant."}),
+    )
     locals().update({name: _sampling_field(name) for name in SAMPLING})
-    stop = forms.CharField(required=False, max_length=2000, help_text="strings that end the answer, one a line",
-                           widget=forms.Textarea(attrs={"rows": 2, "placeholder": "strings that end the answer, one a line"}))
-    text = forms.CharField(required=False, max_length=200000, label="Message", strip=False,
-                           widget=forms.Textarea(attrs={"rows": 3, "placeholder": "Ask something"}))
+    stop = forms.CharField(
+        required=False,
+        max_length=2000,
+        help_text="strings that end the answer, one a line",
+        widget=forms.Textarea(attrs={"rows": 2, "placeholder": "strings that end the answer, one a line"}),
+    )
+    text = forms.CharField(
+        required=False,
+        max_length=200000,
+        label="Message",
+        strip=False,
+        widget=forms.Textarea(attrs={"rows": 3, "placeholder": "Ask something"}),
+    )
 
     def __init__(self, *args, models: list[str], **kwargs):
         super().__init__(*args, **kwargs)

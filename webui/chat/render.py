@@ -7,6 +7,7 @@ the same allow-list to DOMPurify for the message being streamed (`ALLOWED`), so 
 Code blocks are coloured by Pygments (CSS classes, `static/webui/pygments.css`); the page's script
 adds the copy buttons.
 """
+
 from __future__ import annotations
 
 import functools
@@ -22,10 +23,42 @@ from pygments.util import ClassNotFound
 
 # tag → the attributes it may keep; no images, forms, styles or scripts, ever
 ALLOWED: dict[str, set[str]] = {
-    **{t: set() for t in ("p", "br", "hr", "h1", "h2", "h3", "h4", "h5", "h6", "strong", "em", "del", "s",
-                          "blockquote", "ul", "li", "table", "thead", "tbody", "tr", "sup", "sub", "kbd")},
-    "a": {"href", "title"}, "ol": {"start"}, "th": {"align"}, "td": {"align"},
-    "pre": {"class"}, "code": {"class"}, "span": {"class"}, "div": {"class"},
+    **{
+        t: set()
+        for t in (
+            "p",
+            "br",
+            "hr",
+            "h1",
+            "h2",
+            "h3",
+            "h4",
+            "h5",
+            "h6",
+            "strong",
+            "em",
+            "del",
+            "s",
+            "blockquote",
+            "ul",
+            "li",
+            "table",
+            "thead",
+            "tbody",
+            "tr",
+            "sup",
+            "sub",
+            "kbd",
+        )
+    },
+    "a": {"href", "title"},
+    "ol": {"start"},
+    "th": {"align"},
+    "td": {"align"},
+    "pre": {"class"},
+    "code": {"class"},
+    "span": {"class"},
+    "div": {"class"},
 }
 URL_SCHEMES = {"http", "https", "mailto"}
 _FORMATTER = HtmlFormatter(nowrap=True)
@@ -48,8 +81,9 @@ _MD = MarkdownIt("commonmark", {"html": False, "highlight": _highlight}).enable(
 def markdown(text: str) -> SafeString:
     """`text` (markdown from a person or a model) as sanitized HTML."""
     html = _MD.render(text)
-    clean = nh3.clean(html, tags=set(ALLOWED), attributes=ALLOWED, url_schemes=URL_SCHEMES,
-                      link_rel="noopener noreferrer nofollow")
+    clean = nh3.clean(
+        html, tags=set(ALLOWED), attributes=ALLOWED, url_schemes=URL_SCHEMES, link_rel="noopener noreferrer nofollow"
+    )
     return mark_safe(clean)
 
 
@@ -64,9 +98,12 @@ def message(session, m) -> str:
 def pygments_css() -> str:
     """The style sheet of `static/webui/pygments.css` (light, and dark under prefers-color-scheme): the
     token colours only; the code's background and font are the page's."""
+
     def rules(style: str) -> str:
         defs = HtmlFormatter(style=style).get_style_defs(".pyg").splitlines()
         return "\n".join(line for line in defs if line.startswith(".pyg ."))
 
-    return (f"/* made by webui.chat.render.pygments_css(): Pygments' default and github-dark styles */\n"
-            f"{rules('default')}\n@media (prefers-color-scheme: dark) {{\n{rules('github-dark')}\n}}\n")
+    return (
+        f"/* made by webui.chat.render.pygments_css(): Pygments' default and github-dark styles */\n"
+        f"{rules('default')}\n@media (prefers-color-scheme: dark) {{\n{rules('github-dark')}\n}}\n"
+    )

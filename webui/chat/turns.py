@@ -8,6 +8,7 @@
 events included (queued, loading, prefill); the `final` event gains `message`: the stored answer
 rendered on the server with its measurements, and `context`: tokens used of the model's context.
 """
+
 from __future__ import annotations
 
 import uuid
@@ -28,6 +29,7 @@ from .render import message
 
 class Action(BaseModel):
     """A message from the chat page's socket (or its forms)."""
+
     model_config = ConfigDict(extra="forbid")
     action: Literal["send", "regenerate", "edit", "continue", "stop"]
     session: uuid.UUID | None = None  # none with send: a new conversation, `new` its settings
@@ -94,8 +96,13 @@ def _get(who, pk):
 async def announce(turn: conv.Turn) -> dict:
     """The `turn` event: the conversation, where the answer goes, the user's message as stored, the
     cut-off answer a continuation extends; for a new conversation its header and list entry too."""
-    out = {"t": "turn", "session": str(turn.session.pk), "index": turn.index, "prefix": turn.prefix,
-           "model": turn.session.model}
+    out = {
+        "t": "turn",
+        "session": str(turn.session.pk),
+        "index": turn.index,
+        "prefix": turn.prefix,
+        "model": turn.session.model,
+    }
     if turn.user_index is not None:
         msg = await sync_to_async(turn.session.messages.get)(index=turn.user_index)
         out["user"] = {"index": msg.index, "html": message(turn.session, msg)}
@@ -108,8 +115,9 @@ async def announce(turn: conv.Turn) -> dict:
 
 
 async def submit(turn: conv.Turn, client: str | None) -> Job:
-    return await Job.submit("rkmojo.generate", turn.session.model, turn.payload, client=client,
-                            names={"prompt": "messages"})
+    return await Job.submit(
+        "rkmojo.generate", turn.session.model, turn.payload, client=client, names={"prompt": "messages"}
+    )
 
 
 async def follow(turn: conv.Turn, job: Job) -> AsyncIterator[dict]:

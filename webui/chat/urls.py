@@ -1,4 +1,5 @@
 """The chat page's URLs, under /chat/."""
+
 from django.urls import path
 
 from . import views

@@ -5,6 +5,7 @@ regenerating, editing and continuing are form posts to `act`, which runs the tur
 it redirects. With JavaScript (`static/webui/chat.js`) the same forms go over the WebSocket instead
 and the answer streams. Only the list's newest `PAGE` conversations are loaded (`?n=` for more).
 """
+
 from __future__ import annotations
 
 import functools
@@ -28,12 +29,14 @@ PAGE = 60
 
 def _login(request) -> HttpResponse:
     from django.contrib.auth.views import redirect_to_login
+
     return redirect_to_login(request.get_full_path())
 
 
 def chat_view(view):
     """The chat page's door: a signed-in user, or with RKMOJO_CHAT_OPEN a client that needs no API key
     (given a session, which its conversations hang on). Others go to the sign-in page."""
+
     def who(request, user) -> conv.Who | None:
         if not conv.may_chat(user, request.META.get("REMOTE_ADDR")):
             return None
@@ -42,16 +45,19 @@ def chat_view(view):
         return conv.Who.of(user, request.session)
 
     if iscoroutinefunction(view):
+
         @functools.wraps(view)
         async def async_wrapper(request, *args, **kwargs):
             w = await sync_to_async(who)(request, await request.auser())
             return _login(request) if w is None else await view(request, w, *args, **kwargs)
+
         return async_wrapper
 
     @functools.wraps(view)
     def wrapper(request, *args, **kwargs):
         w = who(request, request.user)
         return _login(request) if w is None else view(request, w, *args, **kwargs)
+
     return wrapper
 
 
@@ -65,12 +71,27 @@ def _page(request, who: conv.Who, template: str, catalog: dict | None = None, **
     catalog = async_to_sync(turns.models)() if catalog is None else catalog
     if ctx.get("session"):
         ctx["context"] = (catalog.get(ctx["session"].model) or {}).get("context")
-    config = {"session": str(ctx["session"].pk) if ctx.get("session") else None,
-              "allowed": {k: sorted(v) for k, v in ALLOWED.items()},
-              "models": {name: {"context": d.get("context"), "defaults": model_defaults(d.get("generation"))}
-                         for name, d in catalog.items()}}
-    return render(request, template, {"section": "chat", "chats": chats[:n], "more": n + PAGE if len(chats) > n else None,
-                                      "q": q, "config": config, "catalog": catalog, **ctx})
+    config = {
+        "session": str(ctx["session"].pk) if ctx.get("session") else None,
+        "allowed": {k: sorted(v) for k, v in ALLOWED.items()},
+        "models": {
+            name: {"context": d.get("context"), "defaults": model_defaults(d.get("generation"))}
+            for name, d in catalog.items()
+        },
+    }
+    return render(
+        request,
+        template,
+        {
+            "section": "chat",
+            "chats": chats[:n],
+            "more": n + PAGE if len(chats) > n else None,
+            "q": q,
+            "config": config,
+            "catalog": catalog,
+            **ctx,
+        },
+    )
 
 
 @require_GET
@@ -79,8 +100,14 @@ def index(request, who):
     catalog = async_to_sync(turns.models)()
     form = NewChatForm(models=list(catalog))
     first = next(iter(catalog.values()), {})
-    return _page(request, who, "webui/chat/new.html", catalog, form=form,
-                 sampling=form.sampling(model_defaults(first.get("generation"))))
+    return _page(
+        request,
+        who,
+        "webui/chat/new.html",
+        catalog,
+        form=form,
+        sampling=form.sampling(model_defaults(first.get("generation"))),
+    )
 
 
 @require_GET
@@ -92,9 +119,16 @@ def conversation(request, who, pk):
     used = (last.prompt_tokens or 0) + (last.completion_tokens or 0) if last and last.role == "assistant" else 0
     for m in msgs:
         m.html = markdown(m.content)
-    return _page(request, who, "webui/chat/conversation.html", session=session, msgs=msgs, used=used,
-                 can_continue=last is not None and last.role == "assistant" and last.finish_reason in ("length", "cancelled"),
-                 can_regenerate=last is not None)
+    return _page(
+        request,
+        who,
+        "webui/chat/conversation.html",
+        session=session,
+        msgs=msgs,
+        used=used,
+        can_continue=last is not None and last.role == "assistant" and last.finish_reason in ("length", "cancelled"),
+        can_regenerate=last is not None,
+    )
 
 
 @require_POST
@@ -104,8 +138,15 @@ async def act(request, who, pk=None):
     post = request.POST
     new = {k: post.get(k) for k in NewChatForm.base_fields if k != "text"} if pk is None else None
     try:
-        action = turns.Action.parse({"action": post.get("action", "send"), "session": pk, "text": post.get("text"),
-                                     "index": post.get("index") or None, "new": new})
+        action = turns.Action.parse(
+            {
+                "action": post.get("action", "send"),
+                "session": pk,
+                "text": post.get("text"),
+                "index": post.get("index") or None,
+                "new": new,
+            }
+        )
         turn = await turns.begin(who, action)
     except ApiError as e:
         await sync_to_async(flash.error)(request, str(e))

@@ -6,59 +6,65 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='ApiKey',
+            name="ApiKey",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=100)),
-                ('prefix', models.CharField(help_text='the first characters, to tell keys apart', max_length=12)),
-                ('digest', models.CharField(max_length=64, unique=True)),
-                ('created', models.DateTimeField(auto_now_add=True)),
-                ('last_used', models.DateTimeField(blank=True, null=True)),
-                ('revoked', models.DateTimeField(blank=True, null=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(max_length=100)),
+                ("prefix", models.CharField(help_text="the first characters, to tell keys apart", max_length=12)),
+                ("digest", models.CharField(max_length=64, unique=True)),
+                ("created", models.DateTimeField(auto_now_add=True)),
+                ("last_used", models.DateTimeField(blank=True, null=True)),
+                ("revoked", models.DateTimeField(blank=True, null=True)),
             ],
             options={
-                'ordering': ['-created'],
+                "ordering": ["-created"],
             },
         ),
         migrations.CreateModel(
-            name='ChatSession',
+            name="ChatSession",
             fields=[
-                ('id', models.UUIDField(default=uuid.uuid4, editable=False, primary_key=True, serialize=False)),
-                ('model', models.CharField(max_length=200)),
-                ('title', models.CharField(blank=True, max_length=200)),
-                ('source', models.CharField(default='api', max_length=20)),
-                ('digest', models.CharField(db_index=True, help_text='of the messages so far, reply included', max_length=64)),
-                ('created', models.DateTimeField(auto_now_add=True)),
-                ('updated', models.DateTimeField(auto_now=True)),
+                ("id", models.UUIDField(default=uuid.uuid4, editable=False, primary_key=True, serialize=False)),
+                ("model", models.CharField(max_length=200)),
+                ("title", models.CharField(blank=True, max_length=200)),
+                ("source", models.CharField(default="api", max_length=20)),
+                (
+                    "digest",
+                    models.CharField(db_index=True, help_text="of the messages so far, reply included", max_length=64),
+                ),
+                ("created", models.DateTimeField(auto_now_add=True)),
+                ("updated", models.DateTimeField(auto_now=True)),
             ],
             options={
-                'ordering': ['-updated'],
+                "ordering": ["-updated"],
             },
         ),
         migrations.CreateModel(
-            name='ChatMessage',
+            name="ChatMessage",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('index', models.PositiveIntegerField()),
-                ('role', models.CharField(max_length=20)),
-                ('content', models.TextField()),
-                ('created', models.DateTimeField(auto_now_add=True)),
-                ('prompt_tokens', models.PositiveIntegerField(blank=True, null=True)),
-                ('cached_tokens', models.PositiveIntegerField(blank=True, null=True)),
-                ('completion_tokens', models.PositiveIntegerField(blank=True, null=True)),
-                ('session', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='messages', to='webui.chatsession')),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("index", models.PositiveIntegerField()),
+                ("role", models.CharField(max_length=20)),
+                ("content", models.TextField()),
+                ("created", models.DateTimeField(auto_now_add=True)),
+                ("prompt_tokens", models.PositiveIntegerField(blank=True, null=True)),
+                ("cached_tokens", models.PositiveIntegerField(blank=True, null=True)),
+                ("completion_tokens", models.PositiveIntegerField(blank=True, null=True)),
+                (
+                    "session",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE, related_name="messages", to="webui.chatsession"
+                    ),
+                ),
             ],
             options={
-                'ordering': ['session', 'index'],
-                'constraints': [models.UniqueConstraint(fields=('session', 'index'), name='one_message_per_index')],
+                "ordering": ["session", "index"],
+                "constraints": [models.UniqueConstraint(fields=("session", "index"), name="one_message_per_index")],
             },
         ),
     ]

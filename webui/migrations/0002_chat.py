@@ -6,60 +6,65 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('webui', '0001_initial'),
+        ("webui", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='chatmessage',
-            name='decode_tps',
+            model_name="chatmessage",
+            name="decode_tps",
             field=models.FloatField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='chatmessage',
-            name='expert_hit_rate',
+            model_name="chatmessage",
+            name="expert_hit_rate",
             field=models.FloatField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='chatmessage',
-            name='finish_reason',
+            model_name="chatmessage",
+            name="finish_reason",
             field=models.CharField(blank=True, max_length=20),
         ),
         migrations.AddField(
-            model_name='chatmessage',
-            name='prefill_tps',
+            model_name="chatmessage",
+            name="prefill_tps",
             field=models.FloatField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='chatmessage',
-            name='ttft',
+            model_name="chatmessage",
+            name="ttft",
             field=models.FloatField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='chatsession',
-            name='owner',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='chats', to=settings.AUTH_USER_MODEL),
+            model_name="chatsession",
+            name="owner",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="chats",
+                to=settings.AUTH_USER_MODEL,
+            ),
         ),
         migrations.AddField(
-            model_name='chatsession',
-            name='params',
-            field=models.JSONField(blank=True, default=dict, help_text='sampling options (SamplingParams fields)'),
+            model_name="chatsession",
+            name="params",
+            field=models.JSONField(blank=True, default=dict, help_text="sampling options (SamplingParams fields)"),
         ),
         migrations.AddField(
-            model_name='chatsession',
-            name='system',
-            field=models.TextField(blank=True, help_text='the system prompt the conversation starts with'),
+            model_name="chatsession",
+            name="system",
+            field=models.TextField(blank=True, help_text="the system prompt the conversation starts with"),
         ),
         migrations.AddField(
-            model_name='chatsession',
-            name='visitor',
+            model_name="chatsession",
+            name="visitor",
             field=models.CharField(blank=True, db_index=True, max_length=64),
         ),
         migrations.AddIndex(
-            model_name='chatsession',
-            index=models.Index(fields=['owner', '-updated'], name='chats_of_owner'),
+            model_name="chatsession",
+            index=models.Index(fields=["owner", "-updated"], name="chats_of_owner"),
         ),
     ]

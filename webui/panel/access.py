@@ -1,5 +1,6 @@
 """Who may use the admin panel: staff. A visitor without a session goes to the login page, a signed-in user
 who is not staff gets 403. The same rule guards the panel's WebSockets (`staff_scope`)."""
+
 from __future__ import annotations
 
 import functools
@@ -20,14 +21,17 @@ def _check(request, user):
 def staff_only(view):
     """Decorate a panel view, sync or async."""
     if iscoroutinefunction(view):
+
         @functools.wraps(view)
         async def async_view(request, *args, **kwargs):
             return _check(request, await request.auser()) or await view(request, *args, **kwargs)
+
         return async_view
 
     @functools.wraps(view)
     def sync_view(request, *args, **kwargs):
         return _check(request, request.user) or view(request, *args, **kwargs)
+
     return sync_view
 
 

@@ -6,6 +6,7 @@ Workers write their stats once a second to Redis (`bus.k_stats`) and send them t
 messages, at most `MAX_HZ` per worker (a worker faster than that has its latest sample sent at the next
 slot; the ones in between are dropped). Messages are `events.as_dict(WorkerStats)`.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -53,9 +54,11 @@ def live(request):
         return await latest_stats(r), await bus.workers(r)
 
     stats, workers = async_to_sync(snapshot)()
-    return render(request, "webui/panel/live.html", {
-        "section": "panel", "tab": "live", "stats": stats, "workers": workers,
-        "initial": [as_dict(s) for s in stats]})
+    return render(
+        request,
+        "webui/panel/live.html",
+        {"section": "panel", "tab": "live", "stats": stats, "workers": workers, "initial": [as_dict(s) for s in stats]},
+    )
 
 
 class LiveConsumer(AsyncJsonWebsocketConsumer):

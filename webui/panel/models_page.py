@@ -6,6 +6,7 @@ Pull and verify are board jobs (`webui.api.board`): the form's POST queues one a
 as JSON, and `{"cancel": true}` from the page cancels it). Leaving the page does not stop the job.
 The others wait for their job and come back with one message: done, or the worker's error.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -54,9 +55,18 @@ def models(request):
     workers = live_workers()
     job = request.GET.get("job", "")
     follow = {"job": job, "worker": request.GET.get("worker", ""), "what": request.GET.get("what", "")} if job else None
-    return render(request, "webui/panel/models.html", {
-        "section": "panel", "tab": "models", "workers": workers, "models": _models(workers), "follow": follow,
-        "default_model": config.current()[DEFAULT_MODEL]})
+    return render(
+        request,
+        "webui/panel/models.html",
+        {
+            "section": "panel",
+            "tab": "models",
+            "workers": workers,
+            "models": _models(workers),
+            "follow": follow,
+            "default_model": config.current()[DEFAULT_MODEL],
+        },
+    )
 
 
 def _fail(request, e: ApiError):
@@ -125,8 +135,11 @@ def detail(request, name: str):
     rows = [m for m in _models(live_workers()) if m["name"] == name]
     if not rows:
         raise Http404(f"no worker serves a model named {name!r}")
-    return render(request, "webui/panel/model.html", {
-        "section": "panel", "tab": "models", "m": rows[0], "rows": rows, "experts": expert_layout(name)})
+    return render(
+        request,
+        "webui/panel/model.html",
+        {"section": "panel", "tab": "models", "m": rows[0], "rows": rows, "experts": expert_layout(name)},
+    )
 
 
 def expert_layout(name: str) -> dict | None:
@@ -146,9 +159,13 @@ def expert_layout(name: str) -> dict | None:
         return {"moe_layers": 0}
     first = next(iter(layers.values()))
     cfg = st.config
-    return {"moe_layers": len(layers), "experts": first.n_experts, "stride": first.stride,
-            "bytes": sum(lay.stride * lay.n_experts for lay in layers.values()),
-            "top_k": cfg.get("num_experts_per_tok") or cfg.get("top_k_experts") or cfg.get("num_experts_per_token")}
+    return {
+        "moe_layers": len(layers),
+        "experts": first.n_experts,
+        "stride": first.stride,
+        "bytes": sum(lay.stride * lay.n_experts for lay in layers.values()),
+        "top_k": cfg.get("num_experts_per_tok") or cfg.get("top_k_experts") or cfg.get("num_experts_per_token"),
+    }
 
 
 class JobConsumer(AsyncJsonWebsocketConsumer):

@@ -3,6 +3,7 @@
 A new key or password is shown on the page that answers the POST, never stored in plain text nor put in a
 URL or a message cookie. Staff cannot disable themselves (the panel would lock its last administrator out).
 """
+
 from __future__ import annotations
 
 from django.contrib import messages
@@ -25,9 +26,12 @@ def keys(request):
             error = "Give the key a name (up to 100 characters), e.g. the app or person using it."
         else:
             _, new_key = ApiKey.create(name)
-    return render(request, "webui/panel/keys.html", {
-        "section": "panel", "tab": "keys", "keys": ApiKey.objects.all(), "new_key": new_key, "error": error},
-        status=400 if error else 200)
+    return render(
+        request,
+        "webui/panel/keys.html",
+        {"section": "panel", "tab": "keys", "keys": ApiKey.objects.all(), "new_key": new_key, "error": error},
+        status=400 if error else 200,
+    )
 
 
 @staff_only
@@ -59,9 +63,12 @@ def users(request):
         user.save()
         messages.success(request, f"Created {user.username}.")
         return redirect("/panel/users/")
-    return render(request, "webui/panel/users.html", {
-        "section": "panel", "tab": "users", "form": form,
-        "users": get_user_model().objects.order_by("username")}, status=400 if form.errors else 200)
+    return render(
+        request,
+        "webui/panel/users.html",
+        {"section": "panel", "tab": "users", "form": form, "users": get_user_model().objects.order_by("username")},
+        status=400 if form.errors else 200,
+    )
 
 
 @staff_only
@@ -86,5 +93,9 @@ def password(request, pk: int):
         form.save()
         messages.success(request, f"Set a new password for {user.username}.")
         return redirect("/panel/users/")
-    return render(request, "webui/panel/password.html", {"section": "panel", "tab": "users", "form": form,
-                                                         "target": user}, status=400 if form.errors else 200)
+    return render(
+        request,
+        "webui/panel/password.html",
+        {"section": "panel", "tab": "users", "form": form, "target": user},
+        status=400 if form.errors else 200,
+    )

@@ -1,5 +1,6 @@
 """Sessions: every conversation (web and API), viewed and deleted; the prompt-cache files' total size and a
 button that clears them (the workers then recompute prompts until they save new ones)."""
+
 from __future__ import annotations
 
 import shutil
@@ -37,8 +38,11 @@ def sessions(request):
         rows = rows.filter(title__icontains=q)
     page = Paginator(rows, PAGE).get_page(request.GET.get("page"))
     files, size = prompt_cache_usage()
-    return render(request, "webui/panel/sessions.html", {
-        "section": "panel", "tab": "sessions", "page": page, "q": q, "cache_files": files, "cache_bytes": size})
+    return render(
+        request,
+        "webui/panel/sessions.html",
+        {"section": "panel", "tab": "sessions", "page": page, "q": q, "cache_files": files, "cache_bytes": size},
+    )
 
 
 @staff_only
@@ -48,8 +52,11 @@ def session(request, pk):
         s.delete()
         messages.success(request, f"Deleted the conversation {s.title or s.pk}.")
         return redirect("/panel/sessions/")
-    return render(request, "webui/panel/session.html", {"section": "panel", "tab": "sessions", "s": s,
-                                                        "chat_messages": s.messages.all()})
+    return render(
+        request,
+        "webui/panel/session.html",
+        {"section": "panel", "tab": "sessions", "s": s, "chat_messages": s.messages.all()},
+    )
 
 
 @staff_only

@@ -6,6 +6,7 @@ words. An empty field means the default. A value from the environment is shown, 
 (the environment wins). Engine options take effect when a worker next loads a model; the page says so,
 and lists the settings each worker says still wait for that.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,11 +21,20 @@ from .. import config
 from .access import staff_only
 from .models_page import live_workers
 
-LABELS = {"memory_budget": "Memory budget", "expert_slots": "Expert slots per layer", "prefetch": "Prefetch slots",
-          "kv_dtype": "KV cache precision", "threads": "Threads", "context": "Context (tokens)",
-          "keep_alive": "Keep-alive", "queue_limit": "Queue limit", "api_keys": "API keys required",
-          "prompt_cache_days": "Prompt-cache days", "prompt_cache_max": "Prompt-cache size",
-          "chat_open": "Chat without sign-in"}
+LABELS = {
+    "memory_budget": "Memory budget",
+    "expert_slots": "Expert slots per layer",
+    "prefetch": "Prefetch slots",
+    "kv_dtype": "KV cache precision",
+    "threads": "Threads",
+    "context": "Context (tokens)",
+    "keep_alive": "Keep-alive",
+    "queue_limit": "Queue limit",
+    "api_keys": "API keys required",
+    "prompt_cache_days": "Prompt-cache days",
+    "prompt_cache_max": "Prompt-cache size",
+    "chat_open": "Chat without sign-in",
+}
 SIZES = {"memory_budget", "prompt_cache_max"}
 
 
@@ -79,8 +89,9 @@ def _fields(eff: config.Effective) -> list[Field]:
         tp, spec = specs(EngineConfig)[name]
         v = eff.values[name]
         rule = "" if name in SIZES else f" ({allowed(tp, spec)})"  # a size is typed as 6G, not as bytes
-        out.append(Field(name, LABELS[name], spec.help + rule, "reload", v.value, v.source, spec.choices or (),
-                         defaults[name]))
+        out.append(
+            Field(name, LABELS[name], spec.help + rule, "reload", v.value, v.source, spec.choices or (), defaults[name])
+        )
     for name, t in SERVICE.items():
         v = eff.values[name]
         choices = t.choices or (("on", "off") if t.kind == "bool" else ())
@@ -120,15 +131,28 @@ def settings_page(request):
                 f.error, bad = str(e), True
         if not bad:
             config.save(changes)
-            messages.success(request, "Saved. Web settings apply now; workers pick theirs up within a second, "
-                                      "engine options when they next load a model.")
+            messages.success(
+                request,
+                "Saved. Web settings apply now; workers pick theirs up within a second, "
+                "engine options when they next load a model.",
+            )
             return redirect("/panel/settings/")
         status = 400
     workers = live_workers()
     # what each worker made of the saved settings (its registration's "settings": pending, invalid, …)
     pending = {w["name"]: (w.get("settings") or {}).get("pending") or [] for w in workers}
     invalid = {w["name"]: (w.get("settings") or {}).get("invalid") or {} for w in workers}
-    return render(request, "webui/panel/settings.html", {
-        "section": "panel", "tab": "settings", "fields": fields, "pending": pending, "invalid": invalid,
-        "engine": [f for f in fields if f.applies == "reload"],
-        "service": [f for f in fields if f.applies != "reload"]}, status=status)
+    return render(
+        request,
+        "webui/panel/settings.html",
+        {
+            "section": "panel",
+            "tab": "settings",
+            "fields": fields,
+            "pending": pending,
+            "invalid": invalid,
+            "engine": [f for f in fields if f.applies == "reload"],
+            "service": [f for f in fields if f.applies != "reload"],
+        },
+        status=status,
+    )

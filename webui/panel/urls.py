@@ -1,4 +1,5 @@
 """The admin panel's URLs, under /panel/ (staff only: `access.staff_only` on every view)."""
+
 from django.urls import path
 
 from . import live, models_page, people, sessions_page, settings_page

@@ -1,4 +1,5 @@
 """Template helpers of the admin panel: sizes, percentages and the memory-budget bar."""
+
 from __future__ import annotations
 
 from django import template
@@ -7,8 +8,14 @@ from django.utils.html import format_html, format_html_join
 register = template.Library()
 
 # the memory budget's parts in the bar's order (`appliance.events.MemoryBudget`), with their labels
-MEMORY_PARTS = (("dense", "dense"), ("kv", "KV"), ("expert_slots", "expert slots"),
-                ("prefetch_slots", "prefetch"), ("runtime", "runtime"), ("free", "free"))
+MEMORY_PARTS = (
+    ("dense", "dense"),
+    ("kv", "KV"),
+    ("expert_slots", "expert slots"),
+    ("prefetch_slots", "prefetch"),
+    ("runtime", "runtime"),
+    ("free", "free"),
+)
 
 
 @register.filter
@@ -34,6 +41,8 @@ def membar(memory) -> str:
     """The stacked bar of a `MemoryBudget`: one span per part, its width its share of the budget."""
     whole = memory.total or sum(getattr(memory, k) for k, _ in MEMORY_PARTS) or 1
     parts = [(k, label, getattr(memory, k)) for k, label in MEMORY_PARTS if getattr(memory, k)]
-    return format_html_join("", '<span class="mem mem-{}" style="width:{}%" title="{}: {}"></span>',
-                            ((k, f"{100 * v / whole:.2f}", label, bytes_h(v)) for k, label, v in parts)) or format_html(
-        '<span class="muted">no memory figures</span>')
+    return format_html_join(
+        "",
+        '<span class="mem mem-{}" style="width:{}%" title="{}: {}"></span>',
+        ((k, f"{100 * v / whole:.2f}", label, bytes_h(v)) for k, label, v in parts),
+    ) or format_html('<span class="muted">no memory figures</span>')

@@ -12,6 +12,7 @@ paid seconds to start Python and unpack the module before doing anything.
 Ansible pipelines the module to the interpreter's stdin (an AnsiballZ script naming its module in
 clear, `mod_name='ansible.modules.NAME'`); the chosen Python gets the same bytes on its stdin.
 """
+
 import os
 import sys
 

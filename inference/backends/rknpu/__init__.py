@@ -10,6 +10,7 @@ back to the CPU for the rest of the process, with one log line: an answer is nev
 - int8: B = the weight's int8 values (q8 as stored; other kinds quantized per output channel here),
   A = the rows quantized per row; C = raw int32 products × row scale × channel scale, on the CPU.
 """
+
 from __future__ import annotations
 
 import logging
@@ -80,8 +81,12 @@ class RknpuBackend:
         self.failed: str | None = None  # why the NPU was given up after the self-test
 
     def _fits(self, x: np.ndarray, w: QTensor) -> bool:
-        return (self.failed is None and self.min_rows <= x.shape[0] <= self.rows and len(w.shape) == 2
-                and w.shape[1] <= K_MAX)
+        return (
+            self.failed is None
+            and self.min_rows <= x.shape[0] <= self.rows
+            and len(w.shape) == 2
+            and w.shape[1] <= K_MAX
+        )
 
     def _weight(self, w: QTensor) -> _Weight:
         got = self._weights.get(id(w))
@@ -126,8 +131,10 @@ class RknpuBackend:
             probe.mm.close()
         err = float(np.linalg.norm(got - want) / np.linalg.norm(want))
         if not err < SELF_TEST_TOLERANCE[self.precision]:
-            raise NpuError(f"a {self.rows}-row {self.precision} chunk differs from the CPU by {err:.2e} "
-                           f"(tolerance {SELF_TEST_TOLERANCE[self.precision]:.0e})")
+            raise NpuError(
+                f"a {self.rows}-row {self.precision} chunk differs from the CPU by {err:.2e} "
+                f"(tolerance {SELF_TEST_TOLERANCE[self.precision]:.0e})"
+            )
         return f"librknnrt {api}, driver {drv}"
 
     @staticmethod

@@ -14,6 +14,7 @@ T is the prefill chunk: a graph is compiled for one static shape. Weights become
 This module needs only numpy and `onnx`: it runs in the rknn-toolkit2 venv (`.venv-rknn`, made by
 `scripts/setup --test`) as well as in the engine's, and imports nothing else from the project.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -43,13 +44,25 @@ def qkv_graph(wq: np.ndarray, wk: np.ndarray, wv: np.ndarray, rows: int):
         nodes.append(helper.make_node("MatMul", ["x", f"w{name}"], [name]))
         outs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, [rows, w.shape[0]]))
     graph = helper.make_graph(
-        nodes, "qkv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, H])], outs,
-        initializer=[_weight_t("wq", wq), _weight_t("wk", wk), _weight_t("wv", wv)])
+        nodes,
+        "qkv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, H])],
+        outs,
+        initializer=[_weight_t("wq", wq), _weight_t("wk", wk), _weight_t("wv", wv)],
+    )
     return _model(graph)
 
 
-def o_mlp_graph(wo: np.ndarray, norm: np.ndarray, gate: np.ndarray, up: np.ndarray, down: np.ndarray,
-                eps: float, act: str, rows: int):
+def o_mlp_graph(
+    wo: np.ndarray,
+    norm: np.ndarray,
+    gate: np.ndarray,
+    up: np.ndarray,
+    down: np.ndarray,
+    eps: float,
+    act: str,
+    rows: int,
+):
     """(o [rows, A], h [rows, H]) → the layer's output [rows, H] (Llama-style residuals)."""
     onnx, TensorProto, helper, numpy_helper = _helpers()
     H, A = wo.shape
@@ -68,12 +81,23 @@ def o_mlp_graph(wo: np.ndarray, norm: np.ndarray, gate: np.ndarray, up: np.ndarr
         helper.make_node("Add", ["h2", "mlp"], ["out"]),
     ]
     graph = helper.make_graph(
-        nodes, "o_mlp",
-        [helper.make_tensor_value_info("o", TensorProto.FLOAT, [rows, A]),
-         helper.make_tensor_value_info("h", TensorProto.FLOAT, [rows, H])],
+        nodes,
+        "o_mlp",
+        [
+            helper.make_tensor_value_info("o", TensorProto.FLOAT, [rows, A]),
+            helper.make_tensor_value_info("h", TensorProto.FLOAT, [rows, H]),
+        ],
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, [rows, H])],
-        initializer=[_weight_t("wo", wo), c("norm", norm), c("eps", [eps]), _weight_t("wgate", gate),
-                     _weight_t("wup", up), _weight_t("wdown", down), *_activation_constants(act)])
+        initializer=[
+            _weight_t("wo", wo),
+            c("norm", norm),
+            c("eps", [eps]),
+            _weight_t("wgate", gate),
+            _weight_t("wup", up),
+            _weight_t("wdown", down),
+            *_activation_constants(act),
+        ],
+    )
     return _model(graph)
 
 
@@ -82,11 +106,17 @@ def mlp_graph(gate: np.ndarray, up: np.ndarray, down: np.ndarray, act: str, rows
     onnx, TensorProto, helper, _ = _helpers()
     H = gate.shape[1]
     graph = helper.make_graph(
-        _mlp_nodes(helper, act, "x", "out"), "mlp",
+        _mlp_nodes(helper, act, "x", "out"),
+        "mlp",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, H])],
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, [rows, down.shape[0]])],
-        initializer=[_weight_t("wgate", gate), _weight_t("wup", up), _weight_t("wdown", down),
-                     *_activation_constants(act)])
+        initializer=[
+            _weight_t("wgate", gate),
+            _weight_t("wup", up),
+            _weight_t("wdown", down),
+            *_activation_constants(act),
+        ],
+    )
     return _model(graph)
 
 
@@ -109,10 +139,17 @@ def _activation(helper, act: str, x: str, out: str) -> list:
         return [helper.make_node("Sigmoid", [x], [x + "_s"]), helper.make_node("Mul", [x, x + "_s"], [out])]
     if act in ("gelu_pytorch_tanh", "gelu_tanh"):  # ½x(1 + tanh(√(2/π)(x + 0.044715x³)))
         m = lambda a, b, o: helper.make_node("Mul", [a, b], [o])  # noqa: E731
-        return [m(x, x, "x2"), m("x2", x, "x3"), m("x3", "gelu_b", "bx3"),
-                helper.make_node("Add", [x, "bx3"], ["inner"]), m("inner", "gelu_a", "ain"),
-                helper.make_node("Tanh", ["ain"], ["t"]), helper.make_node("Add", ["t", "one"], ["t1"]),
-                m(x, "t1", "xt"), m("xt", "half", out)]
+        return [
+            m(x, x, "x2"),
+            m("x2", x, "x3"),
+            m("x3", "gelu_b", "bx3"),
+            helper.make_node("Add", [x, "bx3"], ["inner"]),
+            m("inner", "gelu_a", "ain"),
+            helper.make_node("Tanh", ["ain"], ["t"]),
+            helper.make_node("Add", ["t", "one"], ["t1"]),
+            m(x, "t1", "xt"),
+            m("xt", "half", out),
+        ]
     raise ValueError(f"activation {act!r} has no NPU graph yet; the layer stays on the CPU")
 
 

@@ -11,6 +11,7 @@ scale and the activation's per-row scale are applied here, on the CPU, after the
 a multiple of 32 (≤ 10240), N to 16 (fp16) or 32 (int8); B goes through the library's own
 `rknn_B_normal_layout_to_native_layout`, never our packing.
 """
+
 from __future__ import annotations
 
 import ctypes as C
@@ -26,20 +27,40 @@ N_ALIGN = {FP16_TO_FP32: 16, INT8_TO_INT32: 32}
 K_ALIGN, K_MAX = 32, 10240
 CORES = {0: 1, 1: 2, 2: 4}  # core index → rknn_core_mask bit
 QUERY_SDK_VERSION = 5
-ERRORS = {-1: "RKNN_ERR_FAIL", -2: "RKNN_ERR_TIMEOUT", -3: "RKNN_ERR_DEVICE_UNAVAILABLE",
-          -4: "RKNN_ERR_MALLOC_FAIL", -5: "RKNN_ERR_PARAM_INVALID", -7: "RKNN_ERR_CTX_INVALID"}
+ERRORS = {
+    -1: "RKNN_ERR_FAIL",
+    -2: "RKNN_ERR_TIMEOUT",
+    -3: "RKNN_ERR_DEVICE_UNAVAILABLE",
+    -4: "RKNN_ERR_MALLOC_FAIL",
+    -5: "RKNN_ERR_PARAM_INVALID",
+    -7: "RKNN_ERR_CTX_INVALID",
+}
 
 
 class MatmulInfo(C.Structure):
-    _fields_ = [("M", C.c_int32), ("K", C.c_int32), ("N", C.c_int32), ("type", C.c_int32),
-                ("B_layout", C.c_int16), ("B_quant_type", C.c_int16), ("AC_layout", C.c_int16),
-                ("AC_quant_type", C.c_int16), ("iommu_domain_id", C.c_int32), ("group_size", C.c_int16),
-                ("reserved", C.c_int8 * 34)]
+    _fields_ = [
+        ("M", C.c_int32),
+        ("K", C.c_int32),
+        ("N", C.c_int32),
+        ("type", C.c_int32),
+        ("B_layout", C.c_int16),
+        ("B_quant_type", C.c_int16),
+        ("AC_layout", C.c_int16),
+        ("AC_quant_type", C.c_int16),
+        ("iommu_domain_id", C.c_int32),
+        ("group_size", C.c_int16),
+        ("reserved", C.c_int8 * 34),
+    ]
 
 
 class TensorAttr(C.Structure):
-    _fields_ = [("name", C.c_char * NAME_LEN), ("n_dims", C.c_uint32), ("dims", C.c_uint32 * MAX_DIMS),
-                ("size", C.c_uint32), ("type", C.c_int32)]
+    _fields_ = [
+        ("name", C.c_char * NAME_LEN),
+        ("n_dims", C.c_uint32),
+        ("dims", C.c_uint32 * MAX_DIMS),
+        ("size", C.c_uint32),
+        ("type", C.c_int32),
+    ]
 
 
 class IoAttr(C.Structure):
@@ -47,21 +68,39 @@ class IoAttr(C.Structure):
 
 
 class TensorMem(C.Structure):
-    _fields_ = [("virt_addr", C.c_void_p), ("phys_addr", C.c_uint64), ("fd", C.c_int32),
-                ("offset", C.c_int32), ("size", C.c_uint32), ("flags", C.c_uint32), ("priv_data", C.c_void_p)]
+    _fields_ = [
+        ("virt_addr", C.c_void_p),
+        ("phys_addr", C.c_uint64),
+        ("fd", C.c_int32),
+        ("offset", C.c_int32),
+        ("size", C.c_uint32),
+        ("flags", C.c_uint32),
+        ("priv_data", C.c_void_p),
+    ]
 
 
 class QuantParams(C.Structure):
-    _fields_ = [("name", C.c_char * NAME_LEN), ("scale", C.POINTER(C.c_float)), ("scale_len", C.c_int32),
-                ("zp", C.POINTER(C.c_int32)), ("zp_len", C.c_int32)]
+    _fields_ = [
+        ("name", C.c_char * NAME_LEN),
+        ("scale", C.POINTER(C.c_float)),
+        ("scale_len", C.c_int32),
+        ("zp", C.POINTER(C.c_int32)),
+        ("zp_len", C.c_int32),
+    ]
 
 
 class SdkVersion(C.Structure):
     _fields_ = [("api_version", C.c_char * 256), ("drv_version", C.c_char * 256)]
 
 
-for _s, _n in ((MatmulInfo, 64), (TensorAttr, 332), (IoAttr, 996), (TensorMem, 40), (QuantParams, 288),
-               (SdkVersion, 512)):
+for _s, _n in (
+    (MatmulInfo, 64),
+    (TensorAttr, 332),
+    (IoAttr, 996),
+    (TensorMem, 40),
+    (QuantParams, 288),
+    (SdkVersion, 512),
+):
     assert C.sizeof(_s) == _n, f"{_s.__name__} is {C.sizeof(_s)} bytes, the runtime's is {_n}"
 
 
@@ -81,8 +120,9 @@ class Runtime:
         try:
             lib = C.CDLL(path)
         except OSError as e:
-            raise NpuError(f"librknnrt: cannot load {path}: {e}; install the vendor's librknnrt.so "
-                           f"(docs/npu.md)") from e
+            raise NpuError(
+                f"librknnrt: cannot load {path}: {e}; install the vendor's librknnrt.so (docs/npu.md)"
+            ) from e
         ctx, pmem = C.c_uint64, C.POINTER(TensorMem)
         sig = {
             "rknn_matmul_create": (C.c_int, [C.POINTER(ctx), C.POINTER(MatmulInfo), C.POINTER(IoAttr)]),
@@ -93,16 +133,19 @@ class Runtime:
             "rknn_create_mem": (pmem, [ctx, C.c_uint32]),
             "rknn_create_mem_from_fd": (pmem, [ctx, C.c_int32, C.c_void_p, C.c_uint32, C.c_int32]),
             "rknn_destroy_mem": (C.c_int, [ctx, pmem]),
-            "rknn_B_normal_layout_to_native_layout": (C.c_int, [C.c_void_p, C.c_void_p, C.c_int, C.c_int,
-                                                                C.POINTER(MatmulInfo)]),
+            "rknn_B_normal_layout_to_native_layout": (
+                C.c_int,
+                [C.c_void_p, C.c_void_p, C.c_int, C.c_int, C.POINTER(MatmulInfo)],
+            ),
             "rknn_query": (C.c_int, [ctx, C.c_int, C.c_void_p, C.c_uint32]),
         }
         for name, (res, args) in sig.items():
             try:
                 fn = getattr(lib, name)
             except AttributeError as e:
-                raise NpuError(f"librknnrt: {path} has no {name}; it is too old for the matmul API "
-                               f"(need 1.6 or later)") from e
+                raise NpuError(
+                    f"librknnrt: {path} has no {name}; it is too old for the matmul API (need 1.6 or later)"
+                ) from e
             fn.restype, fn.argtypes = res, args
         self.lib, self.path = lib, path
 
@@ -125,8 +168,10 @@ class Matmul:
         self.io = IoAttr()
         self.ctx = C.c_uint64(0)
         lib = rt.lib
-        _check(lib.rknn_matmul_create(C.byref(self.ctx), C.byref(self.info), C.byref(self.io)),
-               f"rknn_matmul_create(M={M}, K={K}, N={N}, {kind})")
+        _check(
+            lib.rknn_matmul_create(C.byref(self.ctx), C.byref(self.info), C.byref(self.io)),
+            f"rknn_matmul_create(M={M}, K={K}, N={N}, {kind})",
+        )
         self.mems = []
         try:
             if core is not None:
@@ -144,8 +189,10 @@ class Matmul:
         if not mem:
             raise NpuError(f"librknnrt: rknn_create_mem({attr.size}) for {attr.name.decode()} failed")
         self.mems.append(mem)
-        _check(self.rt.lib.rknn_matmul_set_io_mem(self.ctx, mem, C.byref(attr)),
-               f"rknn_matmul_set_io_mem({attr.name.decode()})")
+        _check(
+            self.rt.lib.rknn_matmul_set_io_mem(self.ctx, mem, C.byref(attr)),
+            f"rknn_matmul_set_io_mem({attr.name.decode()})",
+        )
         return mem
 
     @staticmethod
@@ -158,9 +205,12 @@ class Matmul:
         """B [K, N] in normal (row-major) layout, converted by the library into its native layout."""
         b = np.ascontiguousarray(b, np.float16 if self.kind == "fp16" else np.int8)
         assert b.shape == (self.info.K, self.info.N)
-        _check(self.rt.lib.rknn_B_normal_layout_to_native_layout(
-            b.ctypes.data, self.b.contents.virt_addr, self.info.K, self.info.N, C.byref(self.info)),
-            "rknn_B_normal_layout_to_native_layout")
+        _check(
+            self.rt.lib.rknn_B_normal_layout_to_native_layout(
+                b.ctypes.data, self.b.contents.virt_addr, self.info.K, self.info.N, C.byref(self.info)
+            ),
+            "rknn_B_normal_layout_to_native_layout",
+        )
 
     def run(self, a: np.ndarray) -> np.ndarray:
         """A [M, K] (fp16 or int8 as the context's kind) → a copy of C [M, N] (float32 or int32)."""
@@ -171,8 +221,10 @@ class Matmul:
     def sdk_version(self) -> tuple[str, str]:
         """(runtime API version, NPU driver version) as the runtime reports them."""
         v = SdkVersion()
-        _check(self.rt.lib.rknn_query(self.ctx, QUERY_SDK_VERSION, C.byref(v), C.sizeof(v)),
-               "rknn_query(RKNN_QUERY_SDK_VERSION)")
+        _check(
+            self.rt.lib.rknn_query(self.ctx, QUERY_SDK_VERSION, C.byref(v), C.sizeof(v)),
+            "rknn_query(RKNN_QUERY_SDK_VERSION)",
+        )
         return v.api_version.decode(), v.drv_version.decode()
 
     def close(self) -> None:

@@ -4,6 +4,7 @@ A precision whose perplexity rises more than `MAX_PERPLEXITY_RISE` over the CPU'
 `backend="auto"`. Measured on SmolLM2 over the Zen of Python (203 tokens, 64-row chunks; docs/npu.md):
 fp16 −0.00 % with every top-1 token the CPU's; int8 (per-row activations) +11.8 %, top-1 0.73.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

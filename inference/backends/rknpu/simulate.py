@@ -9,6 +9,7 @@ JOB.npz holds `kind` ("qkv", "o_mlp" or "mlp"), `precision` ("fp16" or "w8a8"), 
 o_mlp `eps` and `act`, for mlp `act`. OUT.npz gets `out_<name>` [S, T, ...]. The simulator only runs graphs built in
 the same process, so build and run are one step.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,9 @@ def build_onnx(job, rows: int):
         return graphs.qkv_graph(job["wq"], job["wk"], job["wv"], rows)
     if str(job["kind"]) == "mlp":
         return graphs.mlp_graph(job["gate"], job["up"], job["down"], str(job["act"]), rows)
-    return graphs.o_mlp_graph(job["wo"], job["norm"], job["gate"], job["up"], job["down"],
-                              float(job["eps"]), str(job["act"]), rows)
+    return graphs.o_mlp_graph(
+        job["wo"], job["norm"], job["gate"], job["up"], job["down"], float(job["eps"]), str(job["act"]), rows
+    )
 
 
 def main(job_path: str, out_path: str) -> None:
@@ -39,8 +41,10 @@ def main(job_path: str, out_path: str) -> None:
     job = dict(np.load(job_path))
     kind, precision = str(job["kind"]), str(job["precision"])
     names = INPUTS[kind]
-    samples = [[np.ascontiguousarray(job["in_" + n][s], np.float32) for n in names]
-               for s in range(job["in_" + names[0]].shape[0])]
+    samples = [
+        [np.ascontiguousarray(job["in_" + n][s], np.float32) for n in names]
+        for s in range(job["in_" + names[0]].shape[0])
+    ]
     rows = samples[0][0].shape[0]
     with tempfile.TemporaryDirectory() as tmp:
         model_path = os.path.join(tmp, f"{kind}.onnx")
@@ -54,10 +58,13 @@ def main(job_path: str, out_path: str) -> None:
                     np.save(paths[-1], a)
                 f.write(" ".join(paths) + "\n")
         rknn = RKNN(verbose=False)
-        rknn.config(target_platform="rk3588", quantized_dtype="w8a8", quantized_method="channel",
-                    quantized_algorithm="normal")
-        check(rknn.load_onnx(model=model_path, inputs=names, input_size_list=[list(a.shape) for a in samples[0]]),
-              "load_onnx")
+        rknn.config(
+            target_platform="rk3588", quantized_dtype="w8a8", quantized_method="channel", quantized_algorithm="normal"
+        )
+        check(
+            rknn.load_onnx(model=model_path, inputs=names, input_size_list=[list(a.shape) for a in samples[0]]),
+            "load_onnx",
+        )
         check(rknn.build(do_quantization=precision == "w8a8", dataset=dataset), "build")
         check(rknn.init_runtime(), "init_runtime (simulator)")
         outs = {n: [] for n in OUTPUTS[kind]}

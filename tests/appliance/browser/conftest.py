@@ -11,6 +11,7 @@ aborted and recorded, and a page with a JavaScript error fails its test: the pag
 - `shot(page, name)`: a full-page PNG under `$RKMOJO_TEST_OUTPUT/screenshots` (default
   `test-output/screenshots` in the checkout).
 """
+
 from __future__ import annotations
 
 import os

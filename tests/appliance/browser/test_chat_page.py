@@ -4,6 +4,7 @@ The page counts its renders of the answer being written (`window.chatStats`: ren
 at each, the time each took). The measurements at the end are printed and written to
 `$RKMOJO_TEST_OUTPUT/chat-measurements.json`, not asserted.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,14 @@ def store(user, pairs, title="stored", model="smollm2"):
     from webui.models import ChatMessage, ChatSession
 
     s = ChatSession.objects.create(owner=user, source="web", model=model, title=title)
-    ChatMessage.objects.bulk_create([ChatMessage(session=s, index=i, role=role, content=text, finish_reason="stop"
-                                                 if role == "assistant" else "")
-                                     for i, (role, text) in enumerate(pairs)])
+    ChatMessage.objects.bulk_create(
+        [
+            ChatMessage(
+                session=s, index=i, role=role, content=text, finish_reason="stop" if role == "assistant" else ""
+            )
+            for i, (role, text) in enumerate(pairs)
+        ]
+    )
     return s
 
 
@@ -92,8 +98,10 @@ def test_regenerate_replaces_the_answer_and_edit_resends_dropping_what_followed(
     page.wait_for_selector(ANSWERED, timeout=60000)
     page.evaluate("document.querySelector('li.msg.assistant').dataset.old = '1'")
     page.click("#regenerate")
-    page.wait_for_function("!document.querySelector('li.msg.assistant[data-old]') && "
-                           f"document.querySelectorAll({ANSWERED!r}).length == 1", timeout=60000)
+    page.wait_for_function(
+        f"!document.querySelector('li.msg.assistant[data-old]') && document.querySelectorAll({ANSWERED!r}).length == 1",
+        timeout=60000,
+    )
     assert page.locator("li.msg").count() == 2
     box = page.locator("#composer textarea[name=text]")
     box.fill("And a fruit?")
@@ -107,8 +115,10 @@ def test_regenerate_replaces_the_answer_and_edit_resends_dropping_what_followed(
     first.locator("textarea").fill("Name an animal.")
     shot(page, "chat-editing")
     first.locator("textarea").press("Enter")
-    page.wait_for_function(f"document.querySelectorAll('li.msg').length == 2 && "
-                           f"document.querySelectorAll({ANSWERED!r}).length == 1", timeout=60000)
+    page.wait_for_function(
+        f"document.querySelectorAll('li.msg').length == 2 && document.querySelectorAll({ANSWERED!r}).length == 1",
+        timeout=60000,
+    )
     assert "Name an animal." in page.locator("li.msg.user .body").inner_text()
     page.reload()
     assert page.locator("li.msg").count() == 2 and "Name an animal." in page.locator("li.msg.user .body").inner_text()
@@ -122,15 +132,19 @@ def test_while_it_waits_the_page_shows_the_queue_position_loading_and_prefill_pr
     from appliance.events import Loading, PrefillProgress, Queued
 
     sign_in(page, "alice")
-    long = stack.openai().chat.completions.create(model="smollm2", max_tokens=300, stream=True,
-                                                  messages=[{"role": "user", "content": "Tell a long story."}])
+    long = stack.openai().chat.completions.create(
+        model="smollm2", max_tokens=300, stream=True, messages=[{"role": "user", "content": "Tell a long story."}]
+    )
     next(iter(long))
     running = stack.registration("board-a")["running"]
     new_chat(page, "Hi!", max_tokens=4)
     r = stack.r()
     rid = stack.wait_until(lambda: [i for i in r.zrange("rkmojo:queue:smollm2", 0, -1) if i != running])[0]
-    for ev, text in ((Queued(position=2), "2 requests ahead…"), (Loading(model="smollm2"), "Loading smollm2…"),
-                     (PrefillProgress(done=512, total=1800), "prompt 512 / 1800")):
+    for ev, text in (
+        (Queued(position=2), "2 requests ahead…"),
+        (Loading(model="smollm2"), "Loading smollm2…"),
+        (PrefillProgress(done=512, total=1800), "prompt 512 / 1800"),
+    ):
         bus.emit(r, rid, ev)
         page.wait_for_function("t => document.querySelector('#status').textContent === t", arg=text)
         if ev.t != "loading":
@@ -142,8 +156,11 @@ def test_while_it_waits_the_page_shows_the_queue_position_loading_and_prefill_pr
 
 def test_a_code_block_is_highlighted_and_copied(page, users, stack):
     code = "def add(a, b):\n    return a + b"
-    s = store(users["alice"], [("user", "Write add in Python."), ("assistant", f"Here:\n\n```python\n{code}\n```\n")],
-              title="code")
+    s = store(
+        users["alice"],
+        [("user", "Write add in Python."), ("assistant", f"Here:\n\n```python\n{code}\n```\n")],
+        title="code",
+    )
     page.context.grant_permissions(["clipboard-read", "clipboard-write"])
     sign_in(page, "alice")
     page.goto(f"/chat/{s.pk}/")
@@ -162,9 +179,14 @@ def test_a_code_block_is_highlighted_and_copied(page, users, stack):
 
 
 def test_the_page_fits_a_phone(phone, users, stack):
-    s = store(users["alice"], [("user", "Hello on a phone, with a long word: " + "x" * 80),
-                               ("assistant", "A table:\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n```\n" + "y" * 120 + "\n```")],
-              title="phone")
+    s = store(
+        users["alice"],
+        [
+            ("user", "Hello on a phone, with a long word: " + "x" * 80),
+            ("assistant", "A table:\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n```\n" + "y" * 120 + "\n```"),
+        ],
+        title="phone",
+    )
     sign_in(phone, "alice")
     phone.goto(f"/chat/{s.pk}/")
     width = phone.evaluate("document.scrollingElement.scrollWidth")
@@ -185,12 +207,15 @@ def test_measure_ttfb_with_200_conversations_and_render_time_at_the_end_of_200_m
 
     alice = users["alice"]
     ChatSession.objects.filter(owner=alice).delete()
-    ChatSession.objects.bulk_create([ChatSession(owner=alice, source="web", model="smollm2", title=f"chat {i}")
-                                     for i in range(198)])
-    body = ("Some **markdown** with `code`, a list:\n\n- one\n- two\n\n```python\nfor i in range(3):\n"
-            "    print(i)\n```\n")
-    long = store(alice, [("user" if i % 2 == 0 else "assistant", f"message {i}. {body}") for i in range(200)],
-                 title="long")
+    ChatSession.objects.bulk_create(
+        [ChatSession(owner=alice, source="web", model="smollm2", title=f"chat {i}") for i in range(198)]
+    )
+    body = (
+        "Some **markdown** with `code`, a list:\n\n- one\n- two\n\n```python\nfor i in range(3):\n    print(i)\n```\n"
+    )
+    long = store(
+        alice, [("user" if i % 2 == 0 else "assistant", f"message {i}. {body}") for i in range(200)], title="long"
+    )
     sign_in(page, "alice")
     cookie = {c["name"]: c["value"] for c in page.context.cookies()}
     ttfb = {}
@@ -223,6 +248,7 @@ def test_measure_ttfb_with_200_conversations_and_render_time_at_the_end_of_200_m
                 ev.update(session=str(long.pk), index=ev["index"] + shift)
                 ev["user"]["index"] += shift
             ws.send(json.dumps(ev))
+
         ws.on_message(from_page)
         server.on_message(from_server)
 
@@ -231,8 +257,9 @@ def test_measure_ttfb_with_200_conversations_and_render_time_at_the_end_of_200_m
     assert page.locator("li.msg").count() == 200
     page.fill("#composer textarea[name=text]", "Write a few sentences about the sea.")
     page.press("#composer textarea[name=text]", "Enter")
-    page.wait_for_function("document.querySelectorAll('li.msg').length == 202 && !document.querySelector('.streaming')",
-                           timeout=90000)
+    page.wait_for_function(
+        "document.querySelectorAll('li.msg').length == 202 && !document.querySelector('.streaming')", timeout=90000
+    )
     ms = page.evaluate("window.chatStats.renderMs")
     out = {
         "chat_list_ttfb_ms_median (200 conversations)": round(statistics.median(ttfb["/chat/"]) * 1000, 1),

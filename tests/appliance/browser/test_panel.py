@@ -4,6 +4,7 @@ changed on the page and enforced by the API; the live view with moving numbers a
 
 The live view's update rate is measured (not asserted) and printed: run with `-s` to see it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -122,8 +123,9 @@ def test_the_queue_limit_set_on_the_page_is_enforced_by_the_api(admin, stack, cl
     started = threading.Event()
 
     def long_answer():
-        stream = oai.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Tell a story."}],
-                                             max_tokens=200, stream=True)
+        stream = oai.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "Tell a story."}], max_tokens=200, stream=True
+        )
         for _ in stream:
             started.set()
 
@@ -156,6 +158,7 @@ def test_the_live_view_updates_its_numbers_and_heatmap(admin, stack):
                 await push(s)
                 step += 1
                 await asyncio.sleep(0.25)
+
         asyncio.run(run())
 
     t = threading.Thread(target=feed)
@@ -184,9 +187,13 @@ def test_the_live_view_updates_its_numbers_and_heatmap(admin, stack):
 def test_the_panel_works_at_phone_size(phone, users, stack):
     store(stack.r(), sample("board-demo", 3))
     sign_in(phone, "admin", next_path="/panel/")
-    for path, name in (("/panel/", "phone-panel-live"), ("/panel/models/", "phone-panel-models"),
-                       ("/panel/settings/", "phone-panel-settings"), ("/panel/sessions/", "phone-panel-sessions"),
-                       ("/panel/users/", "phone-panel-users")):
+    for path, name in (
+        ("/panel/", "phone-panel-live"),
+        ("/panel/models/", "phone-panel-models"),
+        ("/panel/settings/", "phone-panel-settings"),
+        ("/panel/sessions/", "phone-panel-sessions"),
+        ("/panel/users/", "phone-panel-users"),
+    ):
         phone.goto(path)
         width = phone.evaluate("document.documentElement.scrollWidth")
         assert width <= 362, f"{path} is {width} px wide on a 360 px phone"
@@ -199,11 +206,21 @@ def test_the_people_and_sessions_pages(admin, stack):
 
     s = ChatSession.objects.create(model="smollm2", title="What is an expert cache?", source="web", digest="tour")
     ChatMessage.objects.create(session=s, index=0, role="user", content="What is an expert cache?")
-    ChatMessage.objects.create(session=s, index=1, role="assistant", content="A few experts kept in memory.",
-                               prompt_tokens=12, cached_tokens=0, completion_tokens=8)
+    ChatMessage.objects.create(
+        session=s,
+        index=1,
+        role="assistant",
+        content="A few experts kept in memory.",
+        prompt_tokens=12,
+        cached_tokens=0,
+        completion_tokens=8,
+    )
     page = admin
-    for path, name in (("/panel/users/", "panel-users"), ("/panel/sessions/", "panel-sessions"),
-                       (f"/panel/sessions/{s.pk}/", "panel-session")):
+    for path, name in (
+        ("/panel/users/", "panel-users"),
+        ("/panel/sessions/", "panel-sessions"),
+        (f"/panel/sessions/{s.pk}/", "panel-session"),
+    ):
         page.goto(path)
         shot(page, name)
     page.click("text=Delete this conversation")
@@ -220,8 +237,9 @@ def test_the_live_view_follows_the_real_worker(admin, stack):
     oai = stack.openai()
     t0 = page.evaluate("window.rkmojoLive.perWorker['board-a']")
     started = time.monotonic()
-    oai.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "Tell a story."}],
-                                max_tokens=120)
+    oai.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "Tell a story."}], max_tokens=120
+    )
     page.wait_for_timeout(2500)  # the next samples carry the answer's rate and TTFT
     n = page.evaluate("window.rkmojoLive.perWorker['board-a']") - t0
     seconds = time.monotonic() - started
@@ -273,8 +291,9 @@ def test_a_real_moe_worker_streaming_experts_fills_the_heatmap_as_it_computes(ad
         oai, seen = stack.openai(), set()
         for i in range(3):
             # digits and spaces are single-byte tokens: ids below the tiny model's vocabulary of 256
-            oai.completions.create(model="tiny-moe", prompt=" ".join("3141592653589793"[i:i + 9]), max_tokens=24,
-                                   temperature=1.0, seed=i)
+            oai.completions.create(
+                model="tiny-moe", prompt=" ".join("3141592653589793"[i : i + 9]), max_tokens=24, temperature=1.0, seed=i
+            )
             page.wait_for_timeout(1300)  # the next once-a-second sample
             seen.add(canvas.evaluate("c => c.toDataURL()"))
         assert idle not in seen and len(seen) >= 2, "the heatmap did not change as the worker computed"

@@ -1,4 +1,5 @@
 """Signing in through the real form in Chromium; `/` sends a browser to the chat page or the login page."""
+
 from .conftest import PASSWORD, shot, sign_in
 
 

@@ -1,4 +1,5 @@
 """`python -m django apikey create NAME | list | revoke PREFIX` (settings: appliance.settings)."""
+
 from django.core.management.base import BaseCommand, CommandError
 from django.db import OperationalError
 from django.utils import timezone
@@ -27,8 +28,9 @@ class Command(BaseCommand):
             self.stdout.write(key)
         elif action == "list":
             for k in ApiKey.objects.all():
-                self.stdout.write(f"{k.prefix}  {k.name}  created {k.created:%Y-%m-%d}"
-                                  f"{'  revoked' if k.revoked else ''}")
+                self.stdout.write(
+                    f"{k.prefix}  {k.name}  created {k.created:%Y-%m-%d}{'  revoked' if k.revoked else ''}"
+                )
         else:
             n = ApiKey.objects.filter(prefix__startswith=opts["prefix"], revoked=None).update(revoked=timezone.now())
             if n == 0:

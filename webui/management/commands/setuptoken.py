@@ -5,6 +5,7 @@ A flashed board's firstboot writes the token file (`RKMOJO_SETUP_TOKEN_FILE`); o
 writing a new random one (mode 0600, created atomically) when the file is missing; once setup is
 done it prints nothing and removes a token file of its own data directory (the token is spent).
 """
+
 import os
 import secrets
 from pathlib import Path

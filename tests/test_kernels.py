@@ -184,6 +184,45 @@ def test_thread_count_round_trips_and_must_be_positive():
         kernels.set_threads(0)
 
 
+def test_an_engines_settings_are_its_threads_own_and_another_thread_keeps_the_default(rng):
+    import threading
+
+    w = random_weight("q4", 64, 128, rng)
+    x = rng.standard_normal((3, 128)).astype(np.float32)
+    default = (kernels.get_threads(), kernels.get_activations())
+    inside, other, barrier = {}, {}, threading.Barrier(2)
+
+    def engine_thread():
+        with kernels.configured(1, "q8"):
+            with kernels.configured(2, "f32"):  # nested: restored on the way out
+                assert (kernels.get_threads(), kernels.get_activations()) == (2, "f32")
+            inside["settings"] = (kernels.get_threads(), kernels.get_activations())
+            inside["y"] = kernels.linear(x, w)
+            barrier.wait()  # the other thread looks while these settings are in force
+            barrier.wait()
+        inside["after"] = (kernels.get_threads(), kernels.get_activations())
+
+    def other_thread():
+        barrier.wait()
+        other["settings"] = (kernels.get_threads(), kernels.get_activations())
+        barrier.wait()
+
+    ts = [threading.Thread(target=engine_thread), threading.Thread(target=other_thread)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert inside["settings"] == (1, "q8") and other["settings"] == default and inside["after"] == default
+    with kernels.configured(None, "q8"):
+        np.testing.assert_array_equal(kernels.linear(x, w), inside["y"])  # q8 from any thread, the same bits
+    with pytest.raises(ValueError, match="positive"):
+        with kernels.configured(0, None):
+            pass
+    with pytest.raises(ValueError, match="choose one of"):
+        with kernels.configured(None, "int3"):
+            pass
+
+
 def test_a_missing_build_is_an_import_error_that_says_how_to_build(tmp_path):
     with pytest.raises(ImportError, match=r"pip install -e \."):
         KernelLib(tmp_path / "absent.so")

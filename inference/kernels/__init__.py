@@ -157,23 +157,18 @@ def set_threads(n: int) -> None:
 
 @contextlib.contextmanager
 def configured(threads: int | None = None, activations: str | None = None):
-    """Run the block with the kernels split over `threads` and in the `activations` mode (None: as they
-    are), the previous settings after: an engine applies its own to its own compute instead of setting
-    them for the whole process.
+    """Run the block with this thread's kernel calls split over `threads` and in the `activations` mode
+    (None: the process's default), as they were after. The settings are the calling thread's own: an
+    engine applies its own to its own compute, and two engines on two threads do not see each other's.
 
     Raises:
         ValueError: a thread count that is not positive, or an unknown mode.
     """
-    before = (_LIB.get_threads(), _LIB.get_activations())
+    before = _LIB.use(threads, activations)
     try:
-        if threads:
-            _LIB.set_threads(threads)
-        if activations:
-            _LIB.set_activations(activations)
         yield
     finally:
-        _LIB.set_threads(before[0])
-        _LIB.set_activations(before[1])
+        _LIB.use(*before)
 
 
 def get_threads() -> int:

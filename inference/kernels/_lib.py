@@ -15,6 +15,7 @@ import importlib
 import importlib.util
 import math
 import operator
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,6 +45,17 @@ _DATA_OFFSET = ctypes.sizeof(ctypes.c_ssize_t) + ctypes.sizeof(ctypes.c_void_p)
 
 
 _pointer_at = ctypes.c_void_p.from_address
+
+
+def _modes(mode: str) -> tuple[str, int, int]:
+    """(mode, the kind-code flag of linear/linear_many, that of linear_grouped).
+
+    Raises:
+        ValueError: an unknown mode.
+    """
+    if mode not in ACTIVATIONS:
+        raise ValueError(f"activations {mode!r}: choose one of {', '.join(ACTIVATIONS)}")
+    return mode, Q8A if mode == "q8" else 0, 0 if mode == "f32" else Q8A
 
 
 def _data_fast(a: np.ndarray) -> int:
@@ -179,6 +191,8 @@ class KernelLib:
         lib.rk_linear_grouped.restype = ctypes.c_int
         lib.rk_set_threads.argtypes = [ctypes.c_int]
         lib.rk_set_threads.restype = None
+        lib.rk_use_threads.argtypes = [ctypes.c_int]
+        lib.rk_use_threads.restype = None
         lib.rk_get_threads.argtypes = []
         lib.rk_get_threads.restype = ctypes.c_int
         lib.rk_backend.argtypes = []
@@ -212,24 +226,50 @@ class KernelLib:
         self.path = Path(path)
         self.backend = lib.rk_backend().decode()
         self.dot = lib.rk_dot().decode()  # the int8 dot product: vnni, maddubs, sdot, smull or scalar
-        self._mode = "f32"
-        self._flag = self._group_flag = 0  # kind-code flags of linear/linear_many and of linear_grouped
+        # (mode, kind-code flag of linear/linear_many, of linear_grouped): the process's default, and a
+        # thread's own while an engine computes on it (`use`), as the thread count in rkkernels.c
+        self._default = _modes("f32")
+        self._local = threading.local()
+
+    @property
+    def _modes(self) -> tuple[str, int, int]:
+        return getattr(self._local, "modes", None) or self._default
+
+    @property
+    def _flag(self) -> int:
+        return self._modes[1]
+
+    @property
+    def _group_flag(self) -> int:
+        return self._modes[2]
 
     def set_activations(self, mode: str) -> None:
-        """ "f32" (float activations), "q8" (int8 per block of 32 for the q4/q4_0/q4_1/q8_0 weights) or
-        "experts" (int8 in linear_grouped calls only).
+        """The process's default mode: "f32" (float activations), "q8" (int8 per block of 32 for the
+        q4/q4_0/q4_1/q8_0 weights) or "experts" (int8 in linear_grouped calls only).
 
         Raises:
             ValueError: an unknown mode.
         """
-        if mode not in ACTIVATIONS:
-            raise ValueError(f"activations {mode!r}: choose one of {', '.join(ACTIVATIONS)}")
-        self._mode = mode
-        self._flag = Q8A if mode == "q8" else 0
-        self._group_flag = 0 if mode == "f32" else Q8A
+        self._default = _modes(mode)
 
     def get_activations(self) -> str:
-        return self._mode
+        """The mode of calls from this thread."""
+        return self._modes[0]
+
+    def use(self, threads: int | None, activations: str | None) -> tuple[int | None, str | None]:
+        """This thread's own thread count and mode (None: the process's default) for the calls it makes
+        from now on; returns the ones it had, to restore.
+
+        Raises:
+            ValueError: a thread count that is not positive, or an unknown mode.
+        """
+        if threads is not None and (not isinstance(threads, (int, np.integer)) or threads < 1):
+            raise ValueError(f"thread count must be a positive integer, got {threads!r}")
+        modes = None if activations is None else _modes(activations)
+        before = (getattr(self._local, "threads", None), (getattr(self._local, "modes", None) or (None,))[0])
+        self._local.threads, self._local.modes = threads, modes
+        self._lib.rk_use_threads(int(threads or 0))
+        return before
 
     def set_threads(self, n: int) -> None:
         """Threads the kernels split output rows over (results do not depend on it).

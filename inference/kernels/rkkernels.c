@@ -638,10 +638,18 @@ static int wmat_init(wmat *w, int kind, int64_t out, int64_t in, const void *p0,
     return RK_OK;
 }
 
+/* Threads a call splits its work over: the calling thread's own count while an engine computes on it
+ * (rk_use_threads; each engine applies its own, so two engines on two threads do not fight over one
+ * setting), else the process's default (rk_set_threads). The pool itself is shared and safe to call
+ * from several threads at once (pool_run: one caller at a time uses the helpers, others run solo). */
 static int g_threads = 1;
+static _Thread_local int t_threads; /* 0: the process's default */
+
+static int threads_now(void) { return t_threads > 0 ? t_threads : g_threads; }
 
 RK_API void rk_set_threads(int n) { g_threads = n < 1 ? 1 : n; }
-RK_API int rk_get_threads(void) { return g_threads; }
+RK_API void rk_use_threads(int n) { t_threads = n < 0 ? 0 : n; }
+RK_API int rk_get_threads(void) { return threads_now(); }
 RK_API const char *rk_backend(void) { return RK_BACKEND; }
 RK_API const char *rk_dot(void) { return RK_DOT; } /* the int8 dot product of the q8a path */
 
@@ -738,10 +746,11 @@ RK_API int rk_linear_many(int n, int64_t T, int64_t in, const float *x, const in
 
     for (int64_t t0 = 0; t0 < T && rc == RK_OK; t0 += TILE_T) {
         const int64_t tt = T - t0 < TILE_T ? T - t0 : TILE_T;
-        int nth = g_threads;
+        const int most = threads_now();
+        int nth = most;
         const int64_t tile_work = work * in * tt;
         if ((int64_t)nth * MIN_WORK_PER_THREAD > tile_work) nth = (int)(tile_work / MIN_WORK_PER_THREAD) + 1;
-        if (nth > g_threads) nth = g_threads;
+        if (nth > most) nth = most;
         for (int f = 0; f < F_COUNT; f++) {
             if (!want[f]) continue;
             /* any matrix of the family: prep only reads its kind's order, in and ngp */
@@ -854,9 +863,10 @@ RK_API int rk_linear_grouped(int n, int64_t in, const int64_t *desc)
     if (rc == RK_OK) {
         int64_t outs = 0;
         for (int k = 0; k < n; k++) outs += parts[k].w.out;
-        int nth = g_threads;
+        const int most = threads_now();
+        int nth = most;
         if ((int64_t)nth * MIN_WORK_PER_THREAD > work * in) nth = (int)(work * in / MIN_WORK_PER_THREAD) + 1;
-        if (nth > g_threads) nth = g_threads;
+        if (nth > most) nth = most;
         const grouped_prep gp = {jobs, prefix, n};
         if (prefix[n]) pool_run(grouped_prep_task, &gp, prefix[n], nth);
         for (int j = 0; j < n; j++) {

@@ -5,6 +5,8 @@ it at every heartbeat (`Board.read_settings`) and takes the names it owns:
 
 - `keep_alive` (what `RKMOJO_KEEP_ALIVE` sets: seconds, or a duration like "30m"; negative: forever)
   applies at once, to the loaded models that follow the default too;
+- `prompt_cache_days` and `prompt_cache_max` apply at once too: each model's prompt cache is opened again
+  with the new limits at its next use;
 - the engine's options (`inference.engine.EngineConfig`: expert_slots, prefetch, kv_dtype, threads,
   context, memory_budget, …), checked by their schema, apply at the next load of a model: a loaded
   engine keeps the options it was opened with.
@@ -28,8 +30,10 @@ from inference.engine import EngineConfig
 from inference.options import ENV, Surface, read_value, specs
 
 from .env import parse_duration
+from .tunables import SERVICE
 
 KEEP_ALIVE = "keep_alive"
+PROMPT_CACHE = {"prompt_cache_days": "PROMPT_CACHE_DAYS", "prompt_cache_max": "PROMPT_CACHE_MAX"}  # → settings.RKMOJO
 SETTINGS = Surface("settings")  # errors name the option as the settings page does
 
 
@@ -42,6 +46,7 @@ class Resolved:
     saved: tuple[str, ...] = ()  # the names taken from the saved settings
     environment: tuple[str, ...] = ()  # saved names an environment variable overrides
     invalid: dict[str, str] = field(default_factory=dict)  # saved name → why it was ignored
+    prompt_cache: dict = field(default_factory=dict)  # PROMPT_CACHE_DAYS, PROMPT_CACHE_MAX (settings.RKMOJO's keys)
 
     def status(self, loaded: list) -> dict:
         """What was applied and what waits for a reload, given the `EngineConfig` of each loaded engine."""
@@ -71,19 +76,28 @@ def _env_set(environ: Mapping[str, str], variable: str) -> bool:
 
 
 def resolve(raw: str | None, base: dict, environ: Mapping[str, str]) -> Resolved:
-    """The worker's configuration from its environment's (`base`: {"KEEP_ALIVE", "ENGINE"} of
-    `settings.RKMOJO`) and the saved settings `raw` (the JSON text of `bus.K_SETTINGS`, or None)."""
+    """The worker's configuration from its environment's (`base`: {"KEEP_ALIVE", "ENGINE", "PROMPT_CACHE_DAYS",
+    "PROMPT_CACHE_MAX"} of `settings.RKMOJO`) and the saved settings `raw` (the JSON text of
+    `bus.K_SETTINGS`, or None)."""
     try:
         saved = json.loads(raw) if raw else {}
     except ValueError:
         saved = None
     if not isinstance(saved, dict):
-        return Resolved(base["KEEP_ALIVE"], dict(base["ENGINE"]), invalid={"*": f"not a JSON object: {raw[:80]!r}"})
+        return Resolved(
+            base["KEEP_ALIVE"],
+            dict(base["ENGINE"]),
+            invalid={"*": f"not a JSON object: {raw[:80]!r}"},
+            prompt_cache={k: base[k] for k in PROMPT_CACHE.values()},
+        )
     keep_alive, engine = base["KEEP_ALIVE"], dict(base["ENGINE"])
+    prompt_cache = {k: base[k] for k in PROMPT_CACHE.values()}
     taken, environment, invalid = [], [], {}
     for name, value in saved.items():
         if name == KEEP_ALIVE:
             variable = "RKMOJO_KEEP_ALIVE"
+        elif name in PROMPT_CACHE:
+            variable = SERVICE[name].env
         elif name in specs(EngineConfig):
             variable = ENV.spell(name)
         else:
@@ -96,10 +110,14 @@ def resolve(raw: str | None, base: dict, environ: Mapping[str, str]) -> Resolved
                 if isinstance(value, bool) or not isinstance(value, (int, float, str)):
                     raise ValueError(f"duration {value!r}: write it like 30s, 5m, 1.5h or 7d")
                 keep_alive = parse_duration(value)
+            elif name in PROMPT_CACHE:
+                if isinstance(value, bool) or not isinstance(value, (int, str)):
+                    raise ValueError(f"{value!r}: {SERVICE[name].help}")
+                prompt_cache[PROMPT_CACHE[name]] = SERVICE[name].parse(str(value))
             elif value is not None:  # null: the default
                 engine[name] = read_value(EngineConfig, name, value, SETTINGS)
         except ValueError as e:
             invalid[name] = str(e)
             continue
         taken.append(name)
-    return Resolved(keep_alive, engine, tuple(taken), tuple(environment), invalid)
+    return Resolved(keep_alive, engine, tuple(taken), tuple(environment), invalid, prompt_cache)

@@ -239,14 +239,15 @@ class Board:
     def read_settings(self) -> None:
         """Apply the settings the administrator saved (`bus.K_SETTINGS`) when they changed (heartbeat thread).
 
-        The keep-alive applies at once, to the loaded models that follow the default too; engine options
-        at the next load (`self.cfg["ENGINE"]` is what `engine()` opens with).
+        The keep-alive applies at once, to the loaded models that follow the default too, and so do the
+        prompt-cache limits; engine options at the next load (`self.cfg["ENGINE"]` is what `engine()` opens with).
         """
         raw = self.r.get(bus.K_SETTINGS)
         if raw == self._settings_raw:
             return
         if self._base is None:
-            self._base = {"KEEP_ALIVE": self.cfg["KEEP_ALIVE"], "ENGINE": dict(self.cfg["ENGINE"])}
+            self._base = {k: self.cfg[k] for k in ("KEEP_ALIVE", "PROMPT_CACHE_DAYS", "PROMPT_CACHE_MAX")}
+            self._base["ENGINE"] = dict(self.cfg["ENGINE"])
         self._settings_raw = raw
         res = live_settings.resolve(raw, self._base, os.environ)
         for name, why in res.invalid.items():
@@ -257,6 +258,9 @@ class Board:
             for ld in list(self.loaded.values()):
                 if ld.keep_alive is None:
                     ld.expires_at = self._expiry(None, ld.used_at)
+        if any(self.cfg[k] != v for k, v in res.prompt_cache.items()):
+            self.cfg.update(res.prompt_cache)
+            self.caches.clear()  # each model's prompt cache opens again with the new limits at its next use
         self.settings = res
 
     # --- registration --------------------------------------------------------------------------

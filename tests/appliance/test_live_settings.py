@@ -6,7 +6,7 @@ import json
 from appliance.live_settings import resolve
 from inference.engine import EngineConfig
 
-BASE = {"KEEP_ALIVE": 1800.0, "ENGINE": {"threads": 1}}
+BASE = {"KEEP_ALIVE": 1800.0, "ENGINE": {"threads": 1}, "PROMPT_CACHE_DAYS": 7, "PROMPT_CACHE_MAX": 2 * 2**30}
 
 
 def saved(**values) -> str:
@@ -51,3 +51,11 @@ def test_engine_options_wait_for_a_reload_while_a_loaded_engine_runs_with_others
     assert r.status([])["applied"] == ["keep_alive", "context"]  # nothing loaded: the next load takes them
     back = resolve(None, BASE, {})  # the setting removed: a model opened with it waits for a reload too
     assert back.status([EngineConfig(threads=1, context=1024)])["pending"] == ["context"]
+
+
+def test_saved_prompt_cache_limits_apply_and_the_environment_still_wins():
+    r = resolve(saved(prompt_cache_days=2, prompt_cache_max="512M"), BASE, {})
+    assert r.prompt_cache == {"PROMPT_CACHE_DAYS": 2, "PROMPT_CACHE_MAX": 512 * 2**20} and not r.invalid
+    r = resolve(saved(prompt_cache_days=2, prompt_cache_max="lots"), BASE, {"RKMOJO_PROMPT_CACHE_DAYS": "9"})
+    assert r.prompt_cache == {"PROMPT_CACHE_DAYS": 7, "PROMPT_CACHE_MAX": 2 * 2**30}  # the board's own values
+    assert r.environment == ("prompt_cache_days",) and "size like 512M" in r.invalid["prompt_cache_max"]

@@ -93,7 +93,7 @@ class PromptCache:
             return have
         try:
             engine.load_prompt_cache(entry.path)
-        except PromptCacheError as e:
+        except (PromptCacheError, FileNotFoundError) as e:  # broken, or cleared from the panel meanwhile
             log.warning("dropping prompt cache %s: %s", entry.path, e)
             self._drop(entry)
             return have

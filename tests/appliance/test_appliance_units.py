@@ -83,6 +83,18 @@ def test_the_prompt_cache_restores_the_longest_shared_prefix(tmp_path):
     assert again.best(a + [1])[1] == len(a)
 
 
+def test_a_prompt_cache_file_cleared_meanwhile_is_forgotten_not_an_error(tmp_path):
+    class ReadingEngine(FakeEngine):
+        def load_prompt_cache(self, path):
+            self.loaded = path.read_bytes()  # as Engine.load_prompt_cache opens the file
+
+    pc = PromptCache(tmp_path, "m", max_bytes=10**6, max_age=3600)
+    a = list(range(100, 140))
+    pc.save(FakeEngine(a)).unlink()  # the panel's "Clear" while this worker still lists the file
+    eng = ReadingEngine(a[:10])
+    assert pc.restore(eng, a + [1]) == 10 and eng.loaded is None and not pc.entries
+
+
 def test_prompt_cache_files_expire_and_are_capped_oldest_first(tmp_path):
     pc = PromptCache(tmp_path, "m", max_bytes=3500, max_age=3600)
     paths = [pc.save(FakeEngine(range(k * 100, k * 100 + 20))) for k in range(3)]

@@ -190,6 +190,17 @@ def create_admin_with_the_token(port: int, token: str) -> httpx.Response:
         )
 
 
+def browser_pages_are_served(port: int) -> bool:
+    """The sign-in page and the pages' own and vendored static files come from the installed wheel."""
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as c:
+        page = c.get("/login/")
+        assert page.status_code == 200 and "Sign in" in page.text, page.text[:2000]
+        for path in ("/static/webui/rkmojo.css", "/static/webui/chat.js", "/static/webui/vendor/htmx-2.0.4.min.js"):
+            r = c.get(path)
+            assert r.status_code == 200 and r.content, f"{path}: {r.status_code}"
+    return True
+
+
 def admin_signs_in(port: int) -> bool:
     """The administrator signs in to Django's admin with the password given at setup, and as a superuser
     sees the user list (a user without that right gets 403). Over HTTP: the web service is up already,
@@ -273,8 +284,9 @@ def test_the_qemu_image_boots_into_a_working_appliance_and_a_second_boot_changes
 
         # the token is usable: the setup page creates the administrator with it, once
         r = create_admin_with_the_token(g.web_port, token)
-        assert r.status_code == 302 and r.headers["location"] == "/admin/", r.text[:2000]
+        assert r.status_code == 302 and r.headers["location"] == "/panel/", r.text[:2000]
         assert admin_signs_in(g.web_port)
+        assert browser_pages_are_served(g.web_port)
         step("first boot: administrator created with the token")
 
         before = {

@@ -298,8 +298,8 @@ def test_a_real_moe_worker_streaming_experts_fills_the_heatmap_as_it_computes(ad
             seen.add(canvas.evaluate("c => c.toDataURL()"))
         assert idle not in seen and len(seen) >= 2, "the heatmap did not change as the worker computed"
         rates = card.locator(".heatmap ol li").all_inner_texts()
-        assert all("%" in r for r in rates), rates  # every layer has a hit rate now
-        assert card.locator('[data-f="hit"]').inner_text() != "—"
+        assert all("%" in r for r in rates), rates  # every layer has a hit rate over the window now
+        # (the card's own hit rate is the last second's: "—" again once the worker is idle, so not checked here)
         shot(page, "panel-live-moe-worker")
         card.locator("input[value=residency]").check()
         shot(page, "panel-live-moe-worker-residency")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from appliance.stats import HeatmapWindow, Sampler, machine, memory_budget
-from appliance.worker import Board
+from test_worker_board import unit_board
 from inference.engine import Engine
 from inference.synth import synth_store
 
@@ -90,18 +90,7 @@ def test_the_heatmap_counts_hits_and_misses_per_expert_and_forgets_them_with_its
 
 
 def test_a_board_that_ran_a_request_samples_into_one_sane_worker_stats(stack, moe_store, tmp_path):
-    models = tmp_path / "models"
-    models.mkdir()
-    (models / "tiny").symlink_to(moe_store)
-    cfg = {
-        "ENGINE": {"threads": 1, "context": 256, "expert_slots": 3},
-        "KEEP_ALIVE": 60,
-        "HEARTBEAT_TTL": 2,
-        "PROMPT_CACHE_DIR": str(tmp_path / "pc"),
-        "PROMPT_CACHE_MAX": 2**30,
-        "PROMPT_CACHE_DAYS": 7,
-    }
-    b = Board("unit-stats", "host", stack.redis_url.replace("db=0", "db=5"), models, cfg)
+    b = unit_board(stack, tmp_path, {"tiny": moe_store}, name="unit-stats", context=256, expert_slots=3)
     b.scan()
     eng, _ = b.engine("tiny")
     sampler = Sampler(b, sysfs=fake_sysfs(tmp_path / "sys", {"soc-thermal": 60000}, 1000000, 2000000))

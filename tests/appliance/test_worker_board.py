@@ -3,20 +3,27 @@
 from appliance.worker import Board
 
 
-def board(stack, tmp_path, budget_factor: float) -> Board:
+def unit_board(stack, tmp_path, stores: dict, name: str = "unit", **engine) -> Board:
+    """A worker's Board outside Celery over `stores` (model name → store), on a Redis database the stack does
+    not read, with its prompt cache and expert popularity under `tmp_path`."""
     models = tmp_path / "models"
     models.mkdir()
-    for name in ("a", "b"):
-        (models / name).symlink_to(stack.store)
+    for model, store in stores.items():
+        (models / model).symlink_to(store)
     cfg = {
-        "ENGINE": {"threads": 1, "context": 512},
+        "ENGINE": {"threads": 1, "context": 512, **engine},
         "KEEP_ALIVE": 60,
         "HEARTBEAT_TTL": 2,
         "PROMPT_CACHE_DIR": str(tmp_path / "pc"),
+        "POPULARITY_DIR": str(tmp_path / "pop"),
         "PROMPT_CACHE_MAX": 2**30,
         "PROMPT_CACHE_DAYS": 7,
     }
-    b = Board("unit", "host", stack.redis_url.replace("db=0", "db=5"), models, cfg)  # a DB the stack does not read
+    return Board(name, "host", stack.redis_url.replace("db=0", "db=5"), models, cfg)
+
+
+def board(stack, tmp_path, budget_factor: float) -> Board:
+    b = unit_board(stack, tmp_path, {"a": stack.store, "b": stack.store})
     b.scan()
     b.cfg["ENGINE"]["memory_budget"] = int(b.models["a"]["footprint"] * budget_factor)
     return b
@@ -43,19 +50,7 @@ def test_models_that_fit_stay_loaded_together_until_idle(stack, tmp_path):
 
 
 def test_a_reloaded_moe_model_warms_its_expert_caches_from_the_popularity_it_saved(stack, tmp_path, moe_store):
-    models = tmp_path / "models"
-    models.mkdir()
-    (models / "moe").symlink_to(moe_store)
-    cfg = {
-        "ENGINE": {"threads": 1, "context": 256, "expert_slots": 4},
-        "KEEP_ALIVE": 60,
-        "HEARTBEAT_TTL": 2,
-        "PROMPT_CACHE_DIR": str(tmp_path / "pc"),
-        "POPULARITY_DIR": str(tmp_path / "pop"),
-        "PROMPT_CACHE_MAX": 2**30,
-        "PROMPT_CACHE_DAYS": 7,
-    }
-    b = Board("unit", "host", stack.redis_url.replace("db=0", "db=5"), models, cfg)
+    b = unit_board(stack, tmp_path, {"moe": moe_store}, context=256, expert_slots=4)
     b.scan()
     eng, _ = b.engine("moe")
     b.unload_idle()  # nothing saved yet: warming reads nothing

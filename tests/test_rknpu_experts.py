@@ -134,6 +134,16 @@ def test_a_context_keeps_its_b_for_the_same_expert_and_resets_it_for_another(tin
         npu.close()
 
 
+def test_without_a_calibration_or_the_option_experts_stay_on_the_cpu(tiny_moe, rknnrt_standin, tmp_path, monkeypatch):
+    monkeypatch.setenv("RKMOJO_HOME", str(tmp_path))
+    npu = Engine.open(tiny_moe, backend="rknpu", npu_library=rknnrt_standin, chunk=64)
+    try:
+        npu.forward(list(range(3, 60)))
+        assert npu.backend.backend.experts.calls == 0 and npu.backend.backend._weights  # dense did go
+    finally:
+        npu.close()
+
+
 def test_rows_go_to_the_smallest_context_that_holds_them():
     assert [bucket(n, 128) for n in (1, 2, 8, 9, 33, 100, 128)] == [1, 8, 8, 16, 64, 128, 128]
     assert bucket(50, 48) == 48  # never more rows than the chunk
@@ -159,15 +169,23 @@ def greedy_ids(engine, prompt, n=10):
     return out
 
 
-@pytest.mark.parametrize("streamed", [False, True], ids=["resident", "streamed-slots"])
+@pytest.mark.parametrize(
+    "streamed,how", [(False, "option"), (True, "option"), (False, "calibration")], ids=["resident", "streamed", "cal"]
+)
 def test_the_tiny_moe_with_experts_on_the_npu_gives_the_cpus_greedy_tokens(
-    tiny_moe, rknnrt_standin, tmp_path, monkeypatch, streamed
+    tiny_moe, rknnrt_standin, tmp_path, monkeypatch, streamed, how
 ):
-    monkeypatch.setenv("RKMOJO_HOME", str(tmp_path))  # no calibration here: the option turns experts on
+    from test_rknpu_calibrate import sha, write
+
+    monkeypatch.setenv("RKMOJO_HOME", str(tmp_path))
+    turn_on = {"npu_expert_rows": 4}
+    if how == "calibration":  # the board's calibration, not the option, turns the experts on
+        write(tmp_path / "npu-calibration.json", sha=sha(rknnrt_standin), min_rows=32, expert_min_rows=4)
+        turn_on = {}
     slots = {"expert_slots": 4} if streamed else {}  # 4 of 16 slots: experts move between slots
     prompt = list(range(3, 60))
     cpu = Engine.open(tiny_moe, backend="cpu", chunk=64, **slots)
-    npu = Engine.open(tiny_moe, backend="rknpu", npu_library=rknnrt_standin, chunk=64, npu_expert_rows=4, **slots)
+    npu = Engine.open(tiny_moe, backend="rknpu", npu_library=rknnrt_standin, chunk=64, **turn_on, **slots)
     try:
         assert "experts from 4 rows" in npu.backend.reason
         assert greedy_ids(npu, prompt) == greedy_ids(cpu, prompt)

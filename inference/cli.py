@@ -218,6 +218,29 @@ def cmd_rm(a) -> int:
     return 0
 
 
+def cmd_npu_calibrate(a) -> int:
+    from .backends import DEFAULT_LIBRARY
+    from .backends.rknpu import calibrate, calibration
+
+    shapes = None
+    if a.model:
+        from .store import Store
+
+        shapes = calibrate.model_shapes(Store(resolve_model(a.model)))
+    cal = calibrate.run_calibration(
+        a.library or DEFAULT_LIBRARY,
+        precision=a.precision,
+        shapes=shapes,
+        rows=_int_list(a.rows, "--rows"),
+        repeats=a.repeats,
+        chunk=a.chunk,
+    )
+    print(f"librknnrt {cal.runtime} ({cal.library}), driver {cal.driver}, {cal.precision}, chunk {cal.chunk}")
+    print(calibrate.table(cal))
+    print(f"written to {calibration.calibration_path()}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rkmojo", description="Run MoE LLMs larger than RAM on small boards.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -302,7 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="measure decode and prefill speed of a store against its IO and compute bounds")
     b.add_argument("store")
     add_flags(
-        b.add_argument_group("engine"), EngineConfig, exclude=("context", "backend", "npu_library", "npu_precision")
+        b.add_argument_group("engine"),
+        EngineConfig,
+        exclude=("context", "backend", "npu_library", "npu_precision", "npu_expert_rows"),
     )
     b.add_argument("--prompt-tokens", type=int, default=128, help="prompt before each decode run (default 128)")
     b.add_argument("--prefill-tokens", default="128,1024", help="prompt lengths timed for prefill and TTFT")
@@ -328,6 +353,20 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", help="also write the results to this JSON file")
     b.add_argument("--trace", help="also write the routing trace (phase, layer, experts, misses) to this JSON file")
     b.set_defaults(fn=cmd_bench)
+
+    n = sub.add_parser("npu", help="the RK3588 NPU: calibrate it against the CPU on this board")
+    nsub = n.add_subparsers(dest="npu_cmd", required=True)
+    nc = nsub.add_parser(
+        "calibrate",
+        help="time the CPU against the NPU per matmul shape and row count; `--backend auto|rknpu` follow it",
+    )
+    nc.add_argument("--library", help="librknnrt.so to load (default /usr/lib/librknnrt.so)")
+    nc.add_argument("--model", help="time this model's shapes (a name or store path); default: Gemma 4 26B-A4B's")
+    nc.add_argument("--precision", choices=["fp16", "int8"], default="fp16", help="NPU matmul precision")
+    nc.add_argument("--rows", default="1,8,16,32,64,128", help="row counts timed (default 1,8,16,32,64,128)")
+    nc.add_argument("--repeats", type=int, default=3, help="rounds; the median is kept (default 3)")
+    nc.add_argument("--chunk", type=int, default=128, help="the prefill chunk: M of the dense contexts")
+    nc.set_defaults(fn=cmd_npu_calibrate)
 
     # commands other packages register (`rkmojo up` from the appliance): found by name, never imported here
     for ep in entry_points(group="rkmojo.commands"):

@@ -64,6 +64,11 @@ class EngineConfig:
         help="NPU matmul precision (int8: raw INT8×INT8→INT32, scales applied on the CPU)",
         choices=backends.PRECISIONS,
     )
+    npu_expert_rows: int | None = option(
+        help="routed experts with at least this many rows of a prefill chunk run on the NPU "
+        "(default: the board's `rkmojo npu calibrate`; without one, on the CPU)",
+        ge=1,
+    )
     context: int = option(4096, help="KV cache length in tokens", ge=1)
     kv_dtype: str = option(
         "f16", help="KV cache precision (f16: half the memory and bandwidth of f32)", choices=("f16", "f32")
@@ -106,7 +111,11 @@ class Engine:
             )
         self.model = load_model(store, chunk=cfg.chunk, kv_dtype=cfg.kv_dtype, **experts)
         self.backend = backends.select(
-            cfg.backend, library=cfg.npu_library, precision=cfg.npu_precision, rows=cfg.chunk
+            cfg.backend,
+            library=cfg.npu_library,
+            precision=cfg.npu_precision,
+            rows=cfg.chunk,
+            expert_rows=cfg.npu_expert_rows,
         )
         self.model.ops = self.backend.backend
 

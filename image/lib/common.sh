@@ -216,17 +216,30 @@ prune_cache() {
 }
 
 # check_board_inputs: after sourcing a board profile, refuse early when a vendor input it needs is
-# missing (VENDOR_UBOOT, VENDOR_KERNEL: directories given to image/build).
+# missing (VENDOR_UBOOT, VENDOR_KERNEL, NPU_VENDOR_DIR: directories given to image/build; NO_NPU_RUNTIME
+# the explicit opt-out of librknnrt.so).
 check_board_inputs() {
   local f
   if [ "$KERNEL_SOURCE" = vendor ] || [ -n "${VENDOR_KERNEL:-}" ]; then
     compgen -G "${VENDOR_KERNEL:-/nonexistent}/*.deb" >/dev/null || \
       die "board $BOARD: give the vendor kernel's .deb packages with --vendor-kernel DIR"
   fi
-  [ "$UBOOT_SOURCE" = vendor ] || return 0
-  [ -n "${VENDOR_UBOOT:-}" ] || die "board $BOARD needs a vendor U-Boot: give --vendor-uboot DIR holding\
+  if [ "$UBOOT_SOURCE" = vendor ]; then
+    [ -n "${VENDOR_UBOOT:-}" ] || die "board $BOARD needs a vendor U-Boot: give --vendor-uboot DIR holding\
  $(for f in $UBOOT_FILES; do printf '%s ' "${f#*:}"; done)(Debian builds no U-Boot for RK3588; see docs/image.md)"
-  for f in $UBOOT_FILES; do
-    [ -s "$VENDOR_UBOOT/${f#*:}" ] || die "board $BOARD: $VENDOR_UBOOT/${f#*:} is missing"
-  done
+    for f in $UBOOT_FILES; do
+      [ -s "$VENDOR_UBOOT/${f#*:}" ] || die "board $BOARD: $VENDOR_UBOOT/${f#*:} is missing"
+    done
+  fi
+  if [ -n "${NPU_VENDOR_DIR:-}" ] && [ -n "${NO_NPU_RUNTIME:-}" ]; then
+    die "give either --npu-vendor DIR or --no-npu-runtime, not both"
+  fi
+  if [ -n "${NPU_VENDOR_DIR:-}" ]; then
+    [ -s "$NPU_VENDOR_DIR/librknnrt.so" ] || die "board $BOARD: $NPU_VENDOR_DIR/librknnrt.so is missing\
+ (take it from Rockchip's rknn-toolkit2: rknpu2/runtime/Linux/librknn_api/aarch64/)"
+  elif [ "${NPU_RUNTIME:-none}" = vendor ] && [ -z "${NO_NPU_RUNTIME:-}" ]; then
+    die "board $BOARD needs the vendor NPU runtime: give --npu-vendor DIR holding librknnrt.so (Rockchip's\
+ rknn-toolkit2: rknpu2/runtime/Linux/librknn_api/aarch64/), or --no-npu-runtime for an image whose engine\
+ uses the CPU (see docs/npu.md)"
+  fi
 }

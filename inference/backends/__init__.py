@@ -27,9 +27,12 @@ AUTO_PRECISIONS = ("fp16",)  # those within the quality gate's 2 % perplexity ri
 
 
 class CpuBackend:
-    """The compiled kernels (`inference.kernels`)."""
+    """The compiled kernels (`inference.kernels`). Routed experts stay with the MoE code's own grouped
+    kernel calls: `expert_min_rows` None (a backend that takes experts has a number there and
+    `expert_mlp(x, w, act, key)`)."""
 
     name = "cpu"
+    expert_min_rows = None
     linear = staticmethod(kernels.linear)
     linear_many = staticmethod(kernels.linear_many)
 
@@ -47,14 +50,26 @@ class Choice:
     reason: str  # why; shown in logs, `/api/ps` and the admin panel
 
 
-def select(backend: str, *, library: str | None = None, precision: str = "fp16", rows: int = 128) -> Choice:
-    """The backend for `EngineConfig.backend`, after the NPU's self-test where one is wanted.
+def select(
+    backend: str,
+    *,
+    library: str | None = None,
+    precision: str = "fp16",
+    rows: int = 128,
+    expert_rows: int | None = None,
+    calibration=None,
+) -> Choice:
+    """The backend for `EngineConfig.backend`, after the NPU's self-test where one is wanted; the NPU
+    follows the board's calibration for this library, driver and precision (`rknpu/calibrate.py`), else
+    the defaults: dense matmuls from 32 rows, routed experts on the CPU.
 
     Args:
         backend: "auto", "cpu" or "rknpu".
         library: librknnrt.so to load (default /usr/lib/librknnrt.so).
         precision: "fp16" or "int8" for the NPU's matmuls.
         rows: the prefill chunk.
+        expert_rows: routed experts with at least this many rows run on the NPU (overrides the calibration).
+        calibration: the calibration file (default: the data directory's npu-calibration.json).
     Raises:
         RkmojoError: `backend` is not one of auto, cpu, rknpu.
     """
@@ -79,5 +94,15 @@ def select(backend: str, *, library: str | None = None, precision: str = "fp16",
     except RkmojoError as e:
         log.warning("backend: the CPU runs prefill; the NPU self-test failed: %s", e)
         return Choice(CPU, "cpu", f"NPU self-test failed: {e}")
-    log.info("backend: rknpu (%s) passed its self-test", versions)
-    return Choice(npu, "rknpu", f"self-test passed ({versions})")
+    from .rknpu import calibration as calfile
+
+    cal = calfile.lookup(calibration or calfile.calibration_path(), library, npu.versions[1], precision)
+    if cal is not None:
+        npu.min_rows, npu.expert_min_rows = cal.min_rows, cal.expert_min_rows
+    if expert_rows is not None:
+        npu.expert_min_rows = expert_rows
+    dense = f"dense from {npu.min_rows} rows" if npu.min_rows is not None else "dense on the CPU"
+    experts = f"experts from {npu.expert_min_rows} rows" if npu.expert_min_rows is not None else "experts on the CPU"
+    how = f"{'calibrated' if cal is not None else 'not calibrated'}: {dense}, {experts}"
+    log.info("backend: rknpu (%s) passed its self-test; %s", versions, how)
+    return Choice(npu, "rknpu", f"self-test passed ({versions}); {how}")

@@ -243,7 +243,7 @@ class Model(Transformer):
         if "router" in Lw:
             idx, w = self.route(i, h)
             lookahead(self, i, lambda j: h)
-            moe, m = mixture(rms_norm(h, Lw["moe_norm"], eps), idx, w, i, self.experts, self.act, shared)
+            moe, m = mixture(rms_norm(h, Lw["moe_norm"], eps), idx, w, i, self.experts, self.act, shared, self.ops)
             m = rms_norm(m, Lw["post_mlp_norm"], eps) + rms_norm(moe, Lw["post_moe_norm"], eps)
         else:
             m = shared()

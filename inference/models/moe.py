@@ -12,6 +12,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..backends import CPU
 from ..kernels import linear, linear_grouped, linear_many
 from ..quant import QTensor
 
@@ -54,23 +55,35 @@ def mixture(
     source,
     act: Callable,
     during_io: Callable | None = None,
+    ops=CPU,
 ):
     """Σ_k weights[t, k] · expert_{idx[t, k]}(x[t]) for every row t, and during_io()'s result.
 
     x [T, H], idx [T, K] int, weights [T, K] float32 → ([T, H], extra). `source` (resident or
     streaming experts) decides when each expert's weights are at hand and hands them over in batches
     (all at hand together: one grouped kernel call per matrix role); `during_io` is work that needs no
-    routed expert (a shared expert), run while missing experts are read.
+    routed expert (a shared expert), run while missing experts are read. `ops` (a backend): an expert
+    with at least `ops.expert_min_rows` rows runs through `ops.expert_mlp` (the NPU), the rest on the CPU.
     """
     T, K = idx.shape
     y = np.zeros((T, K, x.shape[1]), np.float32)  # [T, K, H]
+    npu_rows = ops.expert_min_rows
 
     def compute(batch: list[tuple[int, dict[str, QTensor]]]) -> None:
         where = [np.nonzero(idx == e) for e, _ in batch]  # (rows, slots) of each expert
+        on_cpu = []
+        for (rows, slots), (e, w) in zip(where, batch):
+            o = None
+            if npu_rows is not None and len(rows) >= npu_rows:
+                o = ops.expert_mlp(x[rows], w, act, (layer, e))  # None: the NPU declined it
+            if o is None:
+                on_cpu.append(((rows, slots), w))
+            else:
+                y[rows, slots] = o
         xs = {}  # one array per row set: the kernels prepare shared activations once (decode: all experts)
-        pairs = [(xs.setdefault(rows.tobytes(), x[rows]), w) for (rows, _), (_, w) in zip(where, batch)]
-        outs = experts_mlp(pairs, act)
-        for (rows, slots), o in zip(where, outs):
+        pairs = [(xs.setdefault(rows.tobytes(), x[rows]), w) for (rows, _), w in on_cpu]
+        outs = experts_mlp(pairs, act) if pairs else []
+        for ((rows, slots), _), o in zip(on_cpu, outs):
             y[rows, slots] = o
 
     extra = source.run(layer, np.unique(idx).tolist(), compute, during_io)

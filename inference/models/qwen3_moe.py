@@ -108,7 +108,7 @@ class Model(Transformer):
             return h + expert_mlp(x, self.layers[i]["mlp"], silu, self.ops)
         idx, w = self.route(i, x)
         lookahead(self, i, lambda j: rms_norm(h, self.layers[j]["mlp_norm"], self.args.rms_norm_eps))
-        return h + mixture(x, idx, w, i, self.experts, silu)[0]
+        return h + mixture(x, idx, w, i, self.experts, silu, ops=self.ops)[0]
 
     def attn(self, i: int, x: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:
         """Self-attention of the normed input x [T, H] → [T, H]; q/k RMSNorm per head."""

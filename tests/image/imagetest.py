@@ -2,7 +2,8 @@
 
 The slow tests build images with image/build, which needs root, mmdebstrap, qemu-user-static and
 binfmt (scripts/setup --test installs them). Every build here uses the same inputs (the test key, a
-stand-in vendor U-Boot), so the stages they share are built once and reused from the cache.
+stand-in vendor U-Boot, no NPU runtime by the explicit --no-npu-runtime), so the stages they share are
+built once and reused from the cache.
 """
 
 from __future__ import annotations
@@ -90,7 +91,9 @@ def _build(board: str, *extra: str) -> Path:
     argv = [str(IMAGE / "build"), "--board", board, "--ssh-key", str(test_ssh_key()) + ".pub", *extra, str(out)]
     argv[1:1] = ["--no-compress"]
     if board != "qemu-arm64":
-        argv[1:1] = ["--vendor-uboot", str(stand_in_uboot())]
+        # no librknnrt.so here (a vendor input, not redistributable): the explicit opt-out; the refusal
+        # without it is tested in test_static.py
+        argv[1:1] = ["--vendor-uboot", str(stand_in_uboot()), "--no-npu-runtime"]
     out.mkdir(parents=True, exist_ok=True)
     # a file, not a pipe: a killed test leaves the build to clean up. Appended to: another build of the
     # same board may be running (image/build waits for the cache's lock) and writing to it.

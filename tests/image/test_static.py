@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -118,6 +119,7 @@ def test_each_board_profile_names_kernel_console_bootloader_and_sizes(board):
     ):
         assert k in p, f"{board}: {k}"
     assert p["ROOT_START_MIB"] == "16"
+    assert p["NPU_RUNTIME"] == ("none" if board == "qemu-arm64" else "vendor")  # RK3588: librknnrt.so
     if board != "qemu-arm64":
         assert p["CONSOLE"] == "ttyS2,1500000"
         assert p["DTB"].startswith("rockchip/rk3588")
@@ -128,6 +130,85 @@ def test_build_refuses_an_rk3588_board_without_the_vendor_uboot(tmp_path):
     r = subprocess.run([str(IMAGE / "build"), "--board", "rock5b", str(tmp_path)], capture_output=True, text=True)
     assert r.returncode != 0
     assert "needs a vendor U-Boot" in r.stderr and "u-boot-rockchip.bin" in r.stderr
+
+
+def board_inputs(board: str, **env) -> subprocess.CompletedProcess:
+    """check_board_inputs of image/lib/common.sh for a board profile, with image/build's variables."""
+    script = f'. "{IMAGE}/lib/common.sh"; BOARD={board}; . "{IMAGE}/boards/{board}.conf"; check_board_inputs'
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, env={**os.environ, **env})
+
+
+def uboot_dir(tmp_path) -> str:
+    (tmp_path / "uboot").mkdir()
+    (tmp_path / "uboot" / "u-boot-rockchip.bin").write_bytes(b"\1" * 1024)
+    return str(tmp_path / "uboot")
+
+
+@pytest.mark.parametrize("board", ["rock5b", "orangepi5-plus"])
+def test_an_rk3588_board_without_librknnrt_is_refused_naming_the_file_and_the_opt_out(tmp_path, board):
+    r = board_inputs(board, VENDOR_UBOOT=uboot_dir(tmp_path))
+    assert r.returncode != 0
+    assert f"board {board} needs the vendor NPU runtime" in r.stderr and "librknnrt.so" in r.stderr
+    assert "--no-npu-runtime" in r.stderr
+
+
+def test_an_npu_vendor_directory_without_librknnrt_is_refused_naming_the_path(tmp_path):
+    (tmp_path / "npu").mkdir()
+    r = board_inputs("rock5b", VENDOR_UBOOT=uboot_dir(tmp_path), NPU_VENDOR_DIR=str(tmp_path / "npu"))
+    assert r.returncode != 0 and f"{tmp_path / 'npu'}/librknnrt.so is missing" in r.stderr
+
+
+def test_librknnrt_or_the_explicit_opt_out_passes_and_a_board_without_an_npu_needs_neither(tmp_path):
+    (tmp_path / "npu").mkdir()
+    (tmp_path / "npu" / "librknnrt.so").write_bytes(b"\x7fELF")
+    uboot = uboot_dir(tmp_path)
+    assert board_inputs("rock5b", VENDOR_UBOOT=uboot, NPU_VENDOR_DIR=str(tmp_path / "npu")).returncode == 0
+    assert board_inputs("rock5b", VENDOR_UBOOT=uboot, NO_NPU_RUNTIME="1").returncode == 0
+    assert board_inputs("qemu-arm64").returncode == 0
+    both = board_inputs("rock5b", VENDOR_UBOOT=uboot, NPU_VENDOR_DIR=str(tmp_path / "npu"), NO_NPU_RUNTIME="1")
+    assert both.returncode != 0 and "not both" in both.stderr
+
+
+def test_build_refuses_an_rk3588_board_without_librknnrt_before_building(tmp_path):
+    r = subprocess.run(
+        [str(IMAGE / "build"), "--board", "rock5b", "--vendor-uboot", uboot_dir(tmp_path), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode != 0 and "needs the vendor NPU runtime" in r.stderr and "--npu-vendor DIR" in r.stderr
+
+
+def npu_role_check(tmp_path, **extra) -> subprocess.CompletedProcess:
+    """The npu role's runtime-input tasks alone, on localhost (they change nothing)."""
+    play = tmp_path / "check.yml"
+    play.write_text(
+        "- hosts: localhost\n  connection: local\n  gather_facts: false\n  tasks:\n"
+        "    - ansible.builtin.include_role:\n        name: npu\n        tasks_from: runtime-input\n"
+    )
+    env = {
+        **os.environ,
+        "ANSIBLE_CONFIG": str(PROVISIONING / "ansible.cfg"),
+        "ANSIBLE_CALLBACK_RESULT_FORMAT": "json",  # the message on one line
+        "NO_COLOR": "1",
+    }
+    argv = [tool("ansible-playbook"), "-i", "localhost,", str(play), "-e", json.dumps(extra)]
+    return subprocess.run(argv, cwd=PROVISIONING, capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_the_npu_role_refuses_a_missing_librknnrt_naming_the_file(tmp_path):
+    r = npu_role_check(tmp_path)
+    assert r.returncode != 0 and "npu_vendor_dir is empty" in r.stdout and "npu_install_runtime: false" in r.stdout
+    (tmp_path / "npu").mkdir()
+    r = npu_role_check(tmp_path, npu_vendor_dir=str(tmp_path / "npu"))
+    assert r.returncode != 0 and f"{tmp_path / 'npu'}/librknnrt.so is missing" in r.stdout
+
+
+def test_the_npu_role_accepts_librknnrt_or_the_explicit_opt_out(tmp_path):
+    (tmp_path / "npu").mkdir()
+    (tmp_path / "npu" / "librknnrt.so").write_bytes(b"\x7fELF")
+    assert npu_role_check(tmp_path, npu_vendor_dir=str(tmp_path / "npu")).returncode == 0
+    assert npu_role_check(tmp_path, npu_install_runtime=False).returncode == 0
 
 
 def test_build_refuses_an_unknown_board(tmp_path):

@@ -36,6 +36,8 @@ if keys:
     v["base_ssh_authorized_keys"] = [l.strip() for l in open(keys) if l.strip() and not l.startswith("#")]
 if vendor:
     v["npu_vendor_dir"] = vendor
+else:  # a board without an NPU, or an explicit --no-npu-runtime (image/build refuses anything else)
+    v["npu_install_runtime"] = False
 json.dump(v, open(out, "w"))
 PY
 say "stage 30: applying provisioning/image.yml in the root filesystem (chroot connection)"

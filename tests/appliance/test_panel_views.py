@@ -227,7 +227,12 @@ def test_a_model_is_unloaded_loaded_and_made_the_default(people, stack, clean_se
     assert b"Loaded smollm2." in r.content and loaded() == ["smollm2"]
     c.post("/panel/models/smollm2/default/")
     assert config.current()["default_model"] == "smollm2"
-    assert '<span class="badge">default</span>' in c.get("/panel/models/").content.decode()
+    page = c.get("/panel/models/").content.decode()
+    assert '<span class="badge">default</span>' in page
+    # what runs the loaded model's prefill, and why: here the CPU, as the worker registered it
+    loaded = stack.registration("board-a")["loaded"][0]
+    assert loaded["backend"] == "cpu" and loaded["backend_reason"]  # "auto: x86_64 has no RK3588 NPU"
+    assert f'data-backend="cpu">prefill on the CPU</span> <small class="muted">({loaded["backend_reason"]})' in page
 
 
 def test_the_first_administrator_lands_on_the_panel_signed_in(django_for_stack, stack):

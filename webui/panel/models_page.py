@@ -41,12 +41,22 @@ def live_workers() -> list[dict]:
 
 
 def _models(workers: list[dict]) -> list[dict]:
-    """One row per (worker, model): its description, loaded or not."""
+    """One row per (worker, model): its description, loaded or not, and for a loaded one what runs its
+    prefill (`backend`: cpu or rknpu) and why (`backend_reason`: the NPU's self-test, or why not)."""
     rows = []
     for w in workers:
-        loaded = {ld["name"] for ld in w.get("loaded", [])}
+        loaded = {ld["name"]: ld for ld in w.get("loaded", [])}
         for m in w.get("models", []):
-            rows.append({**m, "worker": w["name"], "loaded": m["name"] in loaded})
+            ld = loaded.get(m["name"], {})
+            rows.append(
+                {
+                    **m,
+                    "worker": w["name"],
+                    "loaded": bool(ld),
+                    "backend": ld.get("backend"),
+                    "backend_reason": ld.get("backend_reason"),
+                }
+            )
     return rows
 
 

@@ -102,8 +102,13 @@ def run(host: str, port: int, *, demo: bool = True, worker_name: str | None = No
             _say(f"REDIS_URL={redis_url} does not answer; start that Redis or unset REDIS_URL")
             return 1
         preload = s.RKMOJO["PRELOAD"] or (install_demo(s.MODELS_DIR) if demo else None) or ""
+        # RKMOJO_HOME too: the engine's own data (models/, the NPU calibration) is this data directory
         env = processes.base_env(
-            REDIS_URL=redis_url, RKMOJO_DATA=str(data), RKMOJO_PRELOAD=preload, RKMOJO_WORKER_NAME=worker_name
+            REDIS_URL=redis_url,
+            RKMOJO_DATA=str(data),
+            RKMOJO_HOME=str(data),
+            RKMOJO_PRELOAD=preload,
+            RKMOJO_WORKER_NAME=worker_name,
         )
         subprocess.run(processes.migrate_argv(), env=env, check=True)
         private_files(data)

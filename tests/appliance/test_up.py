@@ -74,6 +74,9 @@ def test_up_serves_the_demo_model_and_stops_every_child(tmp_path):
             model="smollm2-135m-instruct", messages=[{"role": "user", "content": "hi"}], options={"num_predict": 2}
         )
         assert r.done and r.load_duration == 0
+        # the worker's engine keeps its own data (models/, the NPU calibration) in the same directory
+        worker = next(k for k in descendants(proc.pid) if "celery" in " ".join(k.cmdline()))
+        assert worker.environ()["RKMOJO_HOME"] == str(data)
         stop_and_check(proc, signal.SIGTERM)
     finally:
         if proc.poll() is None:

@@ -45,7 +45,7 @@ def cmd_npu_build(a) -> int:
         target=a.target,
         rows=a.rows,
         precision=a.precision,
-        layers=_int_list(a.layers, "--layers") if a.layers else None,
+        layers=_int_list(a.layers, "--layers", low=0) if a.layers else None,
         keep_onnx=a.keep_onnx,
     )
     graphs = section["graphs"].values()
@@ -88,13 +88,14 @@ def cmd_bench(a) -> int:
     return 0
 
 
-def _int_list(text: str, flag: str) -> list[int]:
+def _int_list(text: str, flag: str, low: int = 1) -> list[int]:
     try:
         out = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         out = []
-    if not out or min(out) < 1:
-        raise RkmojoError(f"{flag} {text!r}: give positive whole numbers separated by commas, like 8,16,24,32")
+    if not out or min(out) < low:
+        what = "positive whole numbers" if low == 1 else f"whole numbers from {low}"
+        raise RkmojoError(f"{flag} {text!r}: give {what} separated by commas, like 8,16,24,32")
     return out
 
 

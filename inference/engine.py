@@ -64,6 +64,9 @@ class EngineConfig:
         help="NPU matmul precision (int8: raw INT8×INT8→INT32, scales applied on the CPU)",
         choices=backends.PRECISIONS,
     )
+    npu_graph_layers: int | None = option(
+        help="layers whose NPU graphs stay loaded (default all; fewer: loaded just in time, for 8 GB boards)", ge=1
+    )
     context: int = option(4096, help="KV cache length in tokens", ge=1)
     kv_dtype: str = option(
         "f16", help="KV cache precision (f16: half the memory and bandwidth of f32)", choices=("f16", "f32")
@@ -106,7 +109,13 @@ class Engine:
             )
         self.model = load_model(store, chunk=cfg.chunk, kv_dtype=cfg.kv_dtype, **experts)
         self.backend = backends.select(
-            cfg.backend, library=cfg.npu_library, precision=cfg.npu_precision, rows=cfg.chunk
+            cfg.backend,
+            library=cfg.npu_library,
+            precision=cfg.npu_precision,
+            rows=cfg.chunk,
+            store=store,
+            model=self.model,
+            graph_layers=cfg.npu_graph_layers,
         )
         self.model.ops = self.backend.backend
 

@@ -163,14 +163,14 @@ def build(
     act = store.config.get("hidden_act", "silu")
     if act not in ACTS:
         raise BuildError(f"{store.path}: activation {act!r} has no NPU graph yet; its layers stay on the CPU")
-    from ...model import load_model
-
-    model = load_model(store, chunk=rows)
-    n_layers = len(model.layers)
+    n_layers = int(store.config["num_hidden_layers"])
     layers = sorted(set(range(n_layers) if layers is None else layers))
     bad = [i for i in layers if not 0 <= i < n_layers]
     if bad:
         raise BuildError(f"--layers {bad}: the model has layers 0–{n_layers - 1}")
+    from ...model import load_model
+
+    model = load_model(store, chunk=rows)
     seen = capture(store, model, rows, CALIBRATION_CHUNKS + HELD_OUT_CHUNKS)
     order = {"auto": ["w8a8", "fp16"], "fp16": ["fp16"], "w8a8": ["w8a8"]}[precision]
     store_dir = store.path

@@ -83,7 +83,9 @@ def test_a_build_that_fails_midway_leaves_the_store_as_it_was(smollm2_store, tmp
     failing = tmp_path / "python"
     failing.write_text(f'#!/bin/sh\n"{RKNN_PY}" "$@" && ls "$3"/*.rknn >/dev/null && echo "disk full" >&2 && exit 3\n')
     failing.chmod(failing.stat().st_mode | stat.S_IXUSR)
-    with pytest.raises(BuildError, match=r"rknn-toolkit2 failed \(exit 3\); the store is unchanged:\n[\s\S]*disk full$"):
+    with pytest.raises(
+        BuildError, match=r"rknn-toolkit2 failed \(exit 3\); the store is unchanged:\n[\s\S]*disk full$"
+    ):
         build(store, rows=32, layers=[0], precision="fp16", toolkit_python=failing, log=lambda line: None)
     assert (store / "manifest.json").read_bytes() == before
     assert sorted(p.name for p in store.iterdir()) == sorted(p.name for p in smollm2_store.iterdir())

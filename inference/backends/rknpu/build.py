@@ -189,17 +189,18 @@ def build(
             log(
                 f"npu build: {len(specs)} graphs ({', '.join(kinds)} of {len(layers)} layers), {rows} rows, {precision}"
             )
-            r = subprocess.run(
-                [str(python), str(EXPORT), jobs_dir, str(out)],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for line in r.stdout.splitlines():
-                log("  " + line)
-            if r.returncode != 0:
-                tail = "\n".join(r.stderr.strip().splitlines()[-5:])
-                raise BuildError(f"rknn-toolkit2 failed (exit {r.returncode}); the store is unchanged:\n{tail}")
+            with tempfile.TemporaryFile("w+") as err:
+                # stream the per-graph lines as they come: a whole model takes minutes
+                with subprocess.Popen(
+                    [str(python), str(EXPORT), jobs_dir, str(out)], stdout=subprocess.PIPE, stderr=err, text=True
+                ) as p:
+                    for line in p.stdout:  # the toolkit talks on stdout too: only export.py's lines
+                        if line.startswith("rkmojo: "):
+                            log("  " + line.removeprefix("rkmojo: ").rstrip())
+                if p.returncode != 0:
+                    err.seek(0)
+                    tail = "\n".join(err.read().strip().splitlines()[-5:])
+                    raise BuildError(f"rknn-toolkit2 failed (exit {p.returncode}); the store is unchanged:\n{tail}")
             result = json.loads((out / "result.json").read_text())
             (out / "result.json").unlink()
             section = _section(out, target, rows, result, specs, keep_onnx)

@@ -30,6 +30,7 @@ import numpy as np
 from simulate import INPUTS, OUTPUTS, build_onnx, check, compiled, run, samples_of
 
 PRECISION_KEY = "rkmojo.precision"  # ONNX metadata of the kept graph
+LINE = "rkmojo: "  # our lines on stdout, among the toolkit's own
 
 
 def error(kind: str, job: dict, got: dict[str, np.ndarray]) -> float:
@@ -74,7 +75,8 @@ def main(job_dir: str, out_dir: str) -> None:
     for spec in plan["graphs"]:
         job = dict(np.load(os.path.join(job_dir, spec["job"])))
         results[spec["name"]] = r = export_graph(spec, job, out_dir, plan["w8a8_max_error"])
-        print(f"{spec['name']}: {r['precision']} (" + ", ".join(f"{p} {e:.2e}" for p, e in r["tried"].items()) + ")")
+        tried = ", ".join(f"{p} {e:.2e}" for p, e in r["tried"].items())
+        print(f"{LINE}{spec['name']}: {r['precision']} ({tried})", flush=True)
     with open(os.path.join(out_dir, "result.json"), "w") as f:
         json.dump({"toolkit": importlib.metadata.version("rknn-toolkit2"), "graphs": results}, f)
 

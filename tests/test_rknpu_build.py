@@ -124,6 +124,11 @@ def test_a_bad_option_is_refused_before_anything_is_written(smollm2_store, kw, m
         build(smollm2_store, toolkit_python=RKNN_PY if RKNN_PY.exists() else __file__, **kw)
 
 
-def test_an_architecture_without_graph_hooks_is_refused_by_name(moe_store):
-    with pytest.raises(BuildError, match="architecture 'qwen3_moe' has no NPU graphs yet"):
-        build(moe_store, toolkit_python=__file__)
+def test_an_architecture_without_graph_hooks_is_refused_by_name(tmp_path):
+    # only the manifest's head is read before the refusal: a store of Gemma 4's kind, without tensors
+    store = tmp_path / "gemma4"
+    store.mkdir()
+    head = {"format": "rkmojo-store", "version": 1, "architecture": "gemma4", "config": {}, "experts": {"layers": {}}}
+    (store / "manifest.json").write_text(json.dumps(head))
+    with pytest.raises(BuildError, match="architecture 'gemma4' has no NPU graphs yet .only llama, qwen3_moe, olmoe."):
+        build(store, toolkit_python=__file__)

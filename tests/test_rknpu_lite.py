@@ -92,10 +92,7 @@ def test_the_fp16_graphs_give_the_cpus_greedy_tokens(fp16_store, rknnlite):
         assert npu.backend.name == "rknpu" and npu.backend.reason.startswith("graphs: self-test passed (8 graphs")
         graphs = npu.backend.backend.graphs
         assert sorted({g.core_mask for g in graphs.values()}) == [1, 2, 4]  # spread over the three cores
-        runs = []
-        for g in graphs.values():
-            inference = g.rt.inference
-            g.rt.inference = lambda inputs, f=inference, name=g.path.name: runs.append(name) or f(inputs=inputs)
+        runs = spy_runs(npu)
         prompt = npu.tokenizer.encode(PROMPT * 3)
         got = greedy(npu, prompt)
         assert got == greedy(cpu, prompt)
@@ -104,12 +101,45 @@ def test_the_fp16_graphs_give_the_cpus_greedy_tokens(fp16_store, rknnlite):
         npu.close()
 
 
+def spy_runs(engine) -> list[str]:
+    """The names of the graphs run from now on, in order."""
+    runs = []
+    for g in engine.backend.backend.graphs.values():
+        inference = g.rt.inference
+        g.rt.inference = lambda inputs, f=inference, name=g.path.name: runs.append(name) or f(inputs=inputs)
+    return runs
+
+
 def greedy(engine, prompt: list[int], n: int = 12) -> list[int]:
     out = [int(engine.forward(prompt)[-1].argmax())]
     while len(out) < n:
         out.append(int(engine.forward([out[-1]])[-1].argmax()))
     engine.reset()
     return out
+
+
+@needs_toolkit
+@pytest.mark.slow
+def test_a_tiny_moes_qkv_graphs_give_the_cpus_greedy_tokens(smollm2_store, tmp_path, rknnlite):
+    # Qwen3-MoE: the q/k/v projections as graphs; q/k norms, attention, router and experts on the CPU.
+    # SmolLM2's vocabulary size, so that its tokenizer reads the calibration texts
+    from inference.convert import convert
+    from tiny_models import tiny_qwen3_moe
+
+    store = convert(tiny_qwen3_moe(tmp_path / "hf", vocab=49152), tmp_path / "store", "q8", progress=False)
+    shutil.copy(smollm2_store / "tokenizer.json", store / "tokenizer.json")
+    section = build(store, rows=ROWS, precision="fp16", keep_onnx=True, log=lambda line: None)
+    assert sorted(section["graphs"]) == ["layer_00.qkv", "layer_01.qkv"]
+    cpu = Engine.open(store, backend="cpu", chunk=ROWS)
+    npu = Engine.open(store, backend="rknpu", chunk=ROWS)
+    try:
+        assert npu.backend.reason.startswith("graphs: self-test passed (2 graphs")
+        prompt = list(range(3, 60))
+        runs = spy_runs(npu)
+        assert greedy(npu, prompt) == greedy(cpu, prompt)
+        assert runs == ["layer_00.qkv.rknn", "layer_01.qkv.rknn"]  # the first 32 rows; the rest is too short
+    finally:
+        npu.close()
 
 
 @needs_toolkit

@@ -40,8 +40,9 @@ EXPORT = Path(__file__).with_name("export.py")
 # perplexity 11.8 % (fp16, at ~3e-4, 0.00 %): 1e-2 keeps w8a8 only where it is a few times better than that.
 W8A8_MAX_ERROR = 1e-2
 CALIBRATION_CHUNKS, HELD_OUT_CHUNKS = 4, 2
-# the graph kinds whose layer code has the hooks (models/llama.py: qkv, o_mlp)
-KINDS = {"llama": ("qkv", "o_mlp")}
+# the graph kinds whose layer code has the hooks (models/llama.py: qkv, o_mlp; models/qwen3_moe.py: qkv);
+# Gemma 4 has none yet (its shared MLP, graphs.mlp_graph, and K = V full layers): docs/npu.md
+KINDS = {"llama": ("qkv", "o_mlp"), "qwen3_moe": ("qkv",), "olmoe": ("qkv",)}
 ACTS = ("silu", "gelu_pytorch_tanh", "gelu_tanh")
 
 
@@ -62,33 +63,41 @@ def texts() -> list[str]:
     return [codecs.decode(this.s, "rot13"), *(topics[k] for k in sorted(topics))]
 
 
-def capture(store: Store, model, rows: int, chunks: int) -> dict[int, list[dict]]:
-    """Per layer, `chunks` captures {x, q, k, v, o, h, out} of the CPU's layer code, each `rows` rows
+def capture(store: Store, model, rows: int, chunks: int, kinds: tuple) -> dict[int, list[dict]]:
+    """Per layer, `chunks` captures {x, q, k, v[, o, h, out]} of the CPU's layer code, each `rows` rows
     (`model` built with chunk=rows; its layer code is spied on, then restored)."""
     from ...tokenizer import StoreTokenizer
 
     tok = StoreTokenizer(store)
     seen: dict[int, list[dict]] = {i: [] for i in range(len(model.layers))}
-    qkv, o_mlp = model.qkv, model.o_mlp
+    qkv = model.qkv
 
     def spy_qkv(i, x):
         out = qkv(i, x)
         seen[i].append({"x": x, **dict(zip("qkv", out))})
         return out
 
-    def spy_o_mlp(i, o, h):
-        out = o_mlp(i, o, h)
-        seen[i][-1].update(o=o, h=h, out=out)
-        return out
+    model.qkv = spy_qkv
+    if "o_mlp" in kinds:
+        o_mlp = model.o_mlp
 
-    model.qkv, model.o_mlp = spy_qkv, spy_o_mlp
+        def spy_o_mlp(i, o, h):
+            out = o_mlp(i, o, h)
+            seen[i][-1].update(o=o, h=h, out=out)
+            return out
+
+        model.o_mlp = spy_o_mlp
     ids = [t for text in texts() for t in tok.encode(text)]
+    vocab = model.args.vocab_size
+    if max(ids) >= vocab:
+        raise BuildError(f"{store.path}: the tokenizer gives id {max(ids)}, the model's vocabulary has {vocab}")
     if len(ids) < rows * chunks:
         raise BuildError(f"--rows {rows}: the calibration texts give {len(ids)} tokens, fewer than {chunks} chunks")
     try:
         model.forward(np.asarray(ids[: rows * chunks], np.int64), model.new_cache())
     finally:
-        del model.qkv, model.o_mlp
+        for name in ("qkv", "o_mlp"):
+            model.__dict__.pop(name, None)
     return seen
 
 
@@ -171,7 +180,7 @@ def build(
     from ...model import load_model
 
     model = load_model(store, chunk=rows)
-    seen = capture(store, model, rows, CALIBRATION_CHUNKS + HELD_OUT_CHUNKS)
+    seen = capture(store, model, rows, CALIBRATION_CHUNKS + HELD_OUT_CHUNKS, kinds)
     order = {"auto": ["w8a8", "fp16"], "fp16": ["fp16"], "w8a8": ["w8a8"]}[precision]
     store_dir = store.path
     with tempfile.TemporaryDirectory(prefix="rkmojo-npu-jobs-") as jobs_dir:

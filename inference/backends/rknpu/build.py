@@ -183,7 +183,8 @@ def build(
     seen = capture(store, model, rows, CALIBRATION_CHUNKS + HELD_OUT_CHUNKS, kinds)
     order = {"auto": ["w8a8", "fp16"], "fp16": ["fp16"], "w8a8": ["w8a8"]}[precision]
     store_dir = store.path
-    with tempfile.TemporaryDirectory(prefix="rkmojo-npu-jobs-") as jobs_dir:
+    # the jobs hold float32 weights (SmolLM2: 0.4 GB): on the store's disk, not /tmp
+    with tempfile.TemporaryDirectory(prefix=".npu-jobs-", dir=store_dir) as jobs_dir:
         plan = {"w8a8_max_error": W8A8_MAX_ERROR, "graphs": []}
         specs = {}
         for i in layers:

@@ -192,6 +192,17 @@ def test_graphs_for_a_shorter_chunk_fall_back_to_the_matmul_path_and_say_why(fp1
 
 @needs_toolkit
 @pytest.mark.slow
+def test_auto_on_an_arm_board_takes_the_graphs(fp16_store, rknnlite, monkeypatch):
+    monkeypatch.setattr("platform.machine", lambda: "aarch64")
+    eng = Engine.open(fp16_store, backend="auto", chunk=ROWS)
+    try:
+        assert eng.backend.name == "rknpu" and eng.backend.reason.startswith("graphs: self-test passed")
+    finally:
+        eng.close()
+
+
+@needs_toolkit
+@pytest.mark.slow
 def test_without_rknnlite_the_graphs_are_skipped_with_the_reason(fp16_store, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "rknnlite", None)  # import rknnlite raises ImportError (as off the board)
     eng = Engine.open(fp16_store, backend="rknpu", chunk=ROWS, npu_library=str(tmp_path / "librknnrt.so"))

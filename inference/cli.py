@@ -1,4 +1,4 @@
-"""The `rkmojo` command line: convert, pull, verify, run, list, show, rm, bench, synth (and `up`, registered by
+"""The `rkmojo` command line: convert, pull, verify, run, list, show, rm, bench, synth, npu (and `up`, registered by
 the appliance through the `rkmojo.commands` entry point group).
 
 Errors a user can act on (`RkmojoError`) print as one line and exit 1; nothing else is caught.
@@ -32,7 +32,27 @@ def cmd_verify(a) -> int:
         st.verify(progress=bar.update)
     print(
         f"{st.path}: ok ({len(st.dense_names())} dense tensors, "
-        f"{sum(l.n_experts for l in st.expert_layers.values())} expert blobs)"
+        f"{sum(l.n_experts for l in st.expert_layers.values())} expert blobs, {len(list(st.npu_files()))} NPU files)"
+    )
+    return 0
+
+
+def cmd_npu_build(a) -> int:
+    from .backends.rknpu.build import build
+
+    section = build(
+        resolve_model(a.store),
+        target=a.target,
+        rows=a.rows,
+        precision=a.precision,
+        layers=_int_list(a.layers, "--layers", low=0) if a.layers else None,
+        keep_onnx=a.keep_onnx,
+    )
+    graphs = section["graphs"].values()
+    kept = {p: sum(g["precision"] == p for g in graphs) for p in ("fp16", "w8a8")}
+    print(
+        f"npu/{a.target}: {len(section['graphs'])} graphs ({kept['fp16']} fp16, {kept['w8a8']} w8a8), "
+        f"{sum(g['size'] for g in graphs) / 1e6:.1f} MB, {section['toolkit']}"
     )
     return 0
 
@@ -68,13 +88,14 @@ def cmd_bench(a) -> int:
     return 0
 
 
-def _int_list(text: str, flag: str) -> list[int]:
+def _int_list(text: str, flag: str, low: int = 1) -> list[int]:
     try:
         out = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         out = []
-    if not out or min(out) < 1:
-        raise RkmojoError(f"{flag} {text!r}: give positive whole numbers separated by commas, like 8,16,24,32")
+    if not out or min(out) < low:
+        what = "positive whole numbers" if low == 1 else f"whole numbers from {low}"
+        raise RkmojoError(f"{flag} {text!r}: give {what} separated by commas, like 8,16,24,32")
     return out
 
 
@@ -354,7 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--trace", help="also write the routing trace (phase, layer, experts, misses) to this JSON file")
     b.set_defaults(fn=cmd_bench)
 
-    n = sub.add_parser("npu", help="the RK3588 NPU: calibrate it against the CPU on this board")
+    n = sub.add_parser("npu", help="the RK3588 NPU: graphs for the dense prefill block, calibration (docs/npu.md)")
     nsub = n.add_subparsers(dest="npu_cmd", required=True)
     nc = nsub.add_parser(
         "calibrate",
@@ -367,6 +388,19 @@ def build_parser() -> argparse.ArgumentParser:
     nc.add_argument("--repeats", type=int, default=3, help="rounds; the median is kept (default 3)")
     nc.add_argument("--chunk", type=int, default=128, help="the prefill chunk: M of the dense contexts")
     nc.set_defaults(fn=cmd_npu_calibrate)
+    nb = nsub.add_parser("build", help="compile each layer's dense block to .rknn graphs in the store's npu/ part")
+    nb.add_argument("store", help="a model name in the models directory, or a store path")
+    nb.add_argument("--target", default="rk3588", help="the SoC (rk3588)")
+    nb.add_argument("--rows", type=int, default=128, help="the prefill chunk the graphs are compiled for (128)")
+    nb.add_argument(
+        "--precision",
+        choices=["auto", "fp16", "w8a8"],
+        default="auto",
+        help="auto: w8a8 where its measured error is within bound, else fp16",
+    )
+    nb.add_argument("--layers", help="only these layers, e.g. 0,1,2 (the others stay on the CPU)")
+    nb.add_argument("--keep-onnx", action="store_true", help="keep each graph's ONNX beside it (for tests)")
+    nb.set_defaults(fn=cmd_npu_build)
 
     # commands other packages register (`rkmojo up` from the appliance): found by name, never imported here
     for ep in entry_points(group="rkmojo.commands"):

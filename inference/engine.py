@@ -69,6 +69,9 @@ class EngineConfig:
         "(default: the board's `rkmojo npu calibrate`; without one, on the CPU)",
         ge=1,
     )
+    npu_graph_layers: int | None = option(
+        help="layers whose NPU graphs stay loaded (default all; fewer: loaded just in time, for 8 GB boards)", ge=1
+    )
     context: int = option(4096, help="KV cache length in tokens", ge=1)
     kv_dtype: str = option(
         "f16", help="KV cache precision (f16: half the memory and bandwidth of f32)", choices=("f16", "f32")
@@ -116,6 +119,9 @@ class Engine:
             precision=cfg.npu_precision,
             rows=cfg.chunk,
             expert_rows=cfg.npu_expert_rows,
+            store=store,
+            model=self.model,
+            graph_layers=cfg.npu_graph_layers,
         )
         self.model.ops = self.backend.backend
 

@@ -1,5 +1,6 @@
 """Compute backends for the dense matmuls of a prefill chunk: `cpu` (the kernels, always there) and
-`rknpu` (RK3588's NPU through librknnrt's matmul API). A backend is an object with `linear(x, w)` and
+`rknpu` (RK3588's NPU: a layer's dense block as `.rknn` graphs run by RKNNLite, or the matmuls through
+librknnrt's matmul API). A backend's `graph(layer, kind, *inputs)` gives a whole block's outputs or None. A backend is an object with `linear(x, w)` and
 `linear_many(x, ws)`, the signatures of `inference.kernels`; the layer code calls it for the matrices
 an NPU can take and stays the same whichever backend it has.
 
@@ -36,6 +37,11 @@ class CpuBackend:
     linear = staticmethod(kernels.linear)
     linear_many = staticmethod(kernels.linear_many)
 
+    @staticmethod
+    def graph(layer: int, kind: str, *inputs):
+        """A whole-block graph's outputs (`rknpu/lite.py`); None: the layer code computes it here."""
+        return None
+
     def close(self) -> None:
         pass
 
@@ -58,18 +64,27 @@ def select(
     rows: int = 128,
     expert_rows: int | None = None,
     calibration=None,
+    store=None,
+    model=None,
+    graph_layers: int | None = None,
 ) -> Choice:
-    """The backend for `EngineConfig.backend`, after the NPU's self-test where one is wanted; the NPU
-    follows the board's calibration for this library, driver and precision (`rknpu/calibrate.py`), else
-    the defaults: dense matmuls from 32 rows, routed experts on the CPU.
+    """The backend for `EngineConfig.backend`, after the NPU's self-test where one is wanted.
+
+    The NPU is tried as whole-block graphs first (`rknpu/lite.py`: the store has `npu/rk3588/` from
+    `rkmojo npu build` and RKNNLite loads), else as matmuls through librknnrt (`rknpu/__init__.py`).
+    The matmuls follow the board's calibration for this library, driver and precision
+    (`rknpu/calibrate.py`), else the defaults: dense matmuls from 32 rows, routed experts on the CPU.
+    (With graphs, the routed experts stay on the CPU.)
 
     Args:
         backend: "auto", "cpu" or "rknpu".
         library: librknnrt.so to load (default /usr/lib/librknnrt.so).
-        precision: "fp16" or "int8" for the NPU's matmuls.
+        precision: "fp16" or "int8" for the NPU's matmuls (graphs carry the precision they were built in).
         rows: the prefill chunk.
         expert_rows: routed experts with at least this many rows run on the NPU (overrides the calibration).
         calibration: the calibration file (default: the data directory's npu-calibration.json).
+        store, model: the opened store and its model (the graphs and their self-test's CPU reference).
+        graph_layers: layers whose graphs stay loaded (None: all).
     Raises:
         RkmojoError: `backend` is not one of auto, cpu, rknpu.
     """
@@ -77,12 +92,29 @@ def select(
         raise RkmojoError(f"backend {backend!r}: choose one of {', '.join(CHOICES)}")
     if backend == "cpu":
         return Choice(CPU, "cpu", "asked for")
+    if backend == "auto" and platform.machine() != "aarch64":
+        return Choice(CPU, "cpu", f"auto: {platform.machine()} has no RK3588 NPU")
+    graphs_failed = ""
+    if store is not None and store.manifest.get("npu"):
+        from .rknpu.lite import GraphBackend
+        from .rknpu.matmul import NpuError
+
+        graphs = None
+        try:
+            graphs = GraphBackend(store, rows=rows, max_layers=graph_layers)
+            about = graphs.self_test(model)
+        except NpuError as e:
+            if graphs is not None:
+                graphs.close()
+            log.warning("backend: the NPU graphs are not used: %s", e)
+            graphs_failed = f"graphs not used: {e}; "
+        else:
+            log.info("backend: rknpu graphs (%s) passed their self-test", about)
+            return Choice(graphs, "rknpu", f"graphs: self-test passed ({about})")
     library = library or DEFAULT_LIBRARY
     if backend == "auto":
-        if platform.machine() != "aarch64":
-            return Choice(CPU, "cpu", f"auto: {platform.machine()} has no RK3588 NPU")
         if not os.path.exists(library):
-            return Choice(CPU, "cpu", f"auto: {library} is absent (docs/npu.md)")
+            return Choice(CPU, "cpu", f"{graphs_failed}auto: {library} is absent (docs/npu.md)")
         if precision not in AUTO_PRECISIONS:
             log.info("backend: auto uses fp16 on the NPU; %s failed the quality gate (docs/npu.md)", precision)
             precision = "fp16"
@@ -93,7 +125,7 @@ def select(
         versions = npu.self_test()
     except RkmojoError as e:
         log.warning("backend: the CPU runs prefill; the NPU self-test failed: %s", e)
-        return Choice(CPU, "cpu", f"NPU self-test failed: {e}")
+        return Choice(CPU, "cpu", f"{graphs_failed}NPU self-test failed: {e}")
     from .rknpu import calibration as calfile
 
     cal = calfile.lookup(calibration or calfile.calibration_path(), library, npu.versions[1], precision)
@@ -105,4 +137,4 @@ def select(
     experts = f"experts from {npu.expert_min_rows} rows" if npu.expert_min_rows is not None else "experts on the CPU"
     how = f"{'calibrated' if cal is not None else 'not calibrated'}: {dense}, {experts}"
     log.info("backend: rknpu (%s) passed its self-test; %s", versions, how)
-    return Choice(npu, "rknpu", f"self-test passed ({versions}); {how}")
+    return Choice(npu, "rknpu", f"{graphs_failed}matmuls: self-test passed ({versions}); {how}")

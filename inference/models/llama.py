@@ -102,11 +102,17 @@ class Model(Transformer):
     # (inference/backends/rknpu/graphs.py builds the same math as ONNX).
     def qkv(self, i: int, x: np.ndarray) -> list[np.ndarray]:
         """x [T, H] (attention-normed) → q [T, Hq·D], k, v [T, Hkv·D]."""
+        got = self.ops.graph(i, "qkv", x)  # the NPU's graph (rkmojo npu build), or None
+        if got is not None:
+            return got
         L = self.layers[i]
         return self.ops.linear_many(x, (L["q"], L["k"], L["v"]))  # one kernel call on the CPU: they share x
 
     def o_mlp(self, i: int, o: np.ndarray, h: np.ndarray) -> np.ndarray:
         """o [T, Hq·D] (attention output), h [T, H] (residual) → the layer's output [T, H]."""
+        got = self.ops.graph(i, "o_mlp", o, h)
+        if got is not None:
+            return got[0]
         L, eps = self.layers[i], self.args.rms_norm_eps
         h = h + self.ops.linear(o, L["o"])
         return h + expert_mlp(rms_norm(h, L["mlp_norm"], eps), L["mlp"], silu, self.ops)

@@ -37,7 +37,7 @@ class Model(qwen3_moe.Model):
         """Self-attention with q/k RMSNorm over the whole projection and optional clipping."""
         a, Lw = self.args, self.layers[i]
         T, D = x.shape[0], a.head_dim
-        q, k, v = self.ops.linear_many(x, (Lw["q"], Lw["k"], Lw["v"]))  # one kernel call on the CPU: shared x
+        q, k, v = self.qkv(i, x)
         q = rms_norm(q, Lw["q_norm"], a.rms_norm_eps)  # [T, Hq·D]
         k = rms_norm(k, Lw["k_norm"], a.rms_norm_eps)  # [T, Hkv·D]
         if a.clip_qkv is not None:

@@ -110,12 +110,21 @@ class Model(Transformer):
         lookahead(self, i, lambda j: rms_norm(h, self.layers[j]["mlp_norm"], self.args.rms_norm_eps))
         return h + mixture(x, idx, w, i, self.experts, silu, ops=self.ops)[0]
 
+    def qkv(self, i: int, x: np.ndarray) -> list[np.ndarray]:
+        """x [T, H] (attention-normed) → q [T, Hq·D], k, v [T, Hkv·D]: the NPU's graph where there is one
+        (`rkmojo npu build`), else one kernel call on the CPU (they share x)."""
+        got = self.ops.graph(i, "qkv", x)
+        if got is not None:
+            return got
+        Lw = self.layers[i]
+        return self.ops.linear_many(x, (Lw["q"], Lw["k"], Lw["v"]))
+
     def attn(self, i: int, x: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:
         """Self-attention of the normed input x [T, H] → [T, H]; q/k RMSNorm per head."""
         a, Lw = self.args, self.layers[i]
         T, D = x.shape[0], a.head_dim
         cos, sin = self.rope(positions, self.inv_freq)
-        q, k, v = self.ops.linear_many(x, (Lw["q"], Lw["k"], Lw["v"]))  # one kernel call on the CPU: shared x
+        q, k, v = self.qkv(i, x)
         q = rms_norm(q.reshape(T, -1, D), Lw["q_norm"], a.rms_norm_eps)
         k = rms_norm(k.reshape(T, -1, D), Lw["k_norm"], a.rms_norm_eps)
         v = v.reshape(T, -1, D)

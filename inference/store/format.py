@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import xxhash
 
 FORMAT_NAME = "rkmojo-store"
@@ -19,6 +21,15 @@ def digest_bytes(data: bytes | memoryview | None = None):
     if data is not None:
         h.update(data)
     return h
+
+
+def sha256_file(path) -> str:
+    """The sha256 of a file (the NPU graphs' digest: `npu.<target>` in the manifest)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def round_up(n: int, a: int) -> int:

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import ModelFormatError
 from ..quant import QTensor
-from .format import FORMAT_NAME, FORMAT_VERSION, digest_bytes
+from .format import FORMAT_NAME, FORMAT_VERSION, digest_bytes, sha256_file
 
 
 @dataclass(frozen=True)
@@ -199,10 +199,34 @@ class Store:
                     )
                 if progress:
                     progress(lay.blob_size)
+        self.verify_npu(progress)
+
+    def npu_files(self) -> Iterator[tuple[Path, str]]:
+        """(path, sha256) of every NPU graph file (`rkmojo npu build`), all targets."""
+        for target, section in sorted(self.manifest.get("npu", {}).items()):
+            for g in section["graphs"].values():
+                for name, digest in g["digests"].items():
+                    yield self.path / "npu" / target / name, digest
+
+    def verify_npu(self, progress=None) -> None:
+        """Check the NPU graph files against their sha256.
+
+        Raises:
+            ModelFormatError: naming the first graph file that is missing or changed.
+        """
+        for path, digest in self.npu_files():
+            rel = path.relative_to(self.path)
+            if not path.is_file():
+                raise ModelFormatError(f"{rel}: missing; re-run `rkmojo npu build`")
+            if sha256_file(path) != digest:
+                raise ModelFormatError(f"{rel}: digest mismatch; re-run `rkmojo npu build`")
+            if progress:
+                progress(path.stat().st_size)
 
     def total_bytes(self) -> int:
         n = self.manifest["dense"].get("size", 0)
-        return n + sum(l.stride * l.n_experts for l in self.expert_layers.values())
+        n += sum(l.stride * l.n_experts for l in self.expert_layers.values())
+        return n + sum(p.stat().st_size for p, _ in self.npu_files() if p.is_file())
 
     def iter_tokenizer_files(self) -> Iterator[Path]:
         for f in self.manifest["tokenizer"]["files"]:

@@ -255,12 +255,17 @@ class StoreWriter:
 
     @staticmethod
     def _write_atomic(path: Path, data: bytes) -> None:
-        tmp = path.with_name(path.name + ".part")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(tmp, path)
+        write_atomic(path, data)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a temp name and a rename: readers see the old file or the new."""
+    tmp = path.with_name(path.name + ".part")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, path)
 
 
 @dataclass

@@ -134,6 +134,11 @@ class RknpuBackend:
     def linear_many(self, x: np.ndarray, ws) -> list[np.ndarray]:
         return [self.linear(x, w) for w in ws]
 
+    @staticmethod
+    def graph(layer: int, kind: str, *inputs):
+        """None: the matmul path runs no whole-block graphs (`lite.py` does)."""
+        return None
+
     def self_test(self) -> str:
         """Read the versions and compute one chunk against the CPU kernels.
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
+INPUTS = {"qkv": ["x"], "o_mlp": ["o", "h"], "mlp": ["x"]}  # each graph kind's input names, in order
+OUTPUTS = {"qkv": ["q", "k", "v"], "o_mlp": ["out"], "mlp": ["out"]}
 OPSET = 13  # rknn-toolkit2 2.5 accepts opsets up to 19; 13 has everything used here
 
 

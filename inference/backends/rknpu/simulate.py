@@ -20,8 +20,7 @@ import numpy as np
 
 import graphs  # this directory is sys.path[0] when run as a script
 
-INPUTS = {"qkv": ["x"], "o_mlp": ["o", "h"], "mlp": ["x"]}
-OUTPUTS = {"qkv": ["q", "k", "v"], "o_mlp": ["out"], "mlp": ["out"]}
+from graphs import INPUTS, OUTPUTS
 
 
 def build_onnx(job, rows: int):
@@ -34,45 +33,61 @@ def build_onnx(job, rows: int):
     )
 
 
-def main(job_path: str, out_path: str) -> None:
+def compiled(model, samples: list, names: list[str], precision: str, tmp: str):
+    """An RKNN object holding `model` (an onnx ModelProto) compiled for rk3588 in `precision`, the
+    samples (lists of arrays, one per input) its w8a8 calibration set; ready for init_runtime/export."""
     import onnx
     from rknn.api import RKNN
 
+    model_path = os.path.join(tmp, "graph.onnx")
+    onnx.save(model, model_path)
+    dataset = os.path.join(tmp, "dataset.txt")
+    with open(dataset, "w") as f:
+        for s, sample in enumerate(samples):
+            paths = []
+            for n, a in zip(names, sample):
+                paths.append(os.path.join(tmp, f"{n}_{s}.npy"))
+                np.save(paths[-1], a)
+            f.write(" ".join(paths) + "\n")
+    rknn = RKNN(verbose=False)
+    rknn.config(
+        target_platform="rk3588", quantized_dtype="w8a8", quantized_method="channel", quantized_algorithm="normal"
+    )
+    check(
+        rknn.load_onnx(model=model_path, inputs=names, input_size_list=[list(a.shape) for a in samples[0]]),
+        "load_onnx",
+    )
+    check(rknn.build(do_quantization=precision == "w8a8", dataset=dataset), "build")
+    return rknn
+
+
+def samples_of(job: dict, prefix: str, names: list[str]) -> list[list[np.ndarray]]:
+    """[sample][input] float32 arrays from the job's `<prefix><name>` [S, T, ...] entries."""
+    return [
+        [np.ascontiguousarray(job[prefix + n][s], np.float32) for n in names]
+        for s in range(job[prefix + names[0]].shape[0])
+    ]
+
+
+def run(rknn, kind: str, samples: list) -> dict[str, np.ndarray]:
+    """The simulator's outputs, `name` → [S, T, ...], for graphs built in this process."""
+    outs = {n: [] for n in OUTPUTS[kind]}
+    for sample in samples:
+        for n, y in zip(OUTPUTS[kind], rknn.inference(inputs=sample)):
+            outs[n].append(np.asarray(y, np.float32).reshape(sample[0].shape[0], -1))
+    return {n: np.stack(v) for n, v in outs.items()}
+
+
+def main(job_path: str, out_path: str) -> None:
     job = dict(np.load(job_path))
     kind, precision = str(job["kind"]), str(job["precision"])
-    names = INPUTS[kind]
-    samples = [
-        [np.ascontiguousarray(job["in_" + n][s], np.float32) for n in names]
-        for s in range(job["in_" + names[0]].shape[0])
-    ]
-    rows = samples[0][0].shape[0]
+    samples = samples_of(job, "in_", INPUTS[kind])
     with tempfile.TemporaryDirectory() as tmp:
-        model_path = os.path.join(tmp, f"{kind}.onnx")
-        onnx.save(build_onnx(job, rows), model_path)
-        dataset = os.path.join(tmp, "dataset.txt")
-        with open(dataset, "w") as f:
-            for s, sample in enumerate(samples):
-                paths = []
-                for n, a in zip(names, sample):
-                    paths.append(os.path.join(tmp, f"{n}_{s}.npy"))
-                    np.save(paths[-1], a)
-                f.write(" ".join(paths) + "\n")
-        rknn = RKNN(verbose=False)
-        rknn.config(
-            target_platform="rk3588", quantized_dtype="w8a8", quantized_method="channel", quantized_algorithm="normal"
-        )
-        check(
-            rknn.load_onnx(model=model_path, inputs=names, input_size_list=[list(a.shape) for a in samples[0]]),
-            "load_onnx",
-        )
-        check(rknn.build(do_quantization=precision == "w8a8", dataset=dataset), "build")
+        rknn = compiled(build_onnx(job, samples[0][0].shape[0]), samples, INPUTS[kind], precision, tmp)
         check(rknn.init_runtime(), "init_runtime (simulator)")
-        outs = {n: [] for n in OUTPUTS[kind]}
-        for sample in samples:
-            for n, y in zip(OUTPUTS[kind], rknn.inference(inputs=sample)):
-                outs[n].append(np.asarray(y, np.float32).reshape(rows, -1))
+        outs = run(rknn, kind, samples)
         rknn.release()
-    np.savez(out_path, **{"out_" + n: np.stack(v) for n, v in outs.items()})
+    np.savez(out_path, **{"out_" + n: v for n, v in outs.items()})
 
 
 def check(ret: int, step: str) -> None:

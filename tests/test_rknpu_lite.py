@@ -1,0 +1,236 @@
+"""The `.rknn` graphs at run time (`inference/backends/rknpu/lite.py`) through a STAND-IN for RKNNLite.
+
+rknn-toolkit-lite2 exists only for aarch64 boards and nothing off a board executes a `.rknn` file: the
+tests put `tests/rknnlite_standin` on sys.path, a stand-in `rknnlite.api.RKNNLite` that enforces the
+documented API and evaluates the ONNX each graph was compiled from (kept by `npu build --keep-onnx`),
+rounded as the graph's precision computes. The graphs themselves are compiled by Rockchip's toolkit.
+"""
+
+import logging
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inference.backends.rknpu.build import build
+from inference.backends.rknpu.graphs import qkv_graph
+from inference.engine import Engine
+
+ROOT = Path(__file__).resolve().parents[1]
+STANDIN = Path(__file__).parent / "rknnlite_standin"
+RKNN_PY = ROOT / ".venv-rknn" / "bin" / "python"
+needs_toolkit = pytest.mark.skipif(not RKNN_PY.exists(), reason="no .venv-rknn: run scripts/setup --npu-build")
+ROWS = 32
+LAYERS = [0, 1, 2, 29]
+PROMPT = "The three largest cities of France, in order of population, are"
+
+
+@pytest.fixture
+def rknnlite(monkeypatch):
+    """The stand-in's RKNNLite class, importable as `rknnlite.api` for this test only."""
+    monkeypatch.syspath_prepend(str(STANDIN))
+    from rknnlite.api import RKNNLite
+
+    yield RKNNLite
+    for name in ("rknnlite.api", "rknnlite"):  # gone again for the tests without it
+        sys.modules.pop(name, None)
+
+
+def graph_store(smollm2_store, tmp_path_factory, precision: str) -> Path:
+    store = tmp_path_factory.mktemp("npu-" + precision) / "store"
+    shutil.copytree(smollm2_store, store)
+    build(store, rows=ROWS, layers=LAYERS, precision=precision, keep_onnx=True, log=lambda line: None)
+    return store
+
+
+@pytest.fixture(scope="module")
+def fp16_store(smollm2_store, tmp_path_factory):
+    return graph_store(smollm2_store, tmp_path_factory, "fp16")
+
+
+@pytest.fixture
+def qkv_rknn(tmp_path):
+    """A qkv graph's ONNX and a file with the RKNN magic beside it: enough for the stand-in's API checks."""
+    import onnx
+
+    rng = np.random.default_rng(0)
+    model = qkv_graph(*(rng.standard_normal((n, 64)).astype(np.float32) for n in (64, 32, 32)), rows=8)
+    onnx.helper.set_model_props(model, {"rkmojo.precision": "fp16"})
+    onnx.save(model, tmp_path / "g.onnx")
+    (tmp_path / "g.rknn").write_bytes(b"RKNN" + bytes(60))
+    return str(tmp_path / "g.rknn")
+
+
+def test_the_standin_refuses_what_the_runtime_refuses(rknnlite, qkv_rknn, tmp_path):
+    rt = rknnlite()
+    assert rt.load_rknn(str(tmp_path / "missing.rknn")) == -1
+    (tmp_path / "bad.rknn").write_bytes(b"ONNX" + bytes(60))
+    assert rt.load_rknn(str(tmp_path / "bad.rknn")) == -1
+    assert rt.init_runtime(core_mask=rknnlite.NPU_CORE_0) == -1  # nothing loaded
+    assert rt.load_rknn(qkv_rknn) == 0
+    assert rt.inference(inputs=[np.zeros((8, 64), np.float32)]) is None  # before init
+    assert rt.init_runtime(core_mask=5) == -1  # not a core mask the runtime knows
+    assert rt.init_runtime(core_mask=rknnlite.NPU_CORE_2) == 0
+    assert rt.init_runtime(core_mask=rknnlite.NPU_CORE_2) == -1  # a second init
+    assert rt.inference(inputs=[]) is None
+    assert rt.inference(inputs=[np.zeros((8, 64), np.float64)]) is None
+    assert rt.inference(inputs=[np.zeros((7, 64), np.float32)]) is None
+    q, k, v = rt.inference(inputs=[np.ones((8, 64), np.float32)])
+    assert (q.shape, k.shape, v.shape) == ((8, 64), (8, 32), (8, 32))
+    rt.release()
+    assert rt.inference(inputs=[np.ones((8, 64), np.float32)]) is None
+
+
+@needs_toolkit
+@pytest.mark.slow
+def test_the_fp16_graphs_give_the_cpus_greedy_tokens(fp16_store, rknnlite):
+    cpu = Engine.open(fp16_store, backend="cpu", chunk=ROWS)
+    npu = Engine.open(fp16_store, backend="rknpu", chunk=ROWS)
+    try:
+        assert npu.backend.name == "rknpu" and npu.backend.reason.startswith("graphs: self-test passed (8 graphs")
+        graphs = npu.backend.backend.graphs
+        assert sorted({g.core_mask for g in graphs.values()}) == [1, 2, 4]  # spread over the three cores
+        runs = spy_runs(npu)
+        prompt = npu.tokenizer.encode(PROMPT * 3)
+        got = greedy(npu, prompt)
+        assert got == greedy(cpu, prompt)
+        assert {"layer_00.qkv.rknn", "layer_29.o_mlp.rknn"} <= set(runs)  # the chunks did go through graphs
+    finally:
+        npu.close()
+
+
+def spy_runs(engine) -> list[str]:
+    """The names of the graphs run from now on, in order."""
+    runs = []
+    for g in engine.backend.backend.graphs.values():
+        inference = g.rt.inference
+        g.rt.inference = lambda inputs, f=inference, name=g.path.name: runs.append(name) or f(inputs=inputs)
+    return runs
+
+
+def greedy(engine, prompt: list[int], n: int = 12) -> list[int]:
+    out = [int(engine.forward(prompt)[-1].argmax())]
+    while len(out) < n:
+        out.append(int(engine.forward([out[-1]])[-1].argmax()))
+    engine.reset()
+    return out
+
+
+@needs_toolkit
+@pytest.mark.slow
+def test_a_tiny_moes_qkv_graphs_give_the_cpus_greedy_tokens(smollm2_store, tmp_path, rknnlite):
+    # Qwen3-MoE: the q/k/v projections as graphs; q/k norms, attention, router and experts on the CPU.
+    # SmolLM2's vocabulary size, so that its tokenizer reads the calibration texts
+    from inference.convert import convert
+    from tiny_models import tiny_qwen3_moe
+
+    store = convert(tiny_qwen3_moe(tmp_path / "hf", vocab=49152), tmp_path / "store", "q8", progress=False)
+    shutil.copy(smollm2_store / "tokenizer.json", store / "tokenizer.json")
+    section = build(store, rows=ROWS, precision="fp16", keep_onnx=True, log=lambda line: None)
+    assert sorted(section["graphs"]) == ["layer_00.qkv", "layer_01.qkv"]
+    cpu = Engine.open(store, backend="cpu", chunk=ROWS)
+    npu = Engine.open(store, backend="rknpu", chunk=ROWS)
+    try:
+        assert npu.backend.reason.startswith("graphs: self-test passed (2 graphs")
+        prompt = list(range(3, 60))
+        runs = spy_runs(npu)
+        assert greedy(npu, prompt) == greedy(cpu, prompt)
+        assert runs == ["layer_00.qkv.rknn", "layer_01.qkv.rknn"]  # the first 32 rows; the rest is too short
+    finally:
+        npu.close()
+
+
+@needs_toolkit
+@pytest.mark.slow
+def test_graphs_loaded_just_in_time_keep_one_layer_and_give_the_same_logits(fp16_store, rknnlite):
+    every = Engine.open(fp16_store, backend="rknpu", chunk=ROWS)
+    one = Engine.open(fp16_store, backend="rknpu", chunk=ROWS, npu_graph_layers=1)
+    try:
+        ids = every.tokenizer.encode(PROMPT * 3)
+        assert (one.forward(ids) == every.forward(ids)).all()
+        b = one.backend.backend
+        assert list(b.loaded) == [29] and [k for k, g in b.graphs.items() if g.rt is not None] == [
+            (29, "qkv"),
+            (29, "o_mlp"),
+        ]
+    finally:
+        every.close()
+        one.close()
+
+
+@needs_toolkit
+@pytest.mark.slow
+def test_a_runtime_failure_after_the_self_test_moves_prefill_to_the_cpu(fp16_store, rknnlite, monkeypatch, caplog):
+    cpu = Engine.open(fp16_store, backend="cpu", chunk=ROWS)
+    npu = Engine.open(fp16_store, backend="rknpu", chunk=ROWS)
+    ids = cpu.tokenizer.encode(PROMPT * 3)
+    monkeypatch.setenv("RKNNLITE_STANDIN_FAULT", "inference")
+    with caplog.at_level(logging.WARNING, logger="inference.backends"):
+        got = npu.forward(ids)
+    assert (got == cpu.forward(ids)).all()  # bit-identical: the whole chunk ran on the CPU
+    lines = [r.getMessage() for r in caplog.records if r.name == "inference.backends" and r.levelno >= logging.WARNING]
+    assert lines == [
+        "backend: the CPU runs prefill from now on; the NPU failed after its self-test: "
+        "RKNNLite.inference failed for layer_00.qkv.rknn"
+    ]
+    assert all(g.rt is None for g in npu.backend.backend.graphs.values())
+
+
+@needs_toolkit
+@pytest.mark.slow
+def test_graphs_for_a_shorter_chunk_fall_back_to_the_matmul_path_and_say_why(fp16_store, rknnlite, tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="inference.backends"):
+        eng = Engine.open(fp16_store, backend="rknpu", chunk=64, npu_library=str(tmp_path / "librknnrt.so"))
+    assert eng.backend.name == "cpu"
+    assert eng.backend.reason.startswith(
+        "graphs not used: the graphs are compiled for 32-row chunks and the engine's chunk is 64: "
+        "rebuild with `rkmojo npu build --rows 64` or set chunk=32; NPU self-test failed: librknnrt: cannot load"
+    )
+
+
+@needs_toolkit
+@pytest.mark.slow
+def test_auto_on_an_arm_board_takes_the_graphs(fp16_store, rknnlite, monkeypatch):
+    monkeypatch.setattr("platform.machine", lambda: "aarch64")
+    eng = Engine.open(fp16_store, backend="auto", chunk=ROWS)
+    try:
+        assert eng.backend.name == "rknpu" and eng.backend.reason.startswith("graphs: self-test passed")
+    finally:
+        eng.close()
+
+
+@needs_toolkit
+@pytest.mark.slow
+def test_without_rknnlite_the_graphs_are_skipped_with_the_reason(fp16_store, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "rknnlite", None)  # import rknnlite raises ImportError (as off the board)
+    eng = Engine.open(fp16_store, backend="rknpu", chunk=ROWS, npu_library=str(tmp_path / "librknnrt.so"))
+    assert eng.backend.name == "cpu" and "rknnlite is not importable" in eng.backend.reason
+
+
+@needs_toolkit
+@pytest.mark.slow
+def test_the_quality_gate_of_the_graphs(fp16_store, smollm2_store, tmp_path_factory, rknnlite):
+    # perplexity and top-1 against the CPU over the Zen of Python (a text the standard library ships)
+    import codecs
+    import this
+
+    from inference.backends.rknpu.quality import measure
+
+    w8a8_store = graph_store(smollm2_store, tmp_path_factory, "w8a8")
+    cpu = Engine.open(fp16_store, backend="cpu", chunk=ROWS)
+    ids = cpu.tokenizer.encode(codecs.decode(this.s, "rot13"))
+    got = {}
+    for precision, store in (("fp16", fp16_store), ("w8a8", w8a8_store)):
+        npu = Engine.open(store, backend="rknpu", chunk=ROWS)
+        try:
+            assert npu.backend.reason.startswith("graphs: self-test passed")
+            got[precision] = q = measure(npu, cpu, ids)
+        finally:
+            npu.close()
+        print(
+            f"graphs {precision} (layers {LAYERS}, {ROWS} rows): perplexity {q.perplexity:.3f} vs "
+            f"{q.cpu_perplexity:.3f} ({q.rise:+.2%}), top-1 agreement {q.top1_agreement:.3f}"
+        )
+    assert got["fp16"].passes and got["fp16"].top1_agreement > 0.98

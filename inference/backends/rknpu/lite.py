@@ -92,6 +92,7 @@ class GraphBackend:
     name = "rknpu"
     linear = staticmethod(kernels.linear)  # every other matmul stays on the CPU
     linear_many = staticmethod(kernels.linear_many)
+    expert_min_rows = None  # routed experts stay with the MoE code's CPU kernels (their path is the matmul backend's)
 
     def __init__(self, store, *, rows: int = 128, min_rows: int = MIN_ROWS, max_layers: int | None = None):
         section = store.manifest.get("npu", {}).get(TARGET)

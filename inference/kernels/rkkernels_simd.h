@@ -305,6 +305,8 @@ RK_INLINE void decu_f16x2_strided(const uint8_t *p, int64_t stride, int n, vf *a
  *   vi_dot_s(w, x)            the same for signed w (vb_s8; -127..127, as every quantizer writes)
  *   vs, vs_zero, vs_fma_i(i, s, acc)  acc + float(i) * s lane by lane (fused or not, fixed per backend)
  *   vs_hsum(acc)              sum of the lanes in a fixed order
+ *   q8a_load(x, eo, v)        the 32 floats at x into v, as they are or (eo) their even then odd elements;
+ *                             returns max |v|
  *   q8a_round(v, id, q)       q[j] = roundf(v[j] * id) clamped to +-127 for the 32 floats at v (roundf: half
  *                             away from zero); returns the sum of q. The same integers on every backend.
  */
@@ -345,6 +347,19 @@ typedef __m256i vi;
 typedef __m256 vs;
 /* q8a_round: roundf(p) is p's integral part t plus sign(p) where |p - t| >= 0.5 (p - t is exact) */
 #if defined(__AVX512F__) && defined(__AVX512BW__) && !defined(RK_NO_AVX512)
+RK_INLINE float q8a_load(const float *x, int eo, float *v)
+{
+    __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
+    if (eo) {
+        const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        const __m512 e = _mm512_permutex2var_ps(a, even, b);
+        b = _mm512_permutex2var_ps(a, _mm512_add_epi32(even, _mm512_set1_epi32(1)), b);
+        a = e;
+    }
+    _mm512_storeu_ps(v, a);
+    _mm512_storeu_ps(v + 16, b);
+    return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+}
 RK_INLINE int32_t q8a_round(const float *v, float id, int8_t *q)
 {
     int32_t sum = 0;
@@ -363,6 +378,26 @@ RK_INLINE int32_t q8a_round(const float *v, float id, int8_t *q)
     return sum;
 }
 #else
+RK_INLINE float q8a_load(const float *x, int eo, float *v)
+{
+    __m256 r[4], m = _mm256_setzero_ps();
+    for (int h = 0; h < 4; h++) r[h] = _mm256_loadu_ps(x + 8 * h);
+    if (eo) { /* shuffles pick per 128-bit lane: a0 a2 b0 b2 | a4 a6 b4 b6, then 64-bit pairs back in order */
+        const __m256 e0 = _mm256_shuffle_ps(r[0], r[1], 0x88), e1 = _mm256_shuffle_ps(r[2], r[3], 0x88);
+        const __m256 o0 = _mm256_shuffle_ps(r[0], r[1], 0xdd), o1 = _mm256_shuffle_ps(r[2], r[3], 0xdd);
+        r[0] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e0), 0xd8));
+        r[1] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e1), 0xd8));
+        r[2] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o0), 0xd8));
+        r[3] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o1), 0xd8));
+    }
+    for (int h = 0; h < 4; h++) {
+        _mm256_storeu_ps(v + 8 * h, r[h]);
+        m = _mm256_max_ps(m, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), r[h]));
+    }
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
 RK_INLINE int32_t q8a_round(const float *v, float id, int8_t *q)
 {
     __m256i i[4];
@@ -449,6 +484,27 @@ RK_INLINE vi vi_dot_u(vb w, const int8_t *x) { return vi_dot_s(w, x); } /* 0..15
 RK_INLINE vs vs_zero(void) { return vdupq_n_f32(0.0f); }
 RK_INLINE vs vs_fma_i(vi i, float s, vs acc) { return vfmaq_n_f32(acc, vcvtq_f32_s32(i), s); }
 RK_INLINE float vs_hsum(vs a) { return vf_hsum(a); }
+RK_INLINE float q8a_load(const float *x, int eo, float *v)
+{
+    float32x4_t m = vdupq_n_f32(0.0f);
+    for (int h = 0; h < 4; h++) {
+        float32x4_t a, b;
+        if (eo) {
+            const float32x4x2_t p = vld2q_f32(x + 8 * h); /* evens 8h.., odds 8h.. */
+            a = p.val[0];
+            b = p.val[1];
+            vst1q_f32(v + 4 * h, a);
+            vst1q_f32(v + 16 + 4 * h, b);
+        } else {
+            a = vld1q_f32(x + 8 * h);
+            b = vld1q_f32(x + 8 * h + 4);
+            vst1q_f32(v + 8 * h, a);
+            vst1q_f32(v + 8 * h + 4, b);
+        }
+        m = vmaxq_f32(m, vmaxq_f32(vabsq_f32(a), vabsq_f32(b)));
+    }
+    return vmaxvq_f32(m);
+}
 RK_INLINE int32_t q8a_round(const float *v, float id, int8_t *q)
 {
     int32x4_t s = vdupq_n_s32(0);
@@ -499,6 +555,16 @@ RK_INLINE vs vs_fma_i(vi i, float s, vs acc)
     return acc + p;
 }
 RK_INLINE float vs_hsum(vs a) { return a; }
+RK_INLINE float q8a_load(const float *x, int eo, float *v)
+{
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++) {
+        v[j] = eo ? x[j < 16 ? 2 * j : 2 * (j - 16) + 1] : x[j];
+        const float m = v[j] < 0 ? -v[j] : v[j];
+        amax = m > amax ? m : amax;
+    }
+    return amax;
+}
 RK_INLINE int32_t q8a_round(const float *v, float id, int8_t *q)
 {
     int32_t sum = 0;

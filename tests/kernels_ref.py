@@ -49,6 +49,14 @@ def int8_activations(x: np.ndarray) -> np.ndarray:
     return (q * (amax / np.float32(127))).reshape(x.shape).astype(np.float32)
 
 
+def halfway_row(inn: int) -> np.ndarray:
+    """An activation row whose every block of 32 has max|x| = 127, so the int8 step is 1 and x is its own
+    scaled value: halves (k + 0.5, either sign), where rounding half to even would differ from half away."""
+    x = (np.arange(inn) % 254 - 126).astype(np.float32) + np.float32(0.5)
+    x[::32] = 127.0
+    return x
+
+
 def random_weight(kind: str, out: int, inn: int, rng: np.random.Generator):
     """A quantized random matrix with a few rows of larger magnitude, so scales differ per row/group."""
     w = rng.standard_normal((out, inn), dtype=np.float32) * rng.uniform(0.01, 2.0, (out, 1)).astype(np.float32)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kernels_ref import assert_close, int8_activations, random_weight
+from kernels_ref import assert_close, halfway_row, int8_activations, random_weight
 
 from inference import kernels
 
@@ -34,6 +34,7 @@ def test_it_is_the_float64_product_of_the_rounded_activations(kind, rng):
         for T in (1, 6, 17, 130):
             x = rng.standard_normal((T, inn), dtype=np.float32)
             x[0, :32] = 0.0  # an all-zero block has scale 0
+            x[-1] = halfway_row(inn)  # ties round away from zero
             assert_close(kernels.linear(x, w), int8_activations(x), w)
 
 
@@ -79,6 +80,7 @@ def test_the_other_c_backends_match_the_int8_reference(other_build, kind, rng):
     out, inn = SHAPES[-1]
     w = random_weight(kind, out, inn, rng)
     x = rng.standard_normal((130, inn), dtype=np.float32)
+    x[1] = halfway_row(inn)
     other_build.set_activations("q8")  # a shared build: back to f32 before any assertion
     try:
         full, last = other_build.linear(x, w), other_build.linear(x[129:], w)
@@ -95,6 +97,7 @@ def test_the_neon_int8_path_matches_the_reference_under_qemu(build, kind, rng, r
     out, inn = SHAPES[-1]
     w = random_weight(kind, out, inn, rng)
     x = rng.standard_normal((130, inn), dtype=np.float32)
+    x[1] = halfway_row(inn)
     full = neon.linear(x, w, threads=2, activations="q8")
     assert_close(full, int8_activations(x), w)
     assert np.array_equal(neon.linear(x, w, threads=1, activations="q8"), full)

@@ -555,22 +555,11 @@ static void prep_q8a_row(int kind, const wmat *w, const float *x, int8_t *xq, fl
     const int bpg = kind == K_Q4 ? 2 : 1;
     for (int64_t g = 0; g < w->ngp; g++) xs[g] = 0.0f;
     for (int64_t b = 0; b < nb; b++) {
-        const float *xb = x + 32 * b;
-        float v[32], amax = 0.0f;
-        for (int j = 0; j < 32; j++) {
-            v[j] = kind == K_Q4 ? xb[j < 16 ? 2 * j : 2 * (j - 16) + 1] : xb[j];
-            const float m = v[j] < 0 ? -v[j] : v[j];
-            if (m > amax) amax = m;
-        }
+        float v[32];
+        const float amax = q8a_load(x + 32 * b, kind == K_Q4, v);
         const float d = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
-        int32_t sum = 0;
-        for (int j = 0; j < 32; j++) {
-            const int q = (int)roundf(v[j] * id);
-            xq[32 * b + j] = (int8_t)(q > 127 ? 127 : q < -127 ? -127 : q);
-            sum += xq[32 * b + j];
-        }
         dx[b] = d;
-        xs[b / bpg] += d * (float)sum;
+        xs[b / bpg] += d * (float)q8a_round(v, id, xq + 32 * b);
     }
 }
 

@@ -19,6 +19,7 @@
 #ifndef RKKERNELS_SIMD_H
 #define RKKERNELS_SIMD_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -304,6 +305,10 @@ RK_INLINE void decu_f16x2_strided(const uint8_t *p, int64_t stride, int n, vf *a
  *   vi_dot_s(w, x)            the same for signed w (vb_s8; -127..127, as every quantizer writes)
  *   vs, vs_zero, vs_fma_i(i, s, acc)  acc + float(i) * s lane by lane (fused or not, fixed per backend)
  *   vs_hsum(acc)              sum of the lanes in a fixed order
+ *   q8a_load(x, eo, v)        the 32 floats at x into v, as they are or (eo) their even then odd elements;
+ *                             returns max |v|
+ *   q8a_round(v, id, q)       q[j] = roundf(v[j] * id) clamped to +-127 for the 32 floats at v (roundf: half
+ *                             away from zero); returns the sum of q. The same integers on every backend.
  */
 #if RK_SIMD_X86
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && !defined(RK_NO_AVX512)
@@ -340,6 +345,82 @@ RK_INLINE __m256i rk_dot_u8s8(__m256i u, __m256i s)
 typedef __m256i vb;
 typedef __m256i vi;
 typedef __m256 vs;
+/* q8a_round: roundf(p) is p's integral part t plus sign(p) where |p - t| >= 0.5 (p - t is exact) */
+#if defined(__AVX512F__) && defined(__AVX512BW__) && !defined(RK_NO_AVX512)
+RK_INLINE float q8a_load(const float *x, int eo, float *v)
+{
+    __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
+    if (eo) {
+        const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        const __m512 e = _mm512_permutex2var_ps(a, even, b);
+        b = _mm512_permutex2var_ps(a, _mm512_add_epi32(even, _mm512_set1_epi32(1)), b);
+        a = e;
+    }
+    _mm512_storeu_ps(v, a);
+    _mm512_storeu_ps(v + 16, b);
+    return _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+}
+RK_INLINE int32_t q8a_round(const float *v, float id, int8_t *q)
+{
+    int32_t sum = 0;
+    for (int h = 0; h < 2; h++) {
+        const __m512 p = _mm512_mul_ps(_mm512_loadu_ps(v + 16 * h), _mm512_set1_ps(id));
+        __m512 t = _mm512_roundscale_ps(p, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+        const __m512 sign = _mm512_and_ps(p, _mm512_set1_ps(-0.0f));
+        const __m512 frac = _mm512_abs_ps(_mm512_sub_ps(p, t));
+        t = _mm512_mask_add_ps(t, _mm512_cmp_ps_mask(frac, _mm512_set1_ps(0.5f), _CMP_GE_OQ), t,
+                               _mm512_or_ps(_mm512_set1_ps(1.0f), sign));
+        t = _mm512_min_ps(_mm512_max_ps(t, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
+        const __m512i i = _mm512_cvtps_epi32(t);
+        _mm_storeu_si128((__m128i *)(q + 16 * h), _mm512_cvtepi32_epi8(i));
+        sum += _mm512_reduce_add_epi32(i);
+    }
+    return sum;
+}
+#else
+RK_INLINE float q8a_load(const float *x, int eo, float *v)
+{
+    __m256 r[4], m = _mm256_setzero_ps();
+    for (int h = 0; h < 4; h++) r[h] = _mm256_loadu_ps(x + 8 * h);
+    if (eo) { /* shuffles pick per 128-bit lane: a0 a2 b0 b2 | a4 a6 b4 b6, then 64-bit pairs back in order */
+        const __m256 e0 = _mm256_shuffle_ps(r[0], r[1], 0x88), e1 = _mm256_shuffle_ps(r[2], r[3], 0x88);
+        const __m256 o0 = _mm256_shuffle_ps(r[0], r[1], 0xdd), o1 = _mm256_shuffle_ps(r[2], r[3], 0xdd);
+        r[0] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e0), 0xd8));
+        r[1] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e1), 0xd8));
+        r[2] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o0), 0xd8));
+        r[3] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o1), 0xd8));
+    }
+    for (int h = 0; h < 4; h++) {
+        _mm256_storeu_ps(v + 8 * h, r[h]);
+        m = _mm256_max_ps(m, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), r[h]));
+    }
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+RK_INLINE int32_t q8a_round(const float *v, float id, int8_t *q)
+{
+    __m256i i[4];
+    for (int h = 0; h < 4; h++) {
+        const __m256 p = _mm256_mul_ps(_mm256_loadu_ps(v + 8 * h), _mm256_set1_ps(id));
+        __m256 t = _mm256_round_ps(p, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+        const __m256 sign = _mm256_and_ps(p, _mm256_set1_ps(-0.0f));
+        const __m256 frac = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_sub_ps(p, t));
+        const __m256 half = _mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+        t = _mm256_add_ps(t, _mm256_and_ps(_mm256_or_ps(_mm256_set1_ps(1.0f), sign), half));
+        t = _mm256_min_ps(_mm256_max_ps(t, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+        i[h] = _mm256_cvtps_epi32(t);
+    }
+    /* packs work per 128-bit lane: 4-element runs of i0 i1 i2 i3 | i0 i1 i2 i3, put back in order */
+    const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+    _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    __m256i s = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+    return _mm_cvtsi128_si32(s4);
+}
+#endif
 RK_INLINE vb vb_nib(const uint8_t *p)
 {
     const __m128i v = _mm_loadu_si128((const __m128i *)p), m = _mm_set1_epi8(15);
@@ -403,6 +484,40 @@ RK_INLINE vi vi_dot_u(vb w, const int8_t *x) { return vi_dot_s(w, x); } /* 0..15
 RK_INLINE vs vs_zero(void) { return vdupq_n_f32(0.0f); }
 RK_INLINE vs vs_fma_i(vi i, float s, vs acc) { return vfmaq_n_f32(acc, vcvtq_f32_s32(i), s); }
 RK_INLINE float vs_hsum(vs a) { return vf_hsum(a); }
+RK_INLINE float q8a_load(const float *x, int eo, float *v)
+{
+    float32x4_t m = vdupq_n_f32(0.0f);
+    for (int h = 0; h < 4; h++) {
+        float32x4_t a, b;
+        if (eo) {
+            const float32x4x2_t p = vld2q_f32(x + 8 * h); /* evens 8h.., odds 8h.. */
+            a = p.val[0];
+            b = p.val[1];
+            vst1q_f32(v + 4 * h, a);
+            vst1q_f32(v + 16 + 4 * h, b);
+        } else {
+            a = vld1q_f32(x + 8 * h);
+            b = vld1q_f32(x + 8 * h + 4);
+            vst1q_f32(v + 8 * h, a);
+            vst1q_f32(v + 8 * h + 4, b);
+        }
+        m = vmaxq_f32(m, vmaxq_f32(vabsq_f32(a), vabsq_f32(b)));
+    }
+    return vmaxvq_f32(m);
+}
+RK_INLINE int32_t q8a_round(const float *v, float id, int8_t *q)
+{
+    int32x4_t s = vdupq_n_s32(0);
+    for (int h = 0; h < 4; h++) {
+        int32x4_t i0 = vcvtaq_s32_f32(vmulq_n_f32(vld1q_f32(v + 8 * h), id)); /* nearest, ties away */
+        int32x4_t i1 = vcvtaq_s32_f32(vmulq_n_f32(vld1q_f32(v + 8 * h + 4), id));
+        i0 = vminq_s32(vmaxq_s32(i0, vdupq_n_s32(-127)), vdupq_n_s32(127));
+        i1 = vminq_s32(vmaxq_s32(i1, vdupq_n_s32(-127)), vdupq_n_s32(127));
+        vst1_s8(q + 8 * h, vmovn_s16(vcombine_s16(vmovn_s32(i0), vmovn_s32(i1))));
+        s = vaddq_s32(s, vaddq_s32(i0, i1));
+    }
+    return vaddvq_s32(s);
+}
 
 #else
 #define RK_DOT "scalar"
@@ -440,6 +555,26 @@ RK_INLINE vs vs_fma_i(vi i, float s, vs acc)
     return acc + p;
 }
 RK_INLINE float vs_hsum(vs a) { return a; }
+RK_INLINE float q8a_load(const float *x, int eo, float *v)
+{
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++) {
+        v[j] = eo ? x[j < 16 ? 2 * j : 2 * (j - 16) + 1] : x[j];
+        const float m = v[j] < 0 ? -v[j] : v[j];
+        amax = m > amax ? m : amax;
+    }
+    return amax;
+}
+RK_INLINE int32_t q8a_round(const float *v, float id, int8_t *q)
+{
+    int32_t sum = 0;
+    for (int j = 0; j < 32; j++) {
+        const int r = (int)roundf(v[j] * id);
+        q[j] = (int8_t)(r > 127 ? 127 : r < -127 ? -127 : r);
+        sum += q[j];
+    }
+    return sum;
+}
 #endif
 
 #endif /* RKKERNELS_SIMD_H */

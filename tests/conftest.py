@@ -12,7 +12,12 @@ from phases import Phases  # noqa: E402
 _phases = Phases()
 # the slow image tests last, the boot first among them: scripts/test builds the images in the
 # background meanwhile (qemu-arm64 first), so these find them in the cache
-_IMAGE_LAST = ("tests/image/test_qemu_boot.py", "tests/image/test_provisioning.py", "tests/image/test_rk3588_images.py")
+_IMAGE_LAST = (
+    "tests/image/test_qemu_boot.py",
+    "tests/image/test_provisioning.py",
+    "tests/image/test_npu_emulated.py",
+    "tests/image/test_rk3588_images.py",
+)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -17,6 +17,7 @@ from inference.bench.bounds import best_bandwidth, read_bandwidth, sustained_ban
 from inference.bench.cachesim import Call, TraceRecorder, belady, replay
 from inference.bench.cgroup import ROOT, MemoryCgroup, check_limit
 from inference.bench.measure import run_workload
+from inference.bench.run import ttft_bounds
 from inference.engine import Engine
 from inference.errors import RkmojoError
 from inference.store import Store
@@ -58,6 +59,7 @@ def test_bench_json_has_every_field(tiny, tmp_path):
     assert [s["depth"] for s in b["read"]["sustained"]["sweep"]] == [1, 2, 4, 8, 16, 32, 64]
     t = r["ttft_bounds"]["20"]
     assert t["bound_s"] == max(t["read_all_experts_s"], t["resident_s"]) and t["ratio"] > 0
+    assert t["fault"] == (t["ratio"] < 1.0)
     assert r["sweep"]["slots"] == [4, 8] and len(r["sweep"]["belady"]) == 2
     assert r["sweep"]["check"]["simulated"] == pytest.approx(r["sweep"]["check"]["measured"])
 
@@ -191,3 +193,11 @@ def test_the_cgroup_wrapper_runs_a_command_and_reports_its_peak():
         cwd=Path(__file__).parent.parent,
     )
     assert p.returncode == 0 and p.stdout.strip() == "7" and "peak" in p.stderr
+
+
+def test_a_streamed_first_token_faster_than_its_resident_bound_is_a_measurement_fault(tiny):
+    st = Store(tiny)
+    resident = {"mode": "resident", "prefill_ttft_s": {"8": 2.0, "20": 3.0}}
+    t = ttft_bounds(st, {"8": {"ttft_s": 1.0}, "20": {"ttft_s": 3.3}}, 1e12, resident)
+    assert t["8"]["bound_s"] == 2.0 and t["8"]["ratio"] == 0.5 and t["8"]["fault"]
+    assert t["20"]["ratio"] == pytest.approx(1.1) and not t["20"]["fault"]

@@ -126,6 +126,12 @@ def test_read_bandwidth_reads_random_blobs_in_the_given_batches(tiny):
     lay = st.expert_layers[0]
     assert r["reads"] >= 5 and r["bytes"] == r["reads"] * -(-lay.blob_size // 4096) * 4096
     assert r["io"] == "threads" and r["bytes_per_s"] > 0
+    assert r["reads"] % 5 == 0 and r["batches"] % 2 == 0  # whole cycles of the given batches
+
+
+def test_read_bandwidth_reads_one_whole_cycle_of_batches_when_time_runs_out_at_once(tiny):
+    r = read_bandwidth(Store(tiny), [(0, 3), (1, 2)], io="threads", seconds=0.0)
+    assert (r["reads"], r["batches"], r["mean_batch"]) == (5, 2, 2.5)
 
 
 def test_sustained_bandwidth_keeps_the_queue_full_and_counts_whole_blobs(tiny):

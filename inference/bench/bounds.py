@@ -15,7 +15,6 @@ out of it. (A fixed depth of 16 gave a bound the engine beat by 1.47x on one dis
 
 from __future__ import annotations
 
-import itertools
 import os
 import time
 from concurrent.futures import FIRST_COMPLETED, wait
@@ -63,18 +62,21 @@ def read_bandwidth(
     total = reads = steps = 0
     t0 = time.perf_counter()
     try:
-        for layer, k in itertools.cycle(batches):
-            lay = layouts[layer]
-            length = -(-lay.blob_size // PAGE) * PAGE  # as StreamingExperts reads a blob
-            experts = rng.choice(lay.n_experts, k, replace=False)
-            reqs = [
-                ReadRequest(layer, int(e), i, pool.memoryview(i), int(e) * lay.stride, length)
-                for i, e in enumerate(experts)
-            ]
-            for r in reader.submit(reqs).completed():
-                total += r.length
-                reads += 1
-            steps += 1
+        # whole cycles over `batches`, so the rate is that of the given mix of batch sizes even when
+        # `seconds` runs out within the first cycle (a slow or busy disk)
+        while True:
+            for layer, k in batches:
+                lay = layouts[layer]
+                length = -(-lay.blob_size // PAGE) * PAGE  # as StreamingExperts reads a blob
+                experts = rng.choice(lay.n_experts, k, replace=False)
+                reqs = [
+                    ReadRequest(layer, int(e), i, pool.memoryview(i), int(e) * lay.stride, length)
+                    for i, e in enumerate(experts)
+                ]
+                for r in reader.submit(reqs).completed():
+                    total += r.length
+                    reads += 1
+                steps += 1
             if time.perf_counter() - t0 >= seconds:
                 break
         dt = time.perf_counter() - t0

@@ -12,6 +12,7 @@ import statistics
 import time
 
 import httpx
+from playwright.sync_api import expect
 
 from .conftest import SHOTS, shot, sign_in
 
@@ -167,7 +168,7 @@ def test_a_code_block_is_highlighted_and_copied(page, users, stack):
     block = page.locator("li.msg.assistant .code")
     assert block.locator("pre.pyg span.k").first.inner_text() == "def"  # coloured on the server
     block.locator("button.copy").click()
-    assert block.locator("button.copy").inner_text() == "Copied"
+    expect(block.locator("button.copy")).to_have_text("Copied")  # once the clipboard's promise resolves
     assert page.evaluate("navigator.clipboard.readText()").strip() == code
     # the page's own renderer (the one streaming uses) highlights with highlight.js and adds the button
     page.evaluate("""() => { const li = document.querySelector('#answer-template').content.firstElementChild.cloneNode(true);

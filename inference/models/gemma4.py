@@ -227,7 +227,7 @@ class Model(Transformer):
         D = a.attn_dims(i)[0]
         x = rms_norm(h, Lw["attn_norm"], eps)
         cos, sin = self.rope(positions, self.inv_freq[a.layer_types[i]])
-        qkv = self.ops.linear_many(x, [w for w in (Lw["q"], Lw["k"], Lw["v"]) if w is not None])  # shared x
+        qkv = self.qkv(i, x)
         q = rms_norm(qkv[0].reshape(T, -1, D), Lw["attn.q_norm"], eps)  # [T, Hq, D]
         k_raw = qkv[1].reshape(T, -1, D)  # [T, Hkv, D]
         v = k_raw if Lw["v"] is None else qkv[2].reshape(T, -1, D)
@@ -238,7 +238,7 @@ class Model(Transformer):
         h = h + rms_norm(self.ops.linear(o, Lw["o"]), Lw["post_attn_norm"], eps)
 
         def shared() -> np.ndarray:  # the dense MLP: computed while missing experts are read
-            return expert_mlp(rms_norm(h, Lw["mlp_norm"], eps), Lw["mlp"], self.act, self.ops)
+            return self.mlp(i, rms_norm(h, Lw["mlp_norm"], eps))
 
         if "router" in Lw:
             idx, w = self.route(i, h)
@@ -249,3 +249,20 @@ class Model(Transformer):
             m = shared()
         h = h + rms_norm(m, Lw["post_ffn_norm"], eps)
         return h * Lw["layer_scalar"]
+
+    # The two parts of the layer's dense block that an NPU graph can take over (rknpu/graphs.py builds
+    # the same math as ONNX; the norms around them, attention, router and experts stay on the CPU).
+    def qkv(self, i: int, x: np.ndarray) -> list[np.ndarray]:
+        """x [T, H] (attention-normed) → q [T, Hq·D], k [T, Hkv·D] and, unless the layer has K = V, v."""
+        got = self.ops.graph(i, "qkv", x)  # the NPU's graph (rkmojo npu build), or None
+        if got is not None:
+            return got
+        Lw = self.layers[i]
+        return self.ops.linear_many(x, [w for w in (Lw["q"], Lw["k"], Lw["v"]) if w is not None])  # shared x
+
+    def mlp(self, i: int, x: np.ndarray) -> np.ndarray:
+        """x [T, H] (the MLP-normed residual) → the dense MLP's output [T, H], before its post-norm."""
+        got = self.ops.graph(i, "mlp", x)
+        if got is not None:
+            return got[0]
+        return expert_mlp(x, self.layers[i]["mlp"], self.act, self.ops)

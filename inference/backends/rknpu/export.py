@@ -27,7 +27,7 @@ import tempfile
 
 import numpy as np
 
-from simulate import INPUTS, OUTPUTS, build_onnx, check, compiled, run, samples_of
+from simulate import INPUTS, build_onnx, check, compiled, output_names, run, samples_of
 
 PRECISION_KEY = "rkmojo.precision"  # ONNX metadata of the kept graph
 LINE = "rkmojo: "  # our lines on stdout, among the toolkit's own
@@ -36,7 +36,7 @@ LINE = "rkmojo: "  # our lines on stdout, among the toolkit's own
 def error(kind: str, job: dict, got: dict[str, np.ndarray]) -> float:
     """The worst relative L2 error over the graph's outputs against the CPU's."""
     errs = []
-    for n in OUTPUTS[kind]:
+    for n in output_names(kind, job):
         want, out = job["want_" + n], got[n]
         if kind == "o_mlp":  # the block adds to the residual h: measure what it adds
             want, out = want - job["held_h"], out - job["held_h"]
@@ -57,7 +57,7 @@ def export_graph(spec: dict, job: dict, out_dir: str, w8a8_max_error: float) -> 
             path = os.path.join(out_dir, f"{spec['name']}.{precision}.rknn")
             check(rknn.export_rknn(path), "export_rknn")
             check(rknn.init_runtime(), "init_runtime (simulator)")
-            tried[precision] = error(kind, job, run(rknn, kind, held))
+            tried[precision] = error(kind, job, run(rknn, output_names(kind, job), held))
             rknn.release()
         if precision in (spec["precisions"][-1], "fp16") or tried[precision] <= w8a8_max_error:
             break

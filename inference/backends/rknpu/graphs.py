@@ -2,11 +2,12 @@
 
 A layer's dense block is cut where the CPU must step in (attention over the KV cache):
 
-- ``qkv``: x [T, H] (the attention-normed rows) → q [T, Nq], k [T, Nk], v [T, Nv];
+- ``qkv``: x [T, H] (the attention-normed rows) → q [T, Nq], k [T, Nk], v [T, Nv]; a layer whose keys
+  are its values (Gemma 4's full attention, K = V) has no v projection, and its graph no v output;
 - ``o_mlp``: o [T, A] (attention output), h [T, H] (the residual) →
   h2 = h + o·Woᵀ; h2 + down(act(gate·n) × up·n) with n = rms_norm(h2) (Llama-style layers);
-- ``mlp``: x [T, H] → down(act(gate·x) × up·x), act silu or gelu (tanh): the shared MLP of MoE layers
-  (Gemma 4, whose norms around it stay on the CPU).
+- ``mlp``: x [T, H] → down(act(gate·x) × up·x), act silu or gelu (tanh): the dense MLP beside the
+  routed experts of Gemma 4's layers (its norms around it stay on the CPU).
 
 T is the prefill chunk: a graph is compiled for one static shape. Weights become float32 initializers
 (dequantized from the store); rknn-toolkit2 rounds them to fp16 or quantizes them to w8a8 itself.
@@ -20,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 INPUTS = {"qkv": ["x"], "o_mlp": ["o", "h"], "mlp": ["x"]}  # each graph kind's input names, in order
-OUTPUTS = {"qkv": ["q", "k", "v"], "o_mlp": ["out"], "mlp": ["out"]}
+OUTPUTS = {"qkv": ["q", "k", "v"], "o_mlp": ["out"], "mlp": ["out"]}  # the most a kind has, in order
 OPSET = 13  # rknn-toolkit2 2.5 accepts opsets up to 19; 13 has everything used here
 
 
@@ -37,12 +38,19 @@ def _weight_t(name: str, w: np.ndarray):
     return numpy_helper.from_array(np.ascontiguousarray(np.asarray(w, np.float32).T), name)
 
 
-def qkv_graph(wq: np.ndarray, wk: np.ndarray, wv: np.ndarray, rows: int):
-    """x [rows, H] → q, k, v; weights [out, H] float32. Returns an onnx ModelProto."""
+def output_names(kind: str, job) -> list[str]:
+    """A graph's outputs, in order: a qkv graph has v only when its job (a mapping of its weights,
+    `w<name>`) has a v weight; K = V layers have none."""
+    return [n for n in OUTPUTS[kind] if kind != "qkv" or "w" + n in job]
+
+
+def qkv_graph(wq: np.ndarray, wk: np.ndarray, wv: np.ndarray | None, rows: int):
+    """x [rows, H] → q, k and (when wv is given) v; weights [out, H] float32. Returns an onnx ModelProto."""
     onnx, TensorProto, helper, _ = _helpers()
     H = wq.shape[1]
+    weights = {"q": wq, "k": wk, **({} if wv is None else {"v": wv})}
     nodes, outs = [], []
-    for name, w in (("q", wq), ("k", wk), ("v", wv)):
+    for name, w in weights.items():
         nodes.append(helper.make_node("MatMul", ["x", f"w{name}"], [name]))
         outs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, [rows, w.shape[0]]))
     graph = helper.make_graph(
@@ -50,7 +58,7 @@ def qkv_graph(wq: np.ndarray, wk: np.ndarray, wv: np.ndarray, rows: int):
         "qkv",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, H])],
         outs,
-        initializer=[_weight_t("wq", wq), _weight_t("wk", wk), _weight_t("wv", wv)],
+        initializer=[_weight_t("w" + n, w) for n, w in weights.items()],
     )
     return _model(graph)
 

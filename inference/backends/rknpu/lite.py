@@ -3,7 +3,7 @@
 One RKNNLite per graph: `load_rknn`, `init_runtime(core_mask=…)` with the graphs spread over the three
 cores in turn, `inference` per prefill chunk (a chunk shorter than the compiled rows is padded with zero
 rows; a longer one, or one under `min_rows`, stays on the CPU). The layer code asks for a graph through
-`graph(layer, kind, *inputs)` (models/llama.py `qkv`, `o_mlp`) and gets its outputs, or None where the
+`graph(layer, kind, *inputs)` (models/llama.py `qkv`, `o_mlp`; models/gemma4.py `qkv`, `mlp`) and gets its outputs, or None where the
 CPU computes; attention, router and experts never leave the CPU.
 
 `max_layers` bounds the layers whose graphs are loaded at once: a layer's graphs are then loaded just
@@ -22,7 +22,7 @@ from collections import OrderedDict
 import numpy as np
 
 from ... import kernels
-from .graphs import INPUTS, OUTPUTS
+from .graphs import INPUTS
 from .matmul import NpuError
 
 log = logging.getLogger("inference.backends")
@@ -66,7 +66,7 @@ class _Graph:
             p[:T] = x
             padded.append(p)
         outs = self.rt.inference(inputs=padded)
-        if outs is None or len(outs) != len(OUTPUTS[self.spec["kind"]]):
+        if outs is None or len(outs) != len(self.spec["outputs"]):  # a K = V layer's qkv has no v
             raise NpuError(f"RKNNLite.inference failed for {self.path.name}")
         return [np.asarray(o, np.float32).reshape(self.rows, -1)[:T] for o in outs]
 

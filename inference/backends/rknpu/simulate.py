@@ -5,7 +5,7 @@ Run in the rknn-toolkit2 venv (never in the engine's: the toolkit pins old numpy
     .venv-rknn/bin/python inference/backends/rknpu/simulate.py JOB.npz OUT.npz
 
 JOB.npz holds `kind` ("qkv", "o_mlp" or "mlp"), `precision` ("fp16" or "w8a8"), the graph's weights (see
-`graphs.py`), the inputs `in_<name>` [S, T, ...] (S samples, also the w8a8 calibration set) and for
+`graphs.py`; a qkv job without `wv` is a K = V layer's), the inputs `in_<name>` [S, T, ...] (S samples, also the w8a8 calibration set) and for
 o_mlp `eps` and `act`, for mlp `act`. OUT.npz gets `out_<name>` [S, T, ...]. The simulator only runs graphs built in
 the same process, so build and run are one step.
 """
@@ -20,12 +20,12 @@ import numpy as np
 
 import graphs  # this directory is sys.path[0] when run as a script
 
-from graphs import INPUTS, OUTPUTS
+from graphs import INPUTS, output_names
 
 
 def build_onnx(job, rows: int):
     if str(job["kind"]) == "qkv":
-        return graphs.qkv_graph(job["wq"], job["wk"], job["wv"], rows)
+        return graphs.qkv_graph(job["wq"], job["wk"], job.get("wv"), rows)
     if str(job["kind"]) == "mlp":
         return graphs.mlp_graph(job["gate"], job["up"], job["down"], str(job["act"]), rows)
     return graphs.o_mlp_graph(
@@ -69,11 +69,14 @@ def samples_of(job: dict, prefix: str, names: list[str]) -> list[list[np.ndarray
     ]
 
 
-def run(rknn, kind: str, samples: list) -> dict[str, np.ndarray]:
-    """The simulator's outputs, `name` → [S, T, ...], for graphs built in this process."""
-    outs = {n: [] for n in OUTPUTS[kind]}
+def run(rknn, names: list[str], samples: list) -> dict[str, np.ndarray]:
+    """The simulator's outputs `names` (the graph's, in order) → [S, T, ...], for graphs built in this process."""
+    outs = {n: [] for n in names}
     for sample in samples:
-        for n, y in zip(OUTPUTS[kind], rknn.inference(inputs=sample)):
+        got = rknn.inference(inputs=sample)
+        if got is None or len(got) != len(names):
+            sys.exit(f"rknn-toolkit2: inference gave {None if got is None else len(got)} outputs, want {names}")
+        for n, y in zip(names, got):
             outs[n].append(np.asarray(y, np.float32).reshape(sample[0].shape[0], -1))
     return {n: np.stack(v) for n, v in outs.items()}
 
@@ -85,7 +88,7 @@ def main(job_path: str, out_path: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         rknn = compiled(build_onnx(job, samples[0][0].shape[0]), samples, INPUTS[kind], precision, tmp)
         check(rknn.init_runtime(), "init_runtime (simulator)")
-        outs = run(rknn, kind, samples)
+        outs = run(rknn, output_names(kind, job), samples)
         rknn.release()
     np.savez(out_path, **{"out_" + n: v for n, v in outs.items()})
 

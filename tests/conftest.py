@@ -73,6 +73,22 @@ def moe_store(tmp_path_factory, smollm2_store) -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma4_store(tmp_path_factory, smollm2_store) -> Path:
+    """A tiny random Gemma 4 (4 layers: sliding, full with K = V, ...; 16 experts, top-4) converted to q8 once
+    per session, with the demo model's vocabulary size and tokenizer (so that it reads English, as `npu
+    build`'s calibration does). Shared: open it read-only."""
+    import shutil
+
+    from inference.convert import convert
+    from tiny_models import tiny_gemma4
+
+    tmp = tmp_path_factory.mktemp("gemma4")
+    store = convert(tiny_gemma4(tmp / "hf", vocab=49152), tmp / "store", "q8", progress=False)
+    shutil.copy(smollm2_store / "tokenizer.json", store / "tokenizer.json")
+    return store
+
+
+@pytest.fixture(scope="session")
 def rknnrt_standin(tmp_path_factory) -> str:
     """The ABI-faithful librknnrt stand-in (tests/rknnrt_standin.c), compiled for this machine."""
     import subprocess

@@ -125,10 +125,37 @@ def test_a_bad_option_is_refused_before_anything_is_written(smollm2_store, kw, m
 
 
 def test_an_architecture_without_graph_hooks_is_refused_by_name(tmp_path):
-    # only the manifest's head is read before the refusal: a store of Gemma 4's kind, without tensors
-    store = tmp_path / "gemma4"
+    # only the manifest's head is read before the refusal: a store of an architecture without layer hooks
+    store = tmp_path / "mixtral"
     store.mkdir()
-    head = {"format": "rkmojo-store", "version": 1, "architecture": "gemma4", "config": {}, "experts": {"layers": {}}}
+    head = {"format": "rkmojo-store", "version": 1, "architecture": "mixtral", "config": {}, "experts": {"layers": {}}}
     (store / "manifest.json").write_text(json.dumps(head))
-    with pytest.raises(BuildError, match="architecture 'gemma4' has no NPU graphs yet .only llama, qwen3_moe, olmoe."):
+    with pytest.raises(
+        BuildError, match="architecture 'mixtral' has no NPU graphs yet .only llama, qwen3_moe, olmoe, gemma4."
+    ):
         build(store, toolkit_python=__file__)
+
+
+@needs_toolkit
+@pytest.mark.slow
+def test_gemma4s_graphs_are_its_qkv_without_v_where_k_is_v_and_its_dense_mlp(gemma4_store, tmp_path):
+    # layer 0 is a sliding layer (q, k, v), layer 1 a full one whose keys are its values (q, k only)
+    store = copy_store(gemma4_store, tmp_path / "store")
+    lines = []
+    section = build(store, rows=32, layers=[0, 1], log=lines.append)
+    graphs = section["graphs"]
+    assert sorted(graphs) == ["layer_00.mlp", "layer_00.qkv", "layer_01.mlp", "layer_01.qkv"]
+    assert graphs["layer_00.qkv"]["outputs"] == {"q": [32, 128], "k": [32, 64], "v": [32, 64]}  # 4 × 32, 2 × 32
+    assert graphs["layer_01.qkv"]["outputs"] == {"q": [32, 256], "k": [32, 64]}  # 4 heads × 64, 1 × 64
+    for name in ("layer_00.mlp", "layer_01.mlp"):
+        assert graphs[name]["inputs"] == {"x": [32, 128]} and graphs[name]["outputs"] == {"out": [32, 128]}
+    for name, g in graphs.items():
+        assert (store / "npu" / "rk3588" / g["file"]).read_bytes()[:4] == b"RKNN"
+        # auto: w8a8 first, kept only within its bound; fp16 measured on the simulator against the CPU layer code
+        assert g["tried"]["w8a8"] > 0 and g["error"] == g["tried"][g["precision"]], name
+        if g["precision"] == "w8a8":
+            assert g["error"] <= W8A8_MAX_ERROR, name
+        else:
+            assert g["tried"]["w8a8"] > W8A8_MAX_ERROR and g["error"] < 2e-3, name
+    print("\n".join(lines))
+    Store(store).verify_npu()

@@ -6,6 +6,7 @@ documented API and evaluates the ONNX each graph was compiled from (kept by `npu
 rounded as the graph's precision computes. The graphs themselves are compiled by Rockchip's toolkit.
 """
 
+import contextlib
 import logging
 import shutil
 import sys
@@ -61,6 +62,26 @@ def qkv_rknn(tmp_path):
     onnx.save(model, tmp_path / "g.onnx")
     (tmp_path / "g.rknn").write_bytes(b"RKNN" + bytes(60))
     return str(tmp_path / "g.rknn")
+
+
+def test_the_standin_runs_a_qkv_graph_without_v(rknnlite, tmp_path):
+    # Gemma 4's full layers have K = V: their qkv graph has two outputs
+    import onnx
+
+    rng = np.random.default_rng(1)
+    wq, wk = (rng.standard_normal((n, 64)).astype(np.float32) for n in (64, 32))
+    model = qkv_graph(wq, wk, None, rows=8)
+    assert [o.name for o in model.graph.output] == ["q", "k"]
+    onnx.helper.set_model_props(model, {"rkmojo.precision": "fp16"})
+    onnx.save(model, tmp_path / "g.onnx")
+    (tmp_path / "g.rknn").write_bytes(b"RKNN" + bytes(60))
+    rt = rknnlite()
+    assert rt.load_rknn(str(tmp_path / "g.rknn")) == 0 and rt.init_runtime(core_mask=rknnlite.NPU_CORE_0) == 0
+    x = rng.standard_normal((8, 64)).astype(np.float32)
+    q, k = rt.inference(inputs=[x])
+    for got, w in ((q, wq), (k, wk)):
+        want = x @ w.T
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-3
 
 
 def test_the_standin_refuses_what_the_runtime_refuses(rknnlite, qkv_rknn, tmp_path):
@@ -128,18 +149,47 @@ def test_a_tiny_moes_qkv_graphs_give_the_cpus_greedy_tokens(smollm2_store, tmp_p
 
     store = convert(tiny_qwen3_moe(tmp_path / "hf", vocab=49152), tmp_path / "store", "q8", progress=False)
     shutil.copy(smollm2_store / "tokenizer.json", store / "tokenizer.json")
-    section = build(store, rows=ROWS, precision="fp16", keep_onnx=True, log=lambda line: None)
-    assert sorted(section["graphs"]) == ["layer_00.qkv", "layer_01.qkv"]
-    cpu = Engine.open(store, backend="cpu", chunk=ROWS)
-    npu = Engine.open(store, backend="rknpu", chunk=ROWS)
-    try:
-        assert npu.backend.reason.startswith("graphs: self-test passed (2 graphs")
+    with fp16_engines(store, ["layer_00.qkv", "layer_01.qkv"]) as (cpu, npu):
         prompt = list(range(3, 60))
         runs = spy_runs(npu)
         assert greedy(npu, prompt) == greedy(cpu, prompt)
         assert runs == ["layer_00.qkv.rknn", "layer_01.qkv.rknn"]  # the first 32 rows; the rest is too short
+
+
+@contextlib.contextmanager
+def fp16_engines(store: Path, graphs: list[str]):
+    """(CPU engine, graphs engine) of `store` after an fp16 build of `graphs` at ROWS rows."""
+    section = build(store, rows=ROWS, precision="fp16", keep_onnx=True, log=lambda line: None)
+    assert sorted(section["graphs"]) == sorted(graphs)
+    cpu = Engine.open(store, backend="cpu", chunk=ROWS)
+    npu = Engine.open(store, backend="rknpu", chunk=ROWS)
+    try:
+        assert npu.backend.reason.startswith(f"graphs: self-test passed ({len(graphs)} graphs")
+        yield cpu, npu
     finally:
         npu.close()
+
+
+@needs_toolkit
+@pytest.mark.slow
+def test_gemma4s_fp16_graphs_give_the_cpus_greedy_tokens(gemma4_store, tmp_path, rknnlite):
+    # Gemma 4: qkv (no v on its K = V full layers) and the dense MLP as graphs; norms, attention, router
+    # and routed experts on the CPU
+    store = tmp_path / "store"
+    shutil.copytree(gemma4_store, store)
+    with fp16_engines(store, [f"layer_{i:02d}.{k}" for i in range(4) for k in ("mlp", "qkv")]) as (cpu, npu):
+        prompt = list(range(3, 60))
+        runs = spy_runs(npu)
+        # every position's top-1 is the CPU's (the logits differ by 5.6e-2 relative: fp16's ~4e-4 per graph
+        # grows through the layers, and one row of 32 takes another expert set in layer 2)
+        logits = npu.forward(prompt[:ROWS], last_only=False)
+        want = cpu.forward(prompt[:ROWS], last_only=False)
+        assert (logits != want).any() and (logits.argmax(-1) == want.argmax(-1)).all()
+        npu.reset()
+        cpu.reset()
+        assert greedy(npu, prompt) == greedy(cpu, prompt)
+        # the first 32 rows of each call with a full chunk; the rest is too short
+        assert runs == [f"layer_{i:02d}.{k}.rknn" for _ in range(2) for i in range(4) for k in ("qkv", "mlp")]
 
 
 @needs_toolkit

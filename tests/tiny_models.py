@@ -1,11 +1,12 @@
-"""A tiny random Qwen3-MoE checkpoint (2 layers, 16 experts, top-4) for tests that need a real MoE store."""
+"""Tiny random checkpoints for tests that need a real MoE store: Qwen3-MoE (2 layers, 16 experts, top-4) and
+Gemma 4 (the parity test's: 4 layers, sliding and K = V full attention, 16 experts, top-4)."""
 
 from pathlib import Path
 
 import torch
 import transformers
 
-from parity import randomize
+from parity import build_checkpoint, randomize
 
 
 def tiny_qwen3_moe(
@@ -29,3 +30,12 @@ def tiny_qwen3_moe(
     randomize(model, 0)
     model.to(dtype).save_pretrained(out, **({"max_shard_size": shard} if shard else {}))
     return out
+
+
+def tiny_gemma4(out: Path, *, vocab: int = 512) -> Path:
+    """Save test_parity's tiny Gemma 4 with `vocab` ids at `out`; returns `out`."""
+    from test_parity import gemma4
+
+    cls, cfg = gemma4()
+    cfg.vocab_size = vocab
+    return build_checkpoint(cls, cfg, out)

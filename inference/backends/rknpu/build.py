@@ -1,7 +1,7 @@
 """`rkmojo npu build`: a store's dense-block graphs compiled for rk3588 into `npu/rk3588/` of the store.
 
 Per layer, each graph kind the architecture's layer code can hand to a graph (`graphs.py`; Llama-style
-layers: `qkv` and `o_mlp`). Calibration activations are the CPU engine's own, captured at the graph's
+layers: `qkv` and `o_mlp`; Gemma 4: `qkv`, without v on its K = V layers, and `mlp`, its dense MLP). Calibration activations are the CPU engine's own, captured at the graph's
 inputs while it reads texts that Python ships (the Zen of Python, the `pydoc_data` topics), cut into
 chunks of exactly `rows` tokens (a graph has one static shape). The last chunks are held out: the
 toolkit process (`export.py`, in .venv-rknn) compiles, simulates them, and compares with the CPU's
@@ -29,7 +29,7 @@ from ...errors import RkmojoError
 from ...store import Store
 from ...store.format import sha256_file
 from ...store.writer import write_atomic
-from .graphs import INPUTS, OUTPUTS
+from .graphs import INPUTS, output_names
 
 TARGETS = ("rk3588",)
 PRECISIONS = ("auto", "fp16", "w8a8")
@@ -40,9 +40,9 @@ EXPORT = Path(__file__).with_name("export.py")
 # perplexity 11.8 % (fp16, at ~3e-4, 0.00 %): 1e-2 keeps w8a8 only where it is a few times better than that.
 W8A8_MAX_ERROR = 1e-2
 CALIBRATION_CHUNKS, HELD_OUT_CHUNKS = 4, 2
-# the graph kinds whose layer code has the hooks (models/llama.py: qkv, o_mlp; models/qwen3_moe.py: qkv);
-# Gemma 4 has none yet (its shared MLP, graphs.mlp_graph, and K = V full layers): docs/npu.md
-KINDS = {"llama": ("qkv", "o_mlp"), "qwen3_moe": ("qkv",), "olmoe": ("qkv",)}
+# the graph kinds whose layer code has the hooks (models/llama.py: qkv, o_mlp; models/qwen3_moe.py: qkv;
+# models/gemma4.py: qkv, mlp)
+KINDS = {"llama": ("qkv", "o_mlp"), "qwen3_moe": ("qkv",), "olmoe": ("qkv",), "gemma4": ("qkv", "mlp")}
 ACTS = ("silu", "gelu_pytorch_tanh", "gelu_tanh")
 
 
@@ -64,8 +64,8 @@ def texts() -> list[str]:
 
 
 def capture(store: Store, model, rows: int, chunks: int, kinds: tuple) -> dict[int, list[dict]]:
-    """Per layer, `chunks` captures {x, q, k, v[, o, h, out]} of the CPU's layer code, each `rows` rows
-    (`model` built with chunk=rows; its layer code is spied on, then restored)."""
+    """Per layer, `chunks` captures {x, q, k[, v][, o, h, out][, mlp_x, mlp_out]} of the CPU's layer code,
+    each `rows` rows (`model` built with chunk=rows; its layer code is spied on, then restored)."""
     from ...tokenizer import StoreTokenizer
 
     tok = StoreTokenizer(store)
@@ -87,6 +87,15 @@ def capture(store: Store, model, rows: int, chunks: int, kinds: tuple) -> dict[i
             return out
 
         model.o_mlp = spy_o_mlp
+    if "mlp" in kinds:
+        mlp = model.mlp
+
+        def spy_mlp(i, x):
+            out = mlp(i, x)
+            seen[i][-1].update(mlp_x=x, mlp_out=out)
+            return out
+
+        model.mlp = spy_mlp
     ids = [t for text in texts() for t in tok.encode(text)]
     vocab = model.args.vocab_size
     if max(ids) >= vocab:
@@ -96,7 +105,7 @@ def capture(store: Store, model, rows: int, chunks: int, kinds: tuple) -> dict[i
     try:
         model.forward(np.asarray(ids[: rows * chunks], np.int64), model.new_cache())
     finally:
-        for name in ("qkv", "o_mlp"):
+        for name in ("qkv", "o_mlp", "mlp"):
             model.__dict__.pop(name, None)
     return seen
 
@@ -107,9 +116,13 @@ def plan_layer(model_args, layer: dict, i: int, got: list[dict], kinds: tuple, a
     cal, held = got[:CALIBRATION_CHUNKS], got[CALIBRATION_CHUNKS:]
     stack = lambda part, key: np.stack([c[key] for c in part])  # noqa: E731
     for kind in kinds:
-        if kind == "qkv":
-            job = {n: layer[n[1]].dense() for n in ("wq", "wk", "wv")}
-            ins, outs = {"x": "x"}, {"q": "q", "k": "k", "v": "v"}
+        if kind == "qkv":  # a K = V layer (Gemma 4's full attention) has no v: its graph has no v output
+            job = {"w" + n: layer[n].dense() for n in "qkv" if layer[n] is not None}
+            ins, outs = {"x": "x"}, {n: n for n in "qkv" if layer[n] is not None}
+        elif kind == "mlp":
+            job = {n: layer["mlp"][n].dense() for n in ("gate", "up", "down")}
+            job["act"] = act
+            ins, outs = {"x": "mlp_x"}, {"out": "mlp_out"}
         else:
             job = {
                 "wo": layer["o"].dense(),
@@ -169,7 +182,7 @@ def build(
             f"{store.path}: architecture {store.architecture!r} has no NPU graphs yet (only {', '.join(KINDS)}); "
             "its layers stay on the CPU"
         )
-    act = store.config.get("hidden_act", "silu")
+    act = store.config.get("hidden_activation", store.config.get("hidden_act", "silu"))  # Gemma's name, Llama's
     if act not in ACTS:
         raise BuildError(f"{store.path}: activation {act!r} has no NPU graph yet; its layers stay on the CPU")
     n_layers = int(store.config["num_hidden_layers"])
@@ -233,7 +246,7 @@ def _section(out: Path, target: str, rows: int, result: dict, specs: dict, keep_
             "file": files[0],
             "precision": got["precision"],
             "inputs": {n: [rows, job["in_" + n].shape[-1]] for n in INPUTS[kind]},
-            "outputs": {n: [rows, job["want_" + n].shape[-1]] for n in OUTPUTS[kind]},
+            "outputs": {n: [rows, job["want_" + n].shape[-1]] for n in output_names(kind, job)},
             "digests": {f: sha256_file(out / f) for f in files},
             "size": (out / files[0]).stat().st_size,
             "error": got["error"],

@@ -256,15 +256,15 @@ RK_INLINE const uint8_t *nib_bytes(const int kind, const wmat *w, int64_t o, int
  * bias: its q - 8 is -8 d; past n that is -0, which adds nothing either.) */
 RK_INLINE void nib_params(const int kind, const wmat *w, int64_t o, int64_t g0, int n, float *s, float *m)
 {
-    if (kind == K_Q4 && n < DU) { /* a partial batch: a vector load would run past the arrays */
-        for (int j = 0; j < DU; j++) {
-            s[j] = j < n ? load_f16(w->p1 + 2 * (o * w->ng + g0 + j)) : 0.0f;
-            m[j] = j < n ? load_f16(w->p2 + 2 * (o * w->ng + g0 + j)) : 0.0f;
-        }
-        return;
-    }
     vf sv[NU], mv[NU];
-    if (kind == K_Q4) {
+    if (kind == K_Q4 && n < DU) { /* a partial batch (in = 768: every row): a vector load would run past the
+                                   * arrays, so the n halves go through zeroed copies, still converted together */
+        uint16_t hs[DU] = {0}, hm[DU] = {0};
+        memcpy(hs, w->p1 + 2 * (o * w->ng + g0), 2 * (size_t)n);
+        memcpy(hm, w->p2 + 2 * (o * w->ng + g0), 2 * (size_t)n);
+        decu_f16(hs, sv);
+        decu_f16(hm, mv);
+    } else if (kind == K_Q4) {
         decu_f16((const uint16_t *)w->p1 + o * w->ng + g0, sv);
         decu_f16((const uint16_t *)w->p2 + o * w->ng + g0, mv);
     } else {

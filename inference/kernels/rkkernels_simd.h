@@ -321,10 +321,13 @@ RK_INLINE __m256i rk_dot_u8s8(__m256i u, __m256i s) { return _mm256_dpbusd_epi32
 #define RK_GROUP64 1
 RK_INLINE __m512i vg_nib(const uint8_t *p)
 {
-    const __m256i v = _mm256_loadu_si256((const __m256i *)p), m = _mm256_set1_epi8(15);
-    const __m256i lo = _mm256_and_si256(v, m), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m);
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_permute2x128_si256(lo, hi, 0x20)),
-                              _mm256_permute2x128_si256(lo, hi, 0x31), 1);
+    /* bytes 0-15 into 128-bit lanes 0 and 1, bytes 16-31 into lanes 2 and 3 (one cross-lane permute), then
+     * lanes 1 and 3 shifted right by 4 and every byte masked: the low nibbles, then the high, per half */
+    const __m512i v = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3),
+                                               _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p)));
+    const __m512i by4 = _mm512_setr_epi64(0, 0, 0x0004000400040004, 0x0004000400040004, 0, 0, 0x0004000400040004,
+                                          0x0004000400040004);
+    return _mm512_and_si512(_mm512_srlv_epi16(v, by4), _mm512_set1_epi8(15));
 }
 RK_INLINE __m512 vg_fma(__m512i w, const int8_t *x, const float *dx2, float s, __m512 acc)
 {

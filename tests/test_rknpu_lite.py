@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inference.backends.rknpu.build import build
+from inference.backends.rknpu.build import build, texts
 from inference.backends.rknpu.graphs import qkv_graph
 from inference.engine import Engine
 
@@ -39,10 +39,11 @@ def rknnlite(monkeypatch):
         sys.modules.pop(name, None)
 
 
-def graph_store(smollm2_store, tmp_path_factory, precision: str) -> Path:
+def graph_store(src: Path, tmp_path_factory, precision: str, layers: list[int] | None = LAYERS) -> Path:
+    """A copy of the store `src` with its graphs of `layers` (None: all) built in `precision` at ROWS rows."""
     store = tmp_path_factory.mktemp("npu-" + precision) / "store"
-    shutil.copytree(smollm2_store, store)
-    build(store, rows=ROWS, layers=LAYERS, precision=precision, keep_onnx=True, log=lambda line: None)
+    shutil.copytree(src, store)
+    build(store, rows=ROWS, layers=layers, precision=precision, keep_onnx=True, log=lambda line: None)
     return store
 
 
@@ -139,21 +140,28 @@ def greedy(engine, prompt: list[int], n: int = 12) -> list[int]:
     return out
 
 
+@pytest.fixture(scope="module")
+def moe_graphs(moe_text_store, tmp_path_factory) -> dict[str, Path]:
+    """The tiny random Qwen3-MoE (2 layers, q4, SmolLM2's tokenizer) with its qkv and o graphs, per precision."""
+    return {p: graph_store(moe_text_store, tmp_path_factory, p, layers=None) for p in ("fp16",)}
+
+
 @needs_toolkit
 @pytest.mark.slow
-def test_a_tiny_moes_qkv_graphs_give_the_cpus_greedy_tokens(smollm2_store, tmp_path, rknnlite):
-    # Qwen3-MoE: the q/k/v projections as graphs; q/k norms, attention, router and experts on the CPU.
-    # SmolLM2's vocabulary size, so that its tokenizer reads the calibration texts
-    from inference.convert import convert
-    from tiny_models import tiny_qwen3_moe
-
-    store = convert(tiny_qwen3_moe(tmp_path / "hf", vocab=49152), tmp_path / "store", "q8", progress=False)
-    shutil.copy(smollm2_store / "tokenizer.json", store / "tokenizer.json")
-    with fp16_engines(store, ["layer_00.qkv", "layer_01.qkv"]) as (cpu, npu):
+def test_a_tiny_moes_qkv_and_o_graphs_give_the_cpus_greedy_tokens(moe_graphs, rknnlite):
+    # Qwen3-MoE: the q/k/v projections and the o projection with its residual add as graphs; q/k norms,
+    # attention, the post-attention norm, router and experts on the CPU
+    cpu = Engine.open(moe_graphs["fp16"], backend="cpu", chunk=ROWS)
+    npu = Engine.open(moe_graphs["fp16"], backend="rknpu", chunk=ROWS)
+    try:
+        assert npu.backend.reason.startswith("graphs: self-test passed (4 graphs")
         prompt = list(range(3, 60))
         runs = spy_runs(npu)
         assert greedy(npu, prompt) == greedy(cpu, prompt)
-        assert runs == ["layer_00.qkv.rknn", "layer_01.qkv.rknn"]  # the first 32 rows; the rest is too short
+        # the first 32 rows; the rest is too short
+        assert runs == ["layer_00.qkv.rknn", "layer_00.o.rknn", "layer_01.qkv.rknn", "layer_01.o.rknn"]
+    finally:
+        npu.close()
 
 
 @contextlib.contextmanager
@@ -263,14 +271,11 @@ def test_without_rknnlite_the_graphs_are_skipped_with_the_reason(fp16_store, tmp
 @pytest.mark.slow
 def test_the_quality_gate_of_the_graphs(fp16_store, smollm2_store, tmp_path_factory, rknnlite):
     # perplexity and top-1 against the CPU over the Zen of Python (a text the standard library ships)
-    import codecs
-    import this
-
     from inference.backends.rknpu.quality import measure
 
     w8a8_store = graph_store(smollm2_store, tmp_path_factory, "w8a8")
     cpu = Engine.open(fp16_store, backend="cpu", chunk=ROWS)
-    ids = cpu.tokenizer.encode(codecs.decode(this.s, "rot13"))
+    ids = cpu.tokenizer.encode(texts()[0])
     got = {}
     for precision, store in (("fp16", fp16_store), ("w8a8", w8a8_store)):
         npu = Engine.open(store, backend="rknpu", chunk=ROWS)

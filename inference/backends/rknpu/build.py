@@ -6,7 +6,9 @@ Gemma 4: `qkv`, without v on its K = V layers, and `mlp`, its dense MLP). Calibr
 the CPU engine's own, captured at the graph's inputs while it reads texts that Python ships (the Zen of Python, the `pydoc_data` topics), cut into
 chunks of exactly `rows` tokens (a graph has one static shape). The last chunks are held out: the
 toolkit process (`export.py`, in .venv-rknn) compiles, simulates them, and compares with the CPU's
-outputs. `auto` keeps w8a8 for a graph only when its error is within `W8A8_MAX_ERROR`, else fp16.
+outputs. `auto` builds fp16 while w8a8 fails the quality gate (`quality.auto_precisions`: its perplexity
+rise over the CPU's, on the whole model); were it to pass, `auto` would keep w8a8 for a graph only when
+its error is within `W8A8_MAX_ERROR`, else fp16.
 
 Manifest section `npu.<target>` (docs/store-format.md): target, rows, toolkit version, the w8a8 bound,
 and per graph its file, kind, layer, precision, inputs and outputs with shapes, size, sha256, and the
@@ -31,6 +33,7 @@ from ...store import Store
 from ...store.format import sha256_file
 from ...store.writer import write_atomic
 from .graphs import INPUTS, output_names
+from .quality import auto_precisions
 
 TARGETS = ("rk3588",)
 PRECISIONS = ("auto", "fp16", "w8a8")
@@ -162,7 +165,8 @@ def build(
     Args:
         target: the SoC (rk3588 only).
         rows: the prefill chunk each graph is compiled for (the engine's `chunk`).
-        precision: auto (w8a8 where within W8A8_MAX_ERROR, else fp16), fp16 or w8a8.
+        precision: auto (fp16; w8a8 where within W8A8_MAX_ERROR while w8a8 passes the quality gate),
+            fp16 or w8a8.
         layers: only these layers (default all); the others stay on the CPU.
         keep_onnx: keep each graph's ONNX beside it (the tests' rknnlite stand-in evaluates it).
         toolkit_python: the rknn-toolkit2 venv's python (default .venv-rknn/bin/python).
@@ -199,7 +203,9 @@ def build(
 
     model = load_model(store, chunk=rows)
     seen = capture(store, model, rows, CALIBRATION_CHUNKS + HELD_OUT_CHUNKS, kinds)
-    order = {"auto": ["w8a8", "fp16"], "fp16": ["fp16"], "w8a8": ["w8a8"]}[precision]
+    # auto tries w8a8 only while it passes the quality gate (a whole-model perplexity rise of at most 2 %)
+    auto = ["w8a8", "fp16"] if "w8a8" in auto_precisions("graphs") else ["fp16"]
+    order = {"auto": auto, "fp16": ["fp16"], "w8a8": ["w8a8"]}[precision]
     store_dir = store.path
     # the jobs hold float32 weights (SmolLM2: 0.4 GB): on the store's disk, not /tmp
     with tempfile.TemporaryDirectory(prefix=".npu-jobs-", dir=store_dir) as jobs_dir:

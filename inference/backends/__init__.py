@@ -73,7 +73,8 @@ def select(
     `rkmojo npu build` and RKNNLite loads), else as matmuls through librknnrt (`rknpu/__init__.py`).
     The matmuls follow the board's calibration for this library, driver and precision
     (`rknpu/calibrate.py`), else the defaults: dense matmuls from 32 rows, routed experts on the CPU.
-    (With graphs, the routed experts stay on the CPU.)
+    (With graphs, the routed experts stay on the CPU.) `auto` takes only graphs and a matmul precision
+    within the quality gate (`rknpu/quality.py`: `auto_precisions`); `rknpu` runs what it is asked for.
 
     Args:
         backend: "auto", "cpu" or "rknpu".

@@ -166,6 +166,22 @@ def test_a_tiny_moes_qkv_and_o_graphs_give_the_cpus_greedy_tokens(moe_graphs, rk
         npu.close()
 
 
+@needs_toolkit
+@pytest.mark.slow
+def test_a_tiny_olmoes_qkv_and_o_graphs_give_the_cpus_greedy_tokens(smollm2_store, tmp_path, rknnlite):
+    # OLMoE: its own attention (q/k norms over the whole projection, clip_qkv) around the same two graphs
+    from inference.convert import convert
+    from tiny_models import tiny_olmoe
+
+    store = convert(tiny_olmoe(tmp_path / "hf", vocab=49152), tmp_path / "store", "q8", progress=False)
+    shutil.copy(smollm2_store / "tokenizer.json", store / "tokenizer.json")
+    with fp16_engines(store, [f"layer_{i:02d}.{k}" for i in range(3) for k in ("o", "qkv")]) as (cpu, npu):
+        prompt = list(range(3, 60))
+        runs = spy_runs(npu)
+        assert greedy(npu, prompt) == greedy(cpu, prompt)
+        assert runs == [f"layer_{i:02d}.{k}.rknn" for i in range(3) for k in ("qkv", "o")]
+
+
 @contextlib.contextmanager
 def fp16_engines(store: Path, graphs: list[str]):
     """(CPU engine, graphs engine) of `store` after an fp16 build of `graphs` at ROWS rows."""

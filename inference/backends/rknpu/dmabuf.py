@@ -67,8 +67,9 @@ class SharedBuffer:
             self.fd, self.source = _heap_fd(heap, size), "dma-heap"
         except OSError:  # no heap (ENOENT), or not a heap (ENOTTY), or none left (ENOMEM): a memfd
             self.fd = os.memfd_create("rkmojo-npu", os.MFD_CLOEXEC)
-            os.ftruncate(self.fd, size)
         try:
+            if self.source == "memfd":
+                os.ftruncate(self.fd, size)
             self._map = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(self.fd)

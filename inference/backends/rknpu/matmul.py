@@ -219,7 +219,10 @@ class Matmul:
 
     def _import(self, attr: TensorAttr, heap: str):
         """attr's memory in a SharedBuffer imported by fd, or None when the runtime refuses the import."""
-        buf = SharedBuffer(attr.size, heap)
+        try:
+            buf = SharedBuffer(attr.size, heap)
+        except OSError:  # no fd or mapping to be had (EMFILE, ENOMEM): the runtime's memory, as when refused
+            return None
         mem = self.rt.lib.rknn_create_mem_from_fd(self.ctx, buf.fd, buf.addr, attr.size, 0)
         if mem and self.rt.lib.rknn_matmul_set_io_mem(self.ctx, mem, C.byref(attr)) == 0:
             self.mems.append(mem)

@@ -73,6 +73,22 @@ def moe_store(tmp_path_factory, smollm2_store) -> Path:
 
 
 @pytest.fixture(scope="session")
+def moe_text_store(tmp_path_factory, smollm2_store) -> Path:
+    """The tiny random Qwen3-MoE with the demo model's vocabulary size and tokenizer, converted to q4 once
+    per session: it reads English (the NPU quality gate's text, `npu build`'s calibration texts), and its
+    q4 experts are re-quantized per channel by the int8 expert path. Shared: open it read-only."""
+    import shutil
+
+    from inference.convert import convert
+    from tiny_models import tiny_qwen3_moe
+
+    tmp = tmp_path_factory.mktemp("moe-text")
+    store = convert(tiny_qwen3_moe(tmp / "hf", vocab=49152), tmp / "store", "q4", progress=False)
+    shutil.copy(smollm2_store / "tokenizer.json", store / "tokenizer.json")
+    return store
+
+
+@pytest.fixture(scope="session")
 def gemma4_store(tmp_path_factory, smollm2_store) -> Path:
     """A tiny random Gemma 4 (4 layers: sliding, full with K = V, ...; 16 experts, top-4) converted to q8 once
     per session, with the demo model's vocabulary size and tokenizer (so that it reads English, as `npu

@@ -10,9 +10,11 @@
  *   - K a multiple of 32 and <= 10240, N a multiple of 32 (int8), 16 (fp16), 64 (int4), M >= 1;
  *   - live handles: a destroyed or unknown context or memory is RKNN_ERR_CTX_INVALID / PARAM_INVALID;
  *   - memory from memfd (rknn_create_mem sets fd), tensor names and sizes checked in set_io_mem;
+ *     rknn_create_mem_from_fd takes the caller's fd and mapping (never unmaps or closes them) and
+ *     refuses an fd that is not open or is shorter than offset + size;
  *   - core masks of three cores (AUTO, 0, 1, 2, 0_1, 0_1_2, ALL);
  *   - per-channel B quantization "runs" and returns zeros, as reported on RK3588 (rknn-toolkit2 #550).
- * Fault injection: the environment variable RKNN_STANDIN_FAULT = create | run | version makes that call
+ * Fault injection: the environment variable RKNN_STANDIN_FAULT = create | run | version | from_fd makes that call
  * fail (read at each call).
  * B native layout (B_layout 1): tiles of [N/tn, K/32, tn, 32], tn = 16 (fp16), 32 (int8), 64 (int4).
  */
@@ -142,7 +144,9 @@ tensor_mem *rknn_create_mem(uint64_t ctx, uint32_t size) {
 }
 
 tensor_mem *rknn_create_mem_from_fd(uint64_t ctx, int32_t fd, void *virt, uint32_t size, int32_t offset) {
-    if (!get_ctx(ctx) || fd < 0 || !virt || size == 0 || offset < 0) return NULL;
+    if (fault("from_fd") || !get_ctx(ctx) || fd < 0 || !virt || size == 0 || offset < 0) return NULL;
+    off_t end = lseek(fd, 0, SEEK_END); /* a dma-buf's and a memfd's size alike */
+    if (end < 0 || (uint64_t)end < (uint64_t)offset + size) return NULL;
     int slot = -1;
     for (int i = 0; i < MAX_MEM && slot < 0; i++)
         if (!mems[i]) slot = i;

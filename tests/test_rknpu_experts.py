@@ -3,6 +3,7 @@
 of the same arithmetic, and the engine with experts on the NPU gives the CPU's greedy tokens."""
 
 import logging
+import os
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from inference import kernels
 from inference.backends import CPU
 from inference.backends.rknpu import RknpuBackend
+from inference.backends.rknpu.dmabuf import DMA_HEAP
 from inference.backends.rknpu.experts import bucket
 from inference.backends.rknpu.matmul import quantize_rows
 from inference.convert import convert
@@ -22,6 +24,7 @@ from inference.quant import quantize
 from inference.store import Store
 
 LAYER = 1
+SLOTS = "dma-heap" if os.path.exists(DMA_HEAP) else "memfd"  # where the expert slots' buffers come from
 
 
 @pytest.fixture(scope="module")
@@ -86,9 +89,29 @@ def test_a_chunk_of_a_tiny_moe_through_the_binding_equals_the_int8_reference_exa
     try:
         got = mixture(x, idx, w, LAYER, ResidentExperts(Store(tiny_moe)), silu, ops=npu)[0]
         assert npu.experts.calls == len(np.unique(idx))  # every expert of the chunk went through the binding
+        assert npu.experts.imported == SLOTS  # their B in buffers of ours, imported by fd
     finally:
         npu.close()
     np.testing.assert_array_equal(got, reference(tiny_moe, x, idx, w, int8_linear))
+
+
+def test_slots_the_runtime_will_not_import_go_in_its_memory_with_one_log_line(
+    tiny_moe, rknnrt_standin, monkeypatch, caplog
+):
+    x, idx, w = chunk(tiny_moe)
+    monkeypatch.setenv("RKNN_STANDIN_FAULT", "from_fd")
+    npu = RknpuBackend(rknnrt_standin, precision="int8", rows=64, expert_min_rows=1)
+    try:
+        with caplog.at_level(logging.WARNING, logger="inference.backends"):
+            got = mixture(x, idx, w, LAYER, ResidentExperts(Store(tiny_moe)), silu, ops=npu)[0]
+        assert npu.experts.imported is None and npu.failed is None and len(npu.experts._ctx) > 1
+    finally:
+        npu.close()
+    np.testing.assert_array_equal(got, reference(tiny_moe, x, idx, w, int8_linear))
+    assert [r.getMessage() for r in caplog.records if r.name == "inference.backends"] == [
+        "backend: the runtime refused expert slots imported by fd (rknn_create_mem_from_fd); "
+        "their B is in rknn_create_mem's memory"
+    ]
 
 
 def test_a_chunk_of_a_tiny_moe_in_fp16_equals_the_reference_within_fp16_rounding(tiny_moe, rknnrt_standin):

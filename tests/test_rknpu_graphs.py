@@ -45,12 +45,17 @@ def rel(a, b) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
+def readme_ids(model) -> np.ndarray:
+    """Two chunks of token ids: the README's bytes, folded into the model's vocabulary."""
+    text = (ROOT / "README.md").read_text()
+    return np.frombuffer(text.encode()[: 2 * ROWS], np.uint8).astype(np.int64) % model.args.vocab_size
+
+
 @pytest.fixture(scope="module")
 def chunks(smollm2_store):
     """Per layer: the CPU's inputs and outputs of both halves of the dense block for 2 chunks."""
     model = load_model(smollm2_store, chunk=ROWS)
-    text = (ROOT / "README.md").read_text()
-    ids = np.frombuffer(text.encode()[: 2 * ROWS], np.uint8).astype(np.int64) % model.args.vocab_size
+    ids = readme_ids(model)
     cache = model.new_cache()
     seen = {0: [], 29: []}
     qkv, o_mlp = model.qkv, model.o_mlp
@@ -129,6 +134,35 @@ def test_w8a8_loses_the_o_mlp_block_of_the_last_layer(chunks, tmp_path):
     # measured 0.39 (layer 0: 0.08): int8 activations cannot hold the residual stream's outliers of late
     # layers, so this graph kind is fp16 only; the test keeps that choice honest if the toolkit changes
     assert o_mlp_error(chunks, tmp_path, "w8a8", 29) > TOLERANCE["w8a8"]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "w8a8"])
+def test_a_moe_layers_o_projection_matches_the_cpu(moe_store, tmp_path, precision):
+    # Qwen3-MoE's (and OLMoE's) `o` graph, h + o·Woᵀ: its post-attention norm feeds the router on the CPU
+    model = load_model(moe_store, chunk=ROWS)
+    seen, o = [], model.o
+
+    def spy(i, o_, h):
+        out = o(i, o_, h)
+        if i == 1:
+            seen.append({"o": o_, "h": h, "out": out})
+        return out
+
+    model.o = spy
+    model.forward(readme_ids(model), model.new_cache())
+    got = simulate(
+        tmp_path,
+        {
+            "kind": "o",
+            "precision": precision,
+            "wo": model.layers[1]["o"].dense(),
+            **{"in_" + n: np.stack([c[n] for c in seen]) for n in ("o", "h")},
+        },
+    )
+    h, want = np.stack([c["h"] for c in seen]), np.stack([c["out"] for c in seen])
+    err = rel(got["out_out"] - h, want - h)  # on what the block adds to the residual
+    print(f"o (tiny Qwen3-MoE, layer 1) {precision}: {err:.2e}")
+    assert len(seen) == 2 and err < TOLERANCE[precision]
 
 
 @pytest.mark.parametrize("precision", ["fp16", "w8a8"])

@@ -1,5 +1,6 @@
-"""Tiny random checkpoints for tests that need a real MoE store: Qwen3-MoE (2 layers, 16 experts, top-4) and
-Gemma 4 (the parity test's: 4 layers, sliding and K = V full attention, 16 experts, top-4)."""
+"""Tiny random checkpoints for tests that need a real MoE store: Qwen3-MoE (2 layers, 16 experts, top-4),
+Gemma 4 (the parity test's: 4 layers, sliding and K = V full attention, 16 experts, top-4) and OLMoE (the
+parity test's: 3 layers, q/k norms over the whole projection, clip_qkv)."""
 
 from pathlib import Path
 
@@ -36,6 +37,17 @@ def tiny_gemma4(out: Path, *, vocab: int = 512) -> Path:
     """Save test_parity's tiny Gemma 4 with `vocab` ids at `out`; returns `out`."""
     from test_parity import gemma4
 
-    cls, cfg = gemma4()
+    return _parity_checkpoint(gemma4, out, vocab)
+
+
+def tiny_olmoe(out: Path, *, vocab: int = 512) -> Path:
+    """Save test_parity's tiny OLMoE with `vocab` ids at `out`; returns `out`."""
+    from test_parity import olmoe
+
+    return _parity_checkpoint(olmoe, out, vocab)
+
+
+def _parity_checkpoint(arch, out: Path, vocab: int) -> Path:
+    cls, cfg = arch()
     cfg.vocab_size = vocab
     return build_checkpoint(cls, cfg, out)

@@ -7,7 +7,7 @@ an NPU can take and stays the same whichever backend it has.
 `select(cfg)` turns `EngineConfig.backend` (auto | cpu | rknpu) into a backend and the reason for the
 choice. `rknpu` is used only after its self-test passes; otherwise the CPU, with one log line saying why.
 `auto` is the CPU off aarch64 (no RK3588 there) and where librknnrt.so is absent, and uses only the
-precisions that pass the quality gate (`rknpu/quality.py`): fp16; int8 raised SmolLM2's perplexity 11.8 %.
+precisions that pass the quality gate (`rknpu/quality.py`'s `auto_precisions`, for graphs and matmuls).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ log = logging.getLogger(__name__)
 CHOICES = ("auto", "cpu", "rknpu")
 PRECISIONS = ("fp16", "int8")
 DEFAULT_LIBRARY = "/usr/lib/librknnrt.so"
-AUTO_PRECISIONS = ("fp16",)  # those within the quality gate's 2 % perplexity rise (rknpu/quality.py)
 
 
 class CpuBackend:
@@ -74,7 +73,8 @@ def select(
     `rkmojo npu build` and RKNNLite loads), else as matmuls through librknnrt (`rknpu/__init__.py`).
     The matmuls follow the board's calibration for this library, driver and precision
     (`rknpu/calibrate.py`), else the defaults: dense matmuls from 32 rows, routed experts on the CPU.
-    (With graphs, the routed experts stay on the CPU.)
+    (With graphs, the routed experts stay on the CPU.) `auto` takes only graphs and a matmul precision
+    within the quality gate (`rknpu/quality.py`: `auto_precisions`); `rknpu` runs what it is asked for.
 
     Args:
         backend: "auto", "cpu" or "rknpu".
@@ -94,14 +94,17 @@ def select(
         return Choice(CPU, "cpu", "asked for")
     if backend == "auto" and platform.machine() != "aarch64":
         return Choice(CPU, "cpu", f"auto: {platform.machine()} has no RK3588 NPU")
+    from .rknpu import quality
+
     graphs_failed = ""
     if store is not None and store.manifest.get("npu"):
         from .rknpu.lite import GraphBackend
         from .rknpu.matmul import NpuError
 
         graphs = None
+        allowed = quality.auto_precisions("graphs") if backend == "auto" else None
         try:
-            graphs = GraphBackend(store, rows=rows, max_layers=graph_layers)
+            graphs = GraphBackend(store, rows=rows, max_layers=graph_layers, precisions=allowed)
             about = graphs.self_test(model)
         except NpuError as e:
             if graphs is not None:
@@ -115,9 +118,15 @@ def select(
     if backend == "auto":
         if not os.path.exists(library):
             return Choice(CPU, "cpu", f"{graphs_failed}auto: {library} is absent (docs/npu.md)")
-        if precision not in AUTO_PRECISIONS:
-            log.info("backend: auto uses fp16 on the NPU; %s failed the quality gate (docs/npu.md)", precision)
-            precision = "fp16"
+        allowed = quality.auto_precisions("matmul")
+        if not allowed:
+            why = "; ".join(quality.failed("matmul", p) for p in PRECISIONS)
+            return Choice(CPU, "cpu", f"{graphs_failed}auto: no NPU precision passes the quality gate: {why}")
+        if precision not in allowed:
+            log.info(
+                "backend: auto uses %s on the NPU; %s (docs/npu.md)", allowed[0], quality.failed("matmul", precision)
+            )
+            precision = allowed[0]
     from .rknpu import RknpuBackend
 
     try:

@@ -34,7 +34,8 @@ def expected_shapes(a: Args) -> dict[str, tuple]:
 
 class Model(qwen3_moe.Model):
     def attn(self, i: int, x: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:
-        """Self-attention with q/k RMSNorm over the whole projection and optional clipping."""
+        """Self-attention with q/k RMSNorm over the whole projection and optional clipping → [T, Hq·D],
+        before the o projection (`o`)."""
         a, Lw = self.args, self.layers[i]
         T, D = x.shape[0], a.head_dim
         q, k, v = self.qkv(i, x)
@@ -45,4 +46,4 @@ class Model(qwen3_moe.Model):
         cos, sin = self.rope(positions, self.inv_freq)
         q, k = apply_rope(q.reshape(T, -1, D), cos, sin), apply_rope(k.reshape(T, -1, D), cos, sin)
         cache.layers[i].append(k, v.reshape(T, -1, D), positions)
-        return self.ops.linear(attention(q, cache.layers[i], positions, D**-0.5).reshape(T, -1), Lw["o"])
+        return attention(q, cache.layers[i], positions, D**-0.5).reshape(T, -1)

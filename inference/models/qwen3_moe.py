@@ -102,7 +102,8 @@ class Model(Transformer):
         return idx, w
 
     def layer(self, i: int, h: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:
-        h = h + self.attn(i, rms_norm(h, self.layers[i]["attn_norm"], self.args.rms_norm_eps), cache, positions)
+        o = self.attn(i, rms_norm(h, self.layers[i]["attn_norm"], self.args.rms_norm_eps), cache, positions)
+        h = self.o(i, o, h)  # [T, H]
         x = rms_norm(h, self.layers[i]["mlp_norm"], self.args.rms_norm_eps)
         if "mlp" in self.layers[i]:
             return h + expert_mlp(x, self.layers[i]["mlp"], silu, self.ops)
@@ -119,8 +120,17 @@ class Model(Transformer):
         Lw = self.layers[i]
         return self.ops.linear_many(x, (Lw["q"], Lw["k"], Lw["v"]))
 
+    def o(self, i: int, o: np.ndarray, h: np.ndarray) -> np.ndarray:
+        """o [T, Hq·D] (attention output), h [T, H] (residual) → h + o·Woᵀ [T, H]: the NPU's graph where
+        there is one; the post-attention norm feeds the router and stays on the CPU."""
+        got = self.ops.graph(i, "o", o, h)
+        if got is not None:
+            return got[0]
+        return h + self.ops.linear(o, self.layers[i]["o"])
+
     def attn(self, i: int, x: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:
-        """Self-attention of the normed input x [T, H] → [T, H]; q/k RMSNorm per head."""
+        """Self-attention of the normed input x [T, H] → its output [T, Hq·D] before the o projection
+        (`o`); q/k RMSNorm per head."""
         a, Lw = self.args, self.layers[i]
         T, D = x.shape[0], a.head_dim
         cos, sin = self.rope(positions, self.inv_freq)
@@ -130,4 +140,4 @@ class Model(Transformer):
         v = v.reshape(T, -1, D)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         cache.layers[i].append(k, v, positions)
-        return self.ops.linear(attention(q, cache.layers[i], positions, D**-0.5).reshape(T, -1), Lw["o"])
+        return attention(q, cache.layers[i], positions, D**-0.5).reshape(T, -1)

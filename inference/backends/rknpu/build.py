@@ -1,11 +1,14 @@
 """`rkmojo npu build`: a store's dense-block graphs compiled for rk3588 into `npu/rk3588/` of the store.
 
 Per layer, each graph kind the architecture's layer code can hand to a graph (`graphs.py`; Llama-style
-layers: `qkv` and `o_mlp`; Gemma 4: `qkv`, without v on its K = V layers, and `mlp`, its dense MLP). Calibration activations are the CPU engine's own, captured at the graph's
-inputs while it reads texts that Python ships (the Zen of Python, the `pydoc_data` topics), cut into
+layers: `qkv` and `o_mlp`; Qwen3-MoE and OLMoE: `qkv` and `o`, the o projection with its residual add;
+Gemma 4: `qkv`, without v on its K = V layers, and `mlp`, its dense MLP). Calibration activations are
+the CPU engine's own, captured at the graph's inputs while it reads texts that Python ships (the Zen of Python, the `pydoc_data` topics), cut into
 chunks of exactly `rows` tokens (a graph has one static shape). The last chunks are held out: the
 toolkit process (`export.py`, in .venv-rknn) compiles, simulates them, and compares with the CPU's
-outputs. `auto` keeps w8a8 for a graph only when its error is within `W8A8_MAX_ERROR`, else fp16.
+outputs. `auto` builds fp16 while w8a8 fails the quality gate (`quality.auto_precisions`: its perplexity
+rise over the CPU's, on the whole model); were it to pass, `auto` would keep w8a8 for a graph only when
+its error is within `W8A8_MAX_ERROR`, else fp16.
 
 Manifest section `npu.<target>` (docs/store-format.md): target, rows, toolkit version, the w8a8 bound,
 and per graph its file, kind, layer, precision, inputs and outputs with shapes, size, sha256, and the
@@ -30,6 +33,7 @@ from ...store import Store
 from ...store.format import sha256_file
 from ...store.writer import write_atomic
 from .graphs import INPUTS, output_names
+from .quality import auto_precisions
 
 TARGETS = ("rk3588",)
 PRECISIONS = ("auto", "fp16", "w8a8")
@@ -40,9 +44,9 @@ EXPORT = Path(__file__).with_name("export.py")
 # perplexity 11.8 % (fp16, at ~3e-4, 0.00 %): 1e-2 keeps w8a8 only where it is a few times better than that.
 W8A8_MAX_ERROR = 1e-2
 CALIBRATION_CHUNKS, HELD_OUT_CHUNKS = 4, 2
-# the graph kinds whose layer code has the hooks (models/llama.py: qkv, o_mlp; models/qwen3_moe.py: qkv;
+# the graph kinds whose layer code has the hooks (models/llama.py: qkv, o_mlp; models/qwen3_moe.py: qkv, o;
 # models/gemma4.py: qkv, mlp)
-KINDS = {"llama": ("qkv", "o_mlp"), "qwen3_moe": ("qkv",), "olmoe": ("qkv",), "gemma4": ("qkv", "mlp")}
+KINDS = {"llama": ("qkv", "o_mlp"), "qwen3_moe": ("qkv", "o"), "olmoe": ("qkv", "o"), "gemma4": ("qkv", "mlp")}
 ACTS = ("silu", "gelu_pytorch_tanh", "gelu_tanh")
 
 
@@ -64,8 +68,9 @@ def texts() -> list[str]:
 
 
 def capture(store: Store, model, rows: int, chunks: int, kinds: tuple) -> dict[int, list[dict]]:
-    """Per layer, `chunks` captures {x, q, k[, v][, o, h, out][, mlp_x, mlp_out]} of the CPU's layer code,
-    each `rows` rows (`model` built with chunk=rows; its layer code is spied on, then restored)."""
+    """Per layer, `chunks` captures {x, q, k[, v][, o, h, out][, mlp_x, mlp_out]} of the CPU's layer code
+    (o, h, out: the `o` or `o_mlp` block's), each `rows` rows (`model` built with chunk=rows; its layer
+    code is spied on, then restored)."""
     from ...tokenizer import StoreTokenizer
 
     tok = StoreTokenizer(store)
@@ -78,15 +83,15 @@ def capture(store: Store, model, rows: int, chunks: int, kinds: tuple) -> dict[i
         return out
 
     model.qkv = spy_qkv
-    if "o_mlp" in kinds:
-        o_mlp = model.o_mlp
+    for name in [k for k in ("o", "o_mlp") if k in kinds]:  # (o, h) → out
+        block = getattr(model, name)
 
-        def spy_o_mlp(i, o, h):
-            out = o_mlp(i, o, h)
+        def spy_o(i, o, h, block=block):
+            out = block(i, o, h)
             seen[i][-1].update(o=o, h=h, out=out)
             return out
 
-        model.o_mlp = spy_o_mlp
+        setattr(model, name, spy_o)
     if "mlp" in kinds:
         mlp = model.mlp
 
@@ -105,7 +110,7 @@ def capture(store: Store, model, rows: int, chunks: int, kinds: tuple) -> dict[i
     try:
         model.forward(np.asarray(ids[: rows * chunks], np.int64), model.new_cache())
     finally:
-        for name in ("qkv", "o_mlp", "mlp"):
+        for name in ("qkv", "o", "o_mlp", "mlp"):
             model.__dict__.pop(name, None)
     return seen
 
@@ -119,6 +124,9 @@ def plan_layer(model_args, layer: dict, i: int, got: list[dict], kinds: tuple, a
         if kind == "qkv":  # a K = V layer (Gemma 4's full attention) has no v: its graph has no v output
             job = {"w" + n: layer[n].dense() for n in "qkv" if layer[n] is not None}
             ins, outs = {"x": "x"}, {n: n for n in "qkv" if layer[n] is not None}
+        elif kind == "o":
+            job = {"wo": layer["o"].dense()}
+            ins, outs = {"o": "o", "h": "h"}, {"out": "out"}
         elif kind == "mlp":
             job = {n: layer["mlp"][n].dense() for n in ("gate", "up", "down")}
             job["act"] = act
@@ -157,7 +165,8 @@ def build(
     Args:
         target: the SoC (rk3588 only).
         rows: the prefill chunk each graph is compiled for (the engine's `chunk`).
-        precision: auto (w8a8 where within W8A8_MAX_ERROR, else fp16), fp16 or w8a8.
+        precision: auto (fp16; w8a8 where within W8A8_MAX_ERROR while w8a8 passes the quality gate),
+            fp16 or w8a8.
         layers: only these layers (default all); the others stay on the CPU.
         keep_onnx: keep each graph's ONNX beside it (the tests' rknnlite stand-in evaluates it).
         toolkit_python: the rknn-toolkit2 venv's python (default .venv-rknn/bin/python).
@@ -194,7 +203,9 @@ def build(
 
     model = load_model(store, chunk=rows)
     seen = capture(store, model, rows, CALIBRATION_CHUNKS + HELD_OUT_CHUNKS, kinds)
-    order = {"auto": ["w8a8", "fp16"], "fp16": ["fp16"], "w8a8": ["w8a8"]}[precision]
+    # auto tries w8a8 only while it passes the quality gate (a whole-model perplexity rise of at most 2 %)
+    auto = ["w8a8", "fp16"] if "w8a8" in auto_precisions("graphs") else ["fp16"]
+    order = {"auto": auto, "fp16": ["fp16"], "w8a8": ["w8a8"]}[precision]
     store_dir = store.path
     # the jobs hold float32 weights (SmolLM2: 0.4 GB): on the store's disk, not /tmp
     with tempfile.TemporaryDirectory(prefix=".npu-jobs-", dir=store_dir) as jobs_dir:

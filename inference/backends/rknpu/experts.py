@@ -15,10 +15,17 @@ The layer loop meets each expert once per chunk, so in practice that is once per
 Contexts: per (rows bucket, H, F) one pair, gate‖up fused (B = [H, gate | up], one run for both) and
 down; M = the smallest of `ROW_BUCKETS` holding the expert's rows (an 8-row expert does not pay for a
 128-row product). Both dimensions are padded to 32 (a K multiple and an N multiple of both types).
+
+Each context's B, the expert slot the NPU reads, is a buffer of ours imported by fd
+(`rknn_create_mem_from_fd`): a dma-heap buffer on a board (`dmabuf.py`), a memfd elsewhere; a runtime
+that refuses the import gets B in `rknn_create_mem`'s memory, with one log line per backend. Filled by
+the CPU's conversion today; a store of pre-converted native-layout experts could be read straight
+into it (not built: docs/npu.md).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable
 
@@ -26,7 +33,10 @@ import numpy as np
 
 from ...quant import QTensor
 from . import pack
+from .dmabuf import DMA_HEAP
 from .matmul import K_MAX, Matmul, Runtime, padded
+
+log = logging.getLogger("inference.backends")
 
 ROW_BUCKETS = (1, 8, 16, 32, 64, 128)
 ALIGN = 32
@@ -45,12 +55,13 @@ def fits(w: dict[str, QTensor]) -> bool:
 class _ExpertContexts:
     """One gate‖up context and one down context of M rows; the expert whose B they hold (`key`)."""
 
-    def __init__(self, rt: Runtime, M: int, H: int, F: int, kind: str, core: int):
+    def __init__(self, rt: Runtime, M: int, H: int, F: int, kind: str, core: int, heap: str = DMA_HEAP):
         self.H, self.F, self.kind = H, F, kind
         self.Hp, self.Fp = padded(H, ALIGN), padded(F, ALIGN)
-        self.gate_up = Matmul(rt, M, self.Hp, 2 * self.Fp, kind, core)  # [T, H] → [T, gate | up]
+        slot = {"import_b": True, "heap": heap}
+        self.gate_up = Matmul(rt, M, self.Hp, 2 * self.Fp, kind, core, **slot)  # [T, H] → [T, gate | up]
         try:
-            self.down = Matmul(rt, M, self.Fp, self.Hp, kind, core)  # [T, F] → [T, H]
+            self.down = Matmul(rt, M, self.Fp, self.Hp, kind, core, **slot)  # [T, F] → [T, H]
         except BaseException:
             self.gate_up.close()
             raise
@@ -97,10 +108,15 @@ class NpuExperts:
         rt: the loaded runtime.
         kind: "fp16" or "int8".
         rows: the prefill chunk: the largest M.
+        heap: the dma-heap device for the slots (a memfd where there is none).
+    Attributes:
+        imported: the slots' source ("dma-heap" or "memfd"), None where the runtime refused the import.
     """
 
-    def __init__(self, rt: Runtime, kind: str, rows: int):
-        self.rt, self.kind, self.rows = rt, kind, rows
+    def __init__(self, rt: Runtime, kind: str, rows: int, heap: str = DMA_HEAP):
+        self.rt, self.kind, self.rows, self.heap = rt, kind, rows, heap
+        self.imported: str | None = None
+        self._refused = False
         self._ctx: dict[tuple[int, int, int], _ExpertContexts] = {}
         self.calls = self.loads = 0
         self.load_seconds = 0.0  # time spent re-setting B (conversion + the library's layout change)
@@ -112,7 +128,8 @@ class NpuExperts:
         M = bucket(x.shape[0], self.rows)
         c = self._ctx.get((M, H, F))
         if c is None:
-            c = self._ctx[(M, H, F)] = _ExpertContexts(self.rt, M, H, F, self.kind, core=len(self._ctx) % 3)
+            c = self._ctx[(M, H, F)] = _ExpertContexts(self.rt, M, H, F, self.kind, len(self._ctx) % 3, self.heap)
+            self._slots(c)
         if key is None or c.key != key:
             t = time.perf_counter()
             c.load(w, key)
@@ -120,6 +137,17 @@ class NpuExperts:
             self.loads += 1
         self.calls += 1
         return c(x, act)
+
+    def _slots(self, c: _ExpertContexts) -> None:
+        """Note where a new context's slots live; the first refused import logs one line."""
+        sources = {c.gate_up.imported, c.down.imported}
+        if None in sources and not self._refused:
+            log.warning(
+                "backend: the runtime refused expert slots imported by fd (rknn_create_mem_from_fd); "
+                "their B is in rknn_create_mem's memory"
+            )
+        self._refused = self._refused or None in sources
+        self.imported = None if self._refused else sources.pop()
 
     def close(self) -> None:
         for c in self._ctx.values():

@@ -4,6 +4,8 @@ A layer's dense block is cut where the CPU must step in (attention over the KV c
 
 - ``qkv``: x [T, H] (the attention-normed rows) → q [T, Nq], k [T, Nk], v [T, Nv]; a layer whose keys
   are its values (Gemma 4's full attention, K = V) has no v projection, and its graph no v output;
+- ``o``: o [T, A] (attention output), h [T, H] (the residual) → h + o·Woᵀ (the MoE architectures:
+  Qwen3-MoE, OLMoE, whose post-attention norm feeds the router on the CPU);
 - ``o_mlp``: o [T, A] (attention output), h [T, H] (the residual) →
   h2 = h + o·Woᵀ; h2 + down(act(gate·n) × up·n) with n = rms_norm(h2) (Llama-style layers);
 - ``mlp``: x [T, H] → down(act(gate·x) × up·x), act silu or gelu (tanh): the dense MLP beside the
@@ -20,8 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-INPUTS = {"qkv": ["x"], "o_mlp": ["o", "h"], "mlp": ["x"]}  # each graph kind's input names, in order
-OUTPUTS = {"qkv": ["q", "k", "v"], "o_mlp": ["out"], "mlp": ["out"]}  # the most a kind has, in order
+INPUTS = {"qkv": ["x"], "o": ["o", "h"], "o_mlp": ["o", "h"], "mlp": ["x"]}  # each kind's input names, in order
+OUTPUTS = {"qkv": ["q", "k", "v"], "o": ["out"], "o_mlp": ["out"], "mlp": ["out"]}  # the most a kind has, in order
 OPSET = 13  # rknn-toolkit2 2.5 accepts opsets up to 19; 13 has everything used here
 
 
@@ -63,6 +65,35 @@ def qkv_graph(wq: np.ndarray, wk: np.ndarray, wv: np.ndarray | None, rows: int):
     return _model(graph)
 
 
+def o_graph(wo: np.ndarray, rows: int):
+    """(o [rows, A], h [rows, H]) → h + o·Woᵀ [rows, H]: the attention output projected onto the residual."""
+    onnx, TensorProto, helper, _ = _helpers()
+    graph = helper.make_graph(
+        _o_nodes(helper, "out"),
+        "o",
+        _o_inputs(helper, TensorProto, wo, rows),
+        _o_output(helper, TensorProto, wo, rows),
+        initializer=[_weight_t("wo", wo)],
+    )
+    return _model(graph)
+
+
+def _o_nodes(helper, out: str) -> list:
+    return [helper.make_node("MatMul", ["o", "wo"], ["attn"]), helper.make_node("Add", ["h", "attn"], [out])]
+
+
+def _o_inputs(helper, TensorProto, wo: np.ndarray, rows: int) -> list:
+    H, A = wo.shape
+    return [
+        helper.make_tensor_value_info("o", TensorProto.FLOAT, [rows, A]),
+        helper.make_tensor_value_info("h", TensorProto.FLOAT, [rows, H]),
+    ]
+
+
+def _o_output(helper, TensorProto, wo: np.ndarray, rows: int) -> list:
+    return [helper.make_tensor_value_info("out", TensorProto.FLOAT, [rows, wo.shape[0]])]
+
+
 def o_mlp_graph(
     wo: np.ndarray,
     norm: np.ndarray,
@@ -75,11 +106,9 @@ def o_mlp_graph(
 ):
     """(o [rows, A], h [rows, H]) → the layer's output [rows, H] (Llama-style residuals)."""
     onnx, TensorProto, helper, numpy_helper = _helpers()
-    H, A = wo.shape
     c = lambda name, v: numpy_helper.from_array(np.asarray(v, np.float32).reshape(-1), name)  # noqa: E731
     nodes = [
-        helper.make_node("MatMul", ["o", "wo"], ["attn"]),
-        helper.make_node("Add", ["h", "attn"], ["h2"]),  # [T, H]
+        *_o_nodes(helper, "h2"),  # [T, H]
         # rms_norm(h2) · weight
         helper.make_node("Mul", ["h2", "h2"], ["sq"]),
         helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[-1], keepdims=1),  # [T, 1]
@@ -93,11 +122,8 @@ def o_mlp_graph(
     graph = helper.make_graph(
         nodes,
         "o_mlp",
-        [
-            helper.make_tensor_value_info("o", TensorProto.FLOAT, [rows, A]),
-            helper.make_tensor_value_info("h", TensorProto.FLOAT, [rows, H]),
-        ],
-        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [rows, H])],
+        _o_inputs(helper, TensorProto, wo, rows),
+        _o_output(helper, TensorProto, wo, rows),
         initializer=[
             _weight_t("wo", wo),
             c("norm", norm),

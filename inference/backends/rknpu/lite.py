@@ -3,8 +3,9 @@
 One RKNNLite per graph: `load_rknn`, `init_runtime(core_mask=…)` with the graphs spread over the three
 cores in turn, `inference` per prefill chunk (a chunk shorter than the compiled rows is padded with zero
 rows; a longer one, or one under `min_rows`, stays on the CPU). The layer code asks for a graph through
-`graph(layer, kind, *inputs)` (models/llama.py `qkv`, `o_mlp`; models/gemma4.py `qkv`, `mlp`) and gets its outputs, or None where the
-CPU computes; attention, router and experts never leave the CPU.
+`graph(layer, kind, *inputs)` (models/llama.py `qkv`, `o_mlp`; models/qwen3_moe.py and olmoe.py `qkv`,
+`o`; models/gemma4.py `qkv`, `mlp`) and gets its outputs, or None where the CPU computes; attention,
+router and experts never leave the CPU.
 
 `max_layers` bounds the layers whose graphs are loaded at once: a layer's graphs are then loaded just
 in time, as the chunk reaches the layer, and the least recently used layer's released (each graph holds
@@ -84,9 +85,11 @@ class GraphBackend:
         rows: the engine's prefill chunk; graphs compiled for fewer rows are refused.
         min_rows: chunks of fewer rows run on the CPU.
         max_layers: layers whose graphs stay loaded (None: all, loaded at once).
+        precisions: the graph precisions allowed (`auto`: those within the quality gate,
+            `quality.auto_precisions("graphs")`); None: any.
     Raises:
-        NpuError: no graphs, RKNNLite not importable, graphs compiled for a shorter chunk, or a graph
-            that does not load.
+        NpuError: no graphs, RKNNLite not importable, graphs compiled for a shorter chunk or in a
+            precision not allowed, or a graph that does not load.
     """
 
     name = "rknpu"
@@ -94,7 +97,15 @@ class GraphBackend:
     linear_many = staticmethod(kernels.linear_many)
     expert_min_rows = None  # routed experts stay with the MoE code's CPU kernels (their path is the matmul backend's)
 
-    def __init__(self, store, *, rows: int = 128, min_rows: int = MIN_ROWS, max_layers: int | None = None):
+    def __init__(
+        self,
+        store,
+        *,
+        rows: int = 128,
+        min_rows: int = MIN_ROWS,
+        max_layers: int | None = None,
+        precisions: tuple[str, ...] | None = None,
+    ):
         section = store.manifest.get("npu", {}).get(TARGET)
         if not section:
             raise NpuError(f"{store.path}: no npu/{TARGET} graphs; build them with `rkmojo npu build`")
@@ -103,6 +114,16 @@ class GraphBackend:
                 f"the graphs are compiled for {section['rows']}-row chunks and the engine's chunk is {rows}: "
                 f"rebuild with `rkmojo npu build --rows {rows}` or set chunk={section['rows']}"
             )
+        if precisions is not None:
+            refused = sorted({g["precision"] for g in section["graphs"].values()} - set(precisions))
+            if refused:
+                from .quality import failed
+
+                raise NpuError(
+                    f"auto uses only {'/'.join(precisions) or 'no'} graphs; "
+                    + "; ".join(failed("graphs", p) for p in refused)
+                    + ": rebuild with `rkmojo npu build --precision auto`, or ask for them with --backend rknpu"
+                )
         cls = rknnlite_class()
         cores = (cls.NPU_CORE_0, cls.NPU_CORE_1, cls.NPU_CORE_2)
         self.section, self.min_rows, self.max_layers = section, min_rows, max_layers

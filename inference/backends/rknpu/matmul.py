@@ -10,15 +10,22 @@ quantization parameters: per-channel INT8 is reported to return zeros, so the we
 scale and the activation's per-row scale are applied here, on the CPU, after the run). K is padded to
 a multiple of 32 (≤ 10240), N to 16 (fp16) or 32 (int8); B goes through the library's own
 `rknn_B_normal_layout_to_native_layout`, never our packing.
+
+B's memory is the runtime's (`rknn_create_mem`), or with `import_b` a buffer of ours that the runtime
+imports by fd (`rknn_create_mem_from_fd`; `dmabuf.py`: dma-heap on a board, else memfd): an expert slot
+the NPU reads where the CPU wrote it. A runtime that refuses the import gets `rknn_create_mem` instead
+(`Matmul.imported` says which; the caller logs it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes as C
 
 import numpy as np
 
 from ...errors import RkmojoError
+from .dmabuf import DMA_HEAP, SharedBuffer
 
 NAME_LEN, MAX_DIMS = 256, 16
 FP16_TO_FP32, INT8_TO_INT32 = 1, 2  # rknn_matmul_type values used here
@@ -158,12 +165,28 @@ class Matmul:
         M, K, N: rows of A, the shared dimension, columns of B (already aligned: see `padded`).
         kind: "fp16" (FP16×FP16→FP32) or "int8" (INT8×INT8→INT32, raw products).
         core: 0, 1 or 2 (RK3588's cores) or None for the runtime's choice.
+        import_b: B in a `SharedBuffer` imported by fd (`imported`: its source, "dma-heap" or "memfd";
+            None when the runtime refused the import and B is in `rknn_create_mem`'s memory).
+        heap: the dma-heap device for `import_b`.
     Raises:
         NpuError: the runtime refused a call (its error code named).
     """
 
-    def __init__(self, rt: Runtime, M: int, K: int, N: int, kind: str, core: int | None = None):
+    def __init__(
+        self,
+        rt: Runtime,
+        M: int,
+        K: int,
+        N: int,
+        kind: str,
+        core: int | None = None,
+        *,
+        import_b: bool = False,
+        heap: str = DMA_HEAP,
+    ):
         self.rt, self.kind = rt, kind
+        self.b_buffer: SharedBuffer | None = None
+        self.imported: str | None = None
         self.info = MatmulInfo(M=M, K=K, N=N, type=TYPES[kind], B_layout=1)
         self.io = IoAttr()
         self.ctx = C.c_uint64(0)
@@ -176,7 +199,11 @@ class Matmul:
         try:
             if core is not None:
                 _check(lib.rknn_matmul_set_core_mask(self.ctx, CORES[core]), f"rknn_matmul_set_core_mask({core})")
-            self.a, self.b, self.c = (self._mem(attr) for attr in (self.io.A, self.io.B, self.io.C))
+            self.a = self._mem(self.io.A)
+            self.b = self._import(self.io.B, heap) if import_b else None
+            if self.b is None:
+                self.b = self._mem(self.io.B)
+            self.c = self._mem(self.io.C)
         except BaseException:
             self.close()
             raise
@@ -188,6 +215,25 @@ class Matmul:
         mem = self.rt.lib.rknn_create_mem(self.ctx, attr.size)
         if not mem:
             raise NpuError(f"librknnrt: rknn_create_mem({attr.size}) for {attr.name.decode()} failed")
+        return self._bind(mem, attr)
+
+    def _import(self, attr: TensorAttr, heap: str):
+        """attr's memory in a SharedBuffer imported by fd, or None when the runtime refuses the import."""
+        try:
+            buf = SharedBuffer(attr.size, heap)
+        except OSError:  # no fd or mapping to be had (EMFILE, ENOMEM): the runtime's memory, as when refused
+            return None
+        mem = self.rt.lib.rknn_create_mem_from_fd(self.ctx, buf.fd, buf.addr, attr.size, 0)
+        if mem and self.rt.lib.rknn_matmul_set_io_mem(self.ctx, mem, C.byref(attr)) == 0:
+            self.mems.append(mem)
+            self.b_buffer, self.imported = buf, buf.source
+            return mem
+        if mem:
+            self.rt.lib.rknn_destroy_mem(self.ctx, mem)
+        buf.close()
+        return None
+
+    def _bind(self, mem, attr: TensorAttr):
         self.mems.append(mem)
         _check(
             self.rt.lib.rknn_matmul_set_io_mem(self.ctx, mem, C.byref(attr)),
@@ -205,12 +251,11 @@ class Matmul:
         """B [K, N] in normal (row-major) layout, converted by the library into its native layout."""
         b = np.ascontiguousarray(b, np.float16 if self.kind == "fp16" else np.int8)
         assert b.shape == (self.info.K, self.info.N)
-        _check(
-            self.rt.lib.rknn_B_normal_layout_to_native_layout(
+        with self.b_buffer.write_access() if self.b_buffer else contextlib.nullcontext():
+            ret = self.rt.lib.rknn_B_normal_layout_to_native_layout(
                 b.ctypes.data, self.b.contents.virt_addr, self.info.K, self.info.N, C.byref(self.info)
-            ),
-            "rknn_B_normal_layout_to_native_layout",
-        )
+            )
+        _check(ret, "rknn_B_normal_layout_to_native_layout")
 
     def run(self, a: np.ndarray) -> np.ndarray:
         """A [M, K] (fp16 or int8 as the context's kind) → a copy of C [M, N] (float32 or int32)."""
@@ -235,6 +280,9 @@ class Matmul:
         self.mems = []
         self.rt.lib.rknn_matmul_destroy(self.ctx)
         self.ctx = C.c_uint64(0)
+        if self.b_buffer is not None:  # ours, not the runtime's: unmapped and closed after it let go
+            self.b_buffer.close()
+            self.b_buffer = None
 
 
 def padded(n: int, align: int) -> int:

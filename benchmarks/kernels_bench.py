@@ -3,7 +3,10 @@
 GB/s counts the weight bytes read once per call (what bounds decode); GFLOP/s counts 2·T·out·in.
 The numpy column (dequantize, then float32 matmul on OpenBLAS threads) is a sanity baseline.
 `--cold MB` cycles through copies of each weight filling MB, so weights come from DRAM rather than a
-big last-level cache (the RK3588 has 3 MiB of L3; x86 servers can hold every shape here).
+big last-level cache (the RK3588 has 3 MiB of L3; x86 servers can hold every shape here), and first
+prints what one thread streams from DRAM when it only sums (numpy over MB of float32): at T = 1 a
+kernel's GB/s over that figure says whether decode is bound by memory (near 1) or by its own
+instructions (well below).
 
     .venv/bin/python benchmarks/kernels_bench.py [--kinds q4 q8] [--tokens 1 128] [--threads 1 2] [--cold 1024]
         [--activations f32 q8] [--shapes 768x2048 2048x768]
@@ -52,6 +55,12 @@ def main() -> None:
     rng = np.random.default_rng(0)
     print(f"backend {kernels.BACKEND} (int8 dot: {kernels.DOT}); GB/s of weight bytes, GFLOP/s = 2*T*out*in / time")
     thr_cols = "".join(f" | {f'{n} thr ms':>9} {'GB/s':>6} {'GFLOP/s':>7}" for n in args.threads)
+    if args.cold:
+        buf = np.ones(int(args.cold * 1e6 / 4), np.float32)
+        print(
+            f"DRAM read reference: {buf.nbytes / best_time(buf.sum, args.min_time) / 1e9:.2f} GB/s (one thread summing {args.cold:g} MB)"
+        )
+        del buf
     print(f"{'kind':5} {'act':3} {'out x in':>11} {'T':>4}{thr_cols} | {'numpy ms':>8}")
     for kind in args.kinds:
         for out, inn in shapes:

@@ -23,11 +23,24 @@ import os
 import numpy as np
 
 from ..quant import QTensor, dequantize
-from ._lib import ACTIVATIONS, DEFAULT_ACTIVATIONS, KernelLib, load_build
+from ._lib import (
+    ACTIVATIONS,
+    DECODE_HEADER,
+    DECODE_LAYER,
+    DECODE_MAT_FIELDS,
+    DECODE_MATRICES,
+    DEFAULT_ACTIVATIONS,
+    KernelLib,
+    load_build,
+)
 
 __all__ = [
     "ACTIVATIONS",
     "BACKEND",
+    "DECODE_HEADER",
+    "DECODE_LAYER",
+    "DECODE_MATRICES",
+    "DECODE_MAT_FIELDS",
     "DOT",
     "attention",
     "embed_rows",
@@ -37,6 +50,8 @@ __all__ = [
     "configured",
     "linear_grouped",
     "linear_many",
+    "llama_decode",
+    "matrix_fields",
     "pool_stats",
     "set_activations",
     "set_threads",
@@ -124,6 +139,30 @@ def attention(
         ValueError: shapes or layouts do not fit.
     """
     return _LIB.attention(q, k, v, kpos, qpos, window, scale)
+
+
+def llama_decode(model: np.ndarray) -> None:
+    """One token through every layer of a Llama-style model in one call (rkdecode.h): the T = 1 case of
+    `inference.models.llama`'s layer code, in this thread's activation mode and thread count.
+
+    Args:
+        model: the int64 descriptor: DECODE_HEADER fields, then per layer DECODE_LAYER fields and the
+            DECODE_MATRICES' `matrix_fields`. Its `h` array is updated in place, as are the layers' K/V
+            rows and key positions at `pos`.
+
+    Raises:
+        ValueError: the kernel rejected a shape or kind, or ran out of memory.
+    """
+    _LIB.llama_decode(model)
+
+
+def matrix_fields(w: QTensor) -> tuple[int, int, int, int]:
+    """The kind code and part addresses of `w` for a `llama_decode` descriptor (w must stay alive).
+
+    Raises:
+        ValueError: a part's dtype, size or contiguity is not what the kind needs.
+    """
+    return _LIB.matrix_fields(w)
 
 
 def embed_rows(w: QTensor, ids) -> np.ndarray:

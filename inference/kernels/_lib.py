@@ -37,6 +37,13 @@ _F32 = np.dtype(np.float32)
 _F16 = np.dtype(np.float16)
 MAX_MATRICES = 16  # per linear_many call (MAX_MATRICES in rkkernels.c)
 MAX_GROUPED, GROUP_ROWS = 64, 128  # per linear_grouped call, and rows per matrix (MAX_GROUPED, TILE_T)
+# the decode step's model descriptor (rkdecode.h): header fields, then per layer its fields, matrices of
+# DECODE_MAT_FIELDS each in DECODE_MATRICES order
+DECODE_HEADER = "layers hidden heads kv_heads head_dim inter rot_half kv_f16 kv_cap eps scale pos h cos sin q8a".split()
+DECODE_LAYER = ("attn_norm", "mlp_norm", "k", "v", "kpos")
+DECODE_MATRICES = ("q", "k", "v", "o", "gate", "up", "down")
+DECODE_MAT_FIELDS = 4
+DM_Q8A = DECODE_HEADER.index("q8a")
 
 # An ndarray's data pointer sits right after the object header (PyArrayObject: PyObject_HEAD, then
 # `char *data`, numpy's stable C ABI). Reading it there takes 0.1 µs where `.ctypes.data` takes 1.2 µs,
@@ -221,6 +228,10 @@ class KernelLib:
         lib.rk_attention.restype = ctypes.c_int
         lib.rk_pool_stats.argtypes = [vp]
         lib.rk_pool_stats.restype = None
+        lib.rk_llama_decode.argtypes = [vp]
+        lib.rk_llama_decode.restype = ctypes.c_int
+        lib.rk_f16_round.argtypes = [i64, vp, vp]
+        lib.rk_f16_round.restype = None
         self._lib = lib
         self._fast = getattr(module, "linear_many", None)
         self.path = Path(path)
@@ -433,6 +444,34 @@ class KernelLib:
             raise ValueError(
                 f"attention: the kernel rejected q {q.shape}, k {k.shape}, v {v.shape}: {_ERRORS.get(rc, rc)}"
             )
+        return out
+
+    def matrix_fields(self, w: QTensor) -> tuple[int, int, int, int]:
+        """(kind code, part pointers) of `w` as a decode model descriptor holds them (rkdecode.h), after
+        checking its parts' layout. The pointers are w's memory: keep w alive while they are used.
+
+        Raises:
+            ValueError: a part's dtype, size or contiguity is not what the kind needs.
+        """
+        return tuple(_part_pointers(w))
+
+    def llama_decode(self, model: np.ndarray) -> None:
+        """One decode step through the layers the int64 descriptor `model` describes (rkdecode.h), in this
+        thread's activation mode and thread count.
+
+        Raises:
+            ValueError: the kernel rejected a shape or kind, or ran out of memory.
+        """
+        model[DM_Q8A] = int(self._flag == Q8A)
+        rc = self._lib.rk_llama_decode(_data(model))
+        if rc:
+            raise ValueError(f"llama_decode: the kernel rejected the step: {_ERRORS.get(rc, rc)}")
+
+    def f16_round(self, x: np.ndarray) -> np.ndarray:
+        """x as the IEEE halves the decode step stores K/V in (round to nearest even, as numpy)."""
+        x = np.ascontiguousarray(x, dtype=_F32)
+        out = np.empty(x.shape, np.float16)
+        self._lib.rk_f16_round(x.size, _data(x), _data(out))
         return out
 
     @staticmethod

@@ -881,6 +881,7 @@ RK_API int rk_linear(int kind, int64_t T, int64_t out, int64_t in, const float *
 }
 
 #include "rkattention.h"
+#include "rkdecode.h"
 
 #ifndef RK_NO_PYTHON
 #include "rkpython.h"

@@ -129,13 +129,16 @@ class LayerKV:
         if self.window:
             rows = positions % self.cap
         else:
-            need = int(positions[-1]) + 1
-            if need > self.cap:
-                self._grow(max(need, self.cap * 2))
+            self.reserve(int(positions[-1]) + 1)
             rows = positions
         self.k[:, rows] = k.transpose(1, 0, 2)
         self.v[:, rows] = v.transpose(1, 0, 2)
         self.pos[rows] = positions
+
+    def reserve(self, n: int) -> None:
+        """Make a full layer hold rows for positions < n (growing in doubling steps)."""
+        if not self.window and n > self.cap:
+            self._grow(max(n, self.cap * 2))
 
     def _grow(self, cap: int) -> None:
         for name in ("k", "v"):
@@ -243,6 +246,12 @@ class Transformer:
     def layer(self, i: int, h: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
+    def layers_forward(self, h: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:
+        """h [T, H] through every layer (an architecture may run some chunks another way, e.g. decode)."""
+        for i in range(self.args.num_hidden_layers):
+            h = self.layer(i, h, cache, positions)
+        return h
+
     def hidden(self, ids: np.ndarray, cache: KVCache, *, progress=None) -> np.ndarray:
         """Final-normed hidden states [T, H] for `ids`, appended to `cache`, chunk by chunk;
         `progress(rows done, rows)` after each chunk when given."""
@@ -255,8 +264,7 @@ class Transformer:
             h = embed_rows(self.embed, part)
             if self.embed_scale != 1.0:
                 h = h * np.float32(self.embed_scale)
-            for i in range(self.args.num_hidden_layers):
-                h = self.layer(i, h, cache, positions)
+            h = self.layers_forward(h, cache, positions)
             cache.offset += len(part)
             outs.append(rms_norm(h, self.norm, self.args.rms_norm_eps, self.norm_plus_one))
             if progress is not None:

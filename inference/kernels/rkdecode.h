@@ -181,12 +181,7 @@ RK_API int rk_llama_decode(const int64_t *model)
         int64_t *kpos = (int64_t *)(intptr_t)L[DL_KPOS];
         kpos[pos] = pos;
         att_job aj = {1, nh, nkv, D, D, pos + 1, cap * D, cap * D, 0, f16, q, K, V, kpos, &pos, scale, att, 0};
-        const int most = threads_now();
-        int nth = most;
-        const int64_t work = nh * (pos + 1) * 2 * D;
-        if ((int64_t)nth * MIN_WORK_PER_THREAD > work) nth = (int)(work / MIN_WORK_PER_THREAD) + 1;
-        if (nth > most) nth = most;
-        pool_run(att_task, &aj, nkv, nth);
+        pool_run(att_task, &aj, nkv, threads_for(nh * (pos + 1) * 2 * D));
         if (aj.failed) {
             rc = RK_ENOMEM;
             break;

@@ -161,3 +161,30 @@ def test_the_neon_decode_step_matches_the_python_layers_under_qemu(neon, stores,
         scale = np.abs(layer.k).max()
         np.testing.assert_allclose(k.astype(np.float32), layer.k.astype(np.float32), atol=1e-3 * scale, rtol=0)
         np.testing.assert_allclose(v.astype(np.float32), layer.v.astype(np.float32), atol=1e-3 * scale, rtol=0)
+
+
+def test_the_decode_mode_decodes_in_int8_and_keeps_prompts_on_the_float_path_however_cached(stores):
+    from inference.engine import Engine
+
+    ids = [int(t) for t in np.random.default_rng(6).integers(0, 512, 10)]
+    m = load_model(stores["q4"])
+    cache = m.new_cache()
+    with kernels.configured(activations="f32"):
+        m.forward(np.array(ids[:-1]), cache)
+    steps = {}
+    for mode in ("decode", "q8", "experts"):
+        with kernels.configured(activations=mode):
+            steps[mode] = m.hidden(np.array(ids[-1:]), copy.deepcopy(cache))  # q8 also takes the head in int8
+    assert np.array_equal(steps["decode"], steps["q8"]) and not np.array_equal(steps["decode"], steps["experts"])
+
+    # a prompt whose prefix the cache holds computes its last row alone, through the Python layers: the
+    # same bits as in the whole prompt's chunk, on the float path
+    prompts = {}
+    for mode in ("decode", "experts"):
+        e = Engine.open(stores["q4"], activations=mode, chunk=4)
+        first, _ = e.prefill(ids)
+        again, reused = e.prefill(ids)
+        assert reused == len(ids) - 1
+        assert np.array_equal(first, again)
+        prompts[mode] = first
+    assert np.array_equal(prompts["decode"], prompts["experts"])

@@ -4,7 +4,8 @@ Every weight kind of `inference.quant` is multiplied in its stored form: each bl
 dequantized into registers and applied to up to 6 activation rows, never to a dense copy. Activations
 are float32 ("f32", the exact path), or for q4, q4_0, q4_1 and q8_0 weights quantized to int8 per block
 of 32 and multiplied by integer dot products ("q8", as llama.cpp does), or int8 only in the grouped
-calls of MoE experts ("experts", the default; `set_activations`). Results are
+calls of MoE experts ("experts"), or there and in the one-token decode step of dense models
+(`llama_decode`; "decode", the default: prompts, even one row, stay on the float path; `set_activations`). Results are
 deterministic in either mode: the same inputs give bit-identical outputs whatever the thread count and
 whatever other rows share the batch.
 
@@ -171,8 +172,8 @@ def embed_rows(w: QTensor, ids) -> np.ndarray:
 
 
 def set_activations(mode: str) -> None:
-    """The activations of every following call: "f32" (exact float path), "q8" (int8) or "experts"
-    (int8 in `linear_grouped` only); see above.
+    """The activations of every following call: "f32" (exact float path), "q8" (int8), "experts"
+    (int8 in `linear_grouped` only) or "decode" (and in `llama_decode`); see above.
 
     Raises:
         ValueError: an unknown mode.

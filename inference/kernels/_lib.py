@@ -30,9 +30,10 @@ BUILD_HINT = "build it with `pip install -e .` (or `python setup.py build_ext --
 _KIND_CODES = {kind: code for code, kind in enumerate(KINDS)}
 _ERRORS = {1: "invalid kind or shape", 2: "out of memory for the activation scratch"}
 Q8A = 16  # RK_Q8A in rkkernels.c: a kind code's flag for int8 activations
-# float activations (the exact path); int8 per block of 32 (q4, q4_0, q4_1, q8_0 weights) everywhere; or int8
-# only in the MoE experts' grouped calls (linear_grouped), the bulk of an MoE model's compute
-ACTIVATIONS = ("f32", "q8", "experts")
+# float activations (the exact path); int8 per block of 32 (q4, q4_0, q4_1, q8_0 weights) everywhere; int8
+# only in the MoE experts' grouped calls (linear_grouped), the bulk of an MoE model's compute; or there and
+# in a dense model's compiled one-token decode step (llama_decode) too
+ACTIVATIONS = ("f32", "q8", "experts", "decode")
 _F32 = np.dtype(np.float32)
 _F16 = np.dtype(np.float16)
 MAX_MATRICES = 16  # per linear_many call (MAX_MATRICES in rkkernels.c)
@@ -54,15 +55,15 @@ _DATA_OFFSET = ctypes.sizeof(ctypes.c_ssize_t) + ctypes.sizeof(ctypes.c_void_p)
 _pointer_at = ctypes.c_void_p.from_address
 
 
-def _modes(mode: str) -> tuple[str, int, int]:
-    """(mode, the kind-code flag of linear/linear_many, that of linear_grouped).
+def _modes(mode: str) -> tuple[str, int, int, int]:
+    """(mode, the kind-code flag of linear/linear_many, that of linear_grouped, that of llama_decode).
 
     Raises:
         ValueError: an unknown mode.
     """
     if mode not in ACTIVATIONS:
         raise ValueError(f"activations {mode!r}: choose one of {', '.join(ACTIVATIONS)}")
-    return mode, Q8A if mode == "q8" else 0, 0 if mode == "f32" else Q8A
+    return mode, Q8A if mode == "q8" else 0, 0 if mode == "f32" else Q8A, Q8A if mode in ("q8", "decode") else 0
 
 
 def _data_fast(a: np.ndarray) -> int:
@@ -86,11 +87,12 @@ _data = _check_data_offset()
 
 # RKMOJO_KERNELS value → the build's module; "native" is whatever the machine's best backend is
 BUILDS = {"native": EXTENSION, "avx2": EXTENSION + "_avx2", "scalar": EXTENSION + "_scalar"}
-# int8 in the experts only: their matmuls are most of an MoE model's time (prefill 1.6-1.8x, decode
-# 1.1-1.3x faster with int8), while a dense model's attention inputs carry outlier channels: on SmolLM2
-# q8 everywhere agrees with f32 on 97% of top-1 at equal perplexity, yet flips the demo question's
-# greedy answer (benchmarks/README.md, activation_agreement.py)
-DEFAULT_ACTIVATIONS = "experts"
+# int8 in the experts: their matmuls are most of an MoE model's time (prefill 1.6-1.8x, decode 1.1-1.3x
+# faster with int8). A dense model's attention inputs carry outlier channels: on SmolLM2, q8 prefill
+# flips the demo question's greedy answer, so prompts stay float; its decode in int8 is 1.17-1.22x
+# faster (AVX-512) at 97.5% top-1 agreement and +0.13% perplexity against float decode, the answer kept
+# (benchmarks/README.md, activation_agreement.py --decode)
+DEFAULT_ACTIVATIONS = "decode"
 
 
 def load_build(name: str) -> tuple[Path, object]:
@@ -243,7 +245,7 @@ class KernelLib:
         self._local = threading.local()
 
     @property
-    def _modes(self) -> tuple[str, int, int]:
+    def _modes(self) -> tuple[str, int, int, int]:
         return getattr(self._local, "modes", None) or self._default
 
     @property
@@ -256,7 +258,8 @@ class KernelLib:
 
     def set_activations(self, mode: str) -> None:
         """The process's default mode: "f32" (float activations), "q8" (int8 per block of 32 for the
-        q4/q4_0/q4_1/q8_0 weights) or "experts" (int8 in linear_grouped calls only).
+        q4/q4_0/q4_1/q8_0 weights), "experts" (int8 in linear_grouped calls only) or "decode" (int8 in
+        linear_grouped and llama_decode calls).
 
         Raises:
             ValueError: an unknown mode.
@@ -462,7 +465,7 @@ class KernelLib:
         Raises:
             ValueError: the kernel rejected a shape or kind, or ran out of memory.
         """
-        model[DM_Q8A] = int(self._flag == Q8A)
+        model[DM_Q8A] = int(self._modes[3] == Q8A)
         rc = self._lib.rk_llama_decode(_data(model))
         if rc:
             raise ValueError(f"llama_decode: the kernel rejected the step: {_ERRORS.get(rc, rc)}")

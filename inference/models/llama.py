@@ -1,7 +1,8 @@
 """Llama (dense): SmolLM2 and friends. RMSNorm, rotate-half RoPE, GQA, SwiGLU MLP.
 
-A one-token chunk (decode) on the CPU runs all layers as one compiled call (`kernels.llama_decode`), the
-same math as `layer` without its per-layer numpy steps; `layer` stays the reference and runs prefill.
+A generated token (decode) on the CPU runs all layers as one compiled call (`kernels.llama_decode`), the
+same math as `layer` without its per-layer numpy steps; `layer` stays the reference and runs prompts
+(so a prompt's rows have the same bits however it is chunked: a prompt cache recomputes its last row alone).
 """
 
 from __future__ import annotations
@@ -138,9 +139,9 @@ class Model(Transformer):
         self.layers = [self._load_layer(i) for i in range(args.num_hidden_layers)]
         self._decode: DecodeStep | None = None
 
-    def layers_forward(self, h: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:
-        if len(positions) != 1 or not self.fused_decode or not dense_on_cpu(self.ops, 1):
-            return super().layers_forward(h, cache, positions)
+    def layers_forward(self, h: np.ndarray, cache: KVCache, positions: np.ndarray, prompt: bool) -> np.ndarray:
+        if prompt or len(positions) != 1 or not self.fused_decode or not dense_on_cpu(self.ops, 1):
+            return super().layers_forward(h, cache, positions, prompt)
         if self._decode is None:
             self._decode = DecodeStep(self)
         cos, sin = self.rope(positions, self.inv_freq)

@@ -124,43 +124,61 @@ def neon_relocations(step: DecodeStep, arrays: list[np.ndarray]):
     return [(f, where[int(step.desc[f])]) for f in fields if step.desc[f]]
 
 
-@pytest.mark.parametrize("kv", ["f32", "f16"])
-@pytest.mark.parametrize("activations", ["f32", "q8"])
-def test_the_neon_decode_step_matches_the_python_layers_under_qemu(neon, stores, activations, kv):
-    m = load_model(stores["q4"], kv_dtype=kv)
+def check_one_step(store, kv: str, activations: str, run) -> None:
+    """A build's decode step, `run(model, step, h, cache, pos, cos, sin)` → (h after the layers, its cache's
+    (k, v, kpos) per layer), against the Python layers at position 6."""
+    m = load_model(store, kv_dtype=kv)
     ids = np.random.default_rng(5).integers(0, 512, 7)
     cache = m.new_cache()
     m.forward(np.array(ids[:6]), cache)
     pos = cache.offset
-    positions = np.array([pos])
     h0 = kernels.embed_rows(m.embed, ids[6:])
-    cos, sin = rope_cos_sin(positions, m.inv_freq)
-
-    theirs = copy.deepcopy(cache)
-    step = DecodeStep(m)
-    h, _held = step.prepare(h0, theirs, pos, cos, sin)
-    cos, sin = _held
-    weights = [p for L in m.layers for w in [L[n] for n in "qkvo"] + list(L["mlp"].values()) for p in w.parts.values()]
-    norms = [v for L in m.layers for v in (L["attn_norm"], L["mlp_norm"])]
-    kvs = [a for kv_ in theirs.layers for a in (kv_.k, kv_.v, kv_.pos)]
-    blobs = [h, cos, sin, *norms, *weights, *kvs]
-    step.desc[_lib.DM_Q8A] = int(activations == "q8")
-    out = neon.llama_decode(step.desc, blobs, neon_relocations(step, blobs))
+    cos, sin = rope_cos_sin(np.array([pos]), m.inv_freq)
+    got_h, got_kv = run(m, DecodeStep(m), h0, copy.deepcopy(cache), pos, cos, sin)
 
     m.fused_decode = False
     with kernels.configured(activations=activations):
         want = m.hidden(ids[6:], cache)  # final-normed
-    got = rms_norm(out[0], m.norm, m.args.rms_norm_eps)
-    # the NEON kernels sum in their own lane order; q8: see TOL (one layer's worth of int8 rounding moves)
+    got = rms_norm(got_h, m.norm, m.args.rms_norm_eps)
+    # other builds sum in their own lane order; q8: see TOL (one layer's worth of int8 rounding moves)
     tol = 1e-4 if activations == "f32" else 2e-2
     assert np.abs(got - want).max() <= tol * np.abs(want).max()
-    got_kv = out[3 + len(norms) + len(weights) :]
-    for j, layer in enumerate(cache.layers):
-        k, v, kpos = got_kv[3 * j : 3 * j + 3]
+    for (k, v, kpos), layer in zip(got_kv, cache.layers):
         assert np.array_equal(kpos, layer.pos)
         scale = np.abs(layer.k).max()
         np.testing.assert_allclose(k.astype(np.float32), layer.k.astype(np.float32), atol=1e-3 * scale, rtol=0)
         np.testing.assert_allclose(v.astype(np.float32), layer.v.astype(np.float32), atol=1e-3 * scale, rtol=0)
+
+
+@pytest.mark.parametrize("kv", ["f32", "f16"])
+@pytest.mark.parametrize("activations", ["f32", "q8"])
+def test_the_neon_decode_step_matches_the_python_layers_under_qemu(neon, stores, activations, kv):
+    def run(m, step, h0, cache, pos, cos, sin):
+        h, (cos, sin) = step.prepare(h0, cache, pos, cos, sin)
+        weights = [p for L in m.layers for w in [*(L[n] for n in "qkvo"), *L["mlp"].values()] for p in w.parts.values()]
+        norms = [v for L in m.layers for v in (L["attn_norm"], L["mlp_norm"])]
+        kvs = [a for layer in cache.layers for a in (layer.k, layer.v, layer.pos)]
+        blobs = [h, cos, sin, *norms, *weights, *kvs]
+        step.desc[_lib.DM_Q8A] = int(activations == "q8")
+        out = neon.llama_decode(step.desc, blobs, neon_relocations(step, blobs))
+        got_kv = out[3 + len(norms) + len(weights) :]
+        return out[0], [got_kv[j : j + 3] for j in range(0, len(got_kv), 3)]
+
+    check_one_step(stores["q4"], kv, activations, run)
+
+
+@pytest.mark.parametrize("activations", ["f32", "q8"])
+def test_the_other_builds_decode_step_matches_the_python_layers(other_build, stores, activations):
+    def run(m, step, h0, cache, pos, cos, sin):
+        h, _held = step.prepare(h0, cache, pos, cos, sin)
+        before = other_build.use(None, activations)
+        try:
+            other_build.llama_decode(step.desc)
+        finally:
+            other_build.use(*before)
+        return h, [(layer.k, layer.v, layer.pos) for layer in cache.layers]
+
+    check_one_step(stores["q4"], "f16", activations, run)
 
 
 def test_the_decode_mode_decodes_in_int8_and_keeps_prompts_on_the_float_path_however_cached(stores):

@@ -5,9 +5,9 @@ dequantized into registers and applied to up to 6 activation rows, never to a de
 are float32 ("f32", the exact path), or for q4, q4_0, q4_1 and q8_0 weights quantized to int8 per block
 of 32 and multiplied by integer dot products ("q8", as llama.cpp does), or int8 only in the grouped
 calls of MoE experts ("experts"), or there and in the one-token decode step of dense models
-(`llama_decode`; "decode", the default: prompts, even one row, stay on the float path; `set_activations`). Results are
-deterministic in either mode: the same inputs give bit-identical outputs whatever the thread count and
-whatever other rows share the batch.
+(`llama_decode`; "decode", the default: prompts, even one row, stay on the float path; `set_activations`).
+Results are deterministic in every mode: the same inputs give bit-identical outputs whatever the thread
+count and whatever other rows share the batch (`llama_decode` is its own computation: see rkdecode.h).
 
 Environment: RKMOJO_KERNELS picks the build (native, the default; avx2 or scalar, built beside it on
 x86 so one machine times each path); RKMOJO_ACTIVATIONS the starting activation mode.

@@ -89,7 +89,7 @@ _data = _check_data_offset()
 BUILDS = {"native": EXTENSION, "avx2": EXTENSION + "_avx2", "scalar": EXTENSION + "_scalar"}
 # int8 in the experts: their matmuls are most of an MoE model's time (prefill 1.6-1.8x, decode 1.1-1.3x
 # faster with int8). A dense model's attention inputs carry outlier channels: on SmolLM2, q8 prefill
-# flips the demo question's greedy answer, so prompts stay float; its decode in int8 is 1.17-1.22x
+# flips the demo question's greedy answer, so prompts stay float; its decode in int8 is 1.16-1.22x
 # faster (AVX-512) at 97.5% top-1 agreement and +0.13% perplexity against float decode, the answer kept
 # (benchmarks/README.md, activation_agreement.py --decode)
 DEFAULT_ACTIVATIONS = "decode"

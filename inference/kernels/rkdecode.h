@@ -1,7 +1,7 @@
 /* One decode step (one token, T = 1) through every layer of a Llama-style model in one call (included
  * by rkkernels.c after rkattention.h). The Python layer code (inference/models/llama.py) is the
- * reference and runs prefill; this is its one-row case without ~40 numpy temporaries and kernel calls
- * per layer, which took a third of a SmolLM2 token (benchmarks/README.md).
+ * reference and runs prompts; this is its one-row case for generated tokens, without the ~40 numpy
+ * temporaries and 5 kernel calls per layer that took a third of a SmolLM2 token (benchmarks/README.md).
  *
  * Per layer, in the order of llama.py:
  *   x = rms_norm(h) * attn_norm;  q, k, v = x @ Wq.T, Wk.T, Wv.T (one rk_linear_many)
@@ -15,9 +15,10 @@
  * thread and the kernels are deterministic, so the step's output does not depend on the thread count.
  *
  * The model is one int64 array: DM_FIELDS header fields, then DL_FIELDS per layer. Pointers are
- * addresses; eps and the attention scale are float32 bits; matrix codes are kind codes of rkkernels.c.
- * inference/kernels/_lib.py names the same fields (DECODE_HEADER, DECODE_LAYER). A layer's K (and V) cache is [n_kv, cap, head_dim], rows `pos` of
- * each head written here; kpos [cap] the position each row holds (-1: empty), row p holding position p.
+ * addresses; eps and the attention scale are float32 bits; matrix codes are kind codes of rkkernels.c
+ * (inference/kernels/_lib.py names the same fields: DECODE_HEADER, DECODE_LAYER). A layer's K (and V)
+ * cache is [n_kv, cap, head_dim], row `pos` of each head written here; kpos [cap] the position each row
+ * holds (-1: empty), row p holding position p.
  */
 #ifndef RKDECODE_H
 #define RKDECODE_H

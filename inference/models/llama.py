@@ -114,7 +114,7 @@ class DecodeStep:
         """`desc` for this token: the (new) h array the call updates, and the arrays to keep alive meanwhile."""
         for kv in cache.layers:
             kv.reserve(pos + 1)
-        held = [kv.k for kv in cache.layers]
+        held = [a for kv in cache.layers for a in (kv.k, kv.v, kv.pos)]
         if len(held) != len(self._kv) or any(x is not y for x, y in zip(held, self._kv)):
             for i, kv in enumerate(cache.layers):
                 base = self.h0 + i * self.nl

@@ -38,6 +38,7 @@ def kernel_builds() -> list[Extension]:
                 "inference/kernels/rkpool.h",
                 "inference/kernels/rkpython.h",
                 "inference/kernels/rkattention.h",
+                "inference/kernels/rkdecode.h",
             ],
             extra_compile_args=["-O3", "-fopenmp", "-std=c11", *arch_flags(), f"-DRK_MODULE={name}", *flags],
             extra_link_args=["-fopenmp"],

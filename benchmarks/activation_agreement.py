@@ -1,13 +1,14 @@
 """How much int8 activations ("q8") change a model's predictions against the exact float path ("f32").
 
 Text: Python's own documentation topics (`pydoc_data.topics`, shipped with every CPython), the first
---tokens tokens, teacher-forced in one prefill (rows are computed alone whatever the batch, so decode
-gives the same logits). Reported per model: top-1 agreement of the two paths, each path's perplexity
+--tokens tokens, teacher-forced in one prefill, or with `--decode` one token at a time (the decode
+step: on Llama models the compiled one, `kernels.llama_decode`, whose last bits differ from the
+prefill's Python layers; `f32 decode` then also compares it with the f32 prefill). Reported per model: top-1 agreement of the two paths, each path's perplexity
 on the text, and the worst |Δlogit| / logit range. SmolLM2 (the demo GGUF, Q4_1) is a trained model;
 the tiny MoE models of the parity tests have random weights (q4 stores), where the text is just ids
 and only agreement means something.
 
-    .venv/bin/python benchmarks/activation_agreement.py [--tokens 1024] [--store DIR]
+    .venv/bin/python benchmarks/activation_agreement.py [--tokens 1024] [--store DIR] [--decode]
 """
 
 import argparse
@@ -30,12 +31,16 @@ def corpus() -> str:
     return "\n\n".join(topics[k] for k in sorted(topics))
 
 
-def logits_by_mode(store, ids: np.ndarray, chunk: int = 128) -> dict[str, np.ndarray]:
+def logits_by_mode(store, ids: np.ndarray, chunk: int = 128, decode: bool = False) -> dict[str, np.ndarray]:
     out = {}
     for mode in ("f32", "q8"):
         kernels.set_activations(mode)
         m = load_model(store, chunk=chunk)
-        out[mode] = m.forward(ids, m.new_cache())
+        cache = m.new_cache()
+        if decode:
+            out[mode] = np.concatenate([m.forward(ids[i : i + 1], cache) for i in range(len(ids))])
+        else:
+            out[mode] = m.forward(ids, cache)
     kernels.set_activations("f32")
     return out
 
@@ -62,6 +67,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=1024)
     p.add_argument("--store", default=None, help="SmolLM2 store (default: the demo model, converted if needed)")
     p.add_argument("--no-tiny", action="store_true", help="skip the tiny random MoE models")
+    p.add_argument("--decode", action="store_true", help="SmolLM2 one token at a time (the decode step)")
     a = p.parse_args()
     from inference.demo import demo_gguf
     from inference.store import Store
@@ -76,7 +82,12 @@ def main() -> None:
 
             store = convert_gguf(demo_gguf(), Path(d) / "smollm2", progress=False)
         ids = np.array(StoreTokenizer(Store(store)).encode(corpus())[: a.tokens])
-        report("smollm2-135m (Q4_1)", logits_by_mode(store, ids), ids)
+        lg = logits_by_mode(store, ids)
+        report("smollm2-135m (Q4_1)", lg, ids)
+        if a.decode:
+            dec = logits_by_mode(store, ids, decode=True)
+            report("smollm2-135m, decode", dec, ids)
+            report("  f32 decode vs f32 prefill", {"f32": lg["f32"], "q8": dec["f32"]}, ids)
         if a.no_tiny:
             return
         from parity import build_checkpoint

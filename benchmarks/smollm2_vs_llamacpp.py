@@ -107,7 +107,7 @@ def main(argv=None) -> int:
         "--variants",
         default="native:",
         help="rkmojo runs as BUILD:ACTIVATIONS, comma-separated "
-        "(build native|avx2|scalar|baseline; activations f32|q8|experts, empty: the default)",
+        "(build native|avx2|scalar|baseline; activations f32|q8|experts|decode, empty: the default)",
     )
     p.add_argument("--baseline-src", help="a checkout whose engine runs as the variant 'baseline:' (built in place)")
     p.add_argument("--child", help=argparse.SUPPRESS)

@@ -78,8 +78,8 @@ class EngineConfig:
     )
     activations: str | None = option(
         help="activations of the 4- and 8-bit matmuls: f32 (exact), q8 (int8 dot "
-        "products, as llama.cpp), experts (int8 in the MoE experts only); "
-        "default: $RKMOJO_ACTIVATIONS, else experts",
+        "products, as llama.cpp), experts (int8 in the MoE experts only), decode (and in a dense "
+        "model's decode of generated tokens); default: $RKMOJO_ACTIVATIONS, else decode",
         choices=kernels.ACTIVATIONS,
     )
 
@@ -209,7 +209,7 @@ class Engine:
             out = []
             for ids in encoded:
                 with kernels.configured(self.cfg.threads, self.cfg.activations):
-                    h = self.model.hidden(np.array(ids), self.model.new_cache())  # [T, H]
+                    h = self.model.hidden(np.array(ids), self.model.new_cache(), prompt=True)  # [T, H]
                 v = h.astype(np.float32).mean(axis=0)
                 out.append(v / max(float(np.linalg.norm(v)), 1e-12))
         return np.stack(out).astype(np.float32)
@@ -312,11 +312,16 @@ class Engine:
         self.cache = self.model.new_cache()
         self.tokens = []
 
-    def forward(self, ids, *, last_only: bool = True, progress: Progress | None = None) -> np.ndarray:
-        """Append `ids` to the current sequence; logits [T or 1, vocab]. `progress(done, total)` after each chunk."""
+    def forward(
+        self, ids, *, last_only: bool = True, progress: Progress | None = None, prompt: bool = False
+    ) -> np.ndarray:
+        """Append `ids` to the current sequence; logits [T or 1, vocab]. `progress(done, total)` after each
+        chunk; `prompt`: the ids are a prompt's, computed as a prefill whatever their number (`Model.forward`)."""
         ids = [int(i) for i in np.asarray(ids).reshape(-1)]
         with kernels.configured(self.cfg.threads, self.cfg.activations):
-            logits = self.model.forward(np.array(ids), self.cache, last_only=last_only, progress=progress)
+            logits = self.model.forward(
+                np.array(ids), self.cache, last_only=last_only, progress=progress, prompt=prompt
+            )
         self.tokens.extend(ids)
         return logits
 
@@ -337,7 +342,7 @@ class Engine:
             del self.tokens[n:]
         if progress is not None:
             progress(0, len(ids) - n)
-        return self.forward(ids[n:], progress=progress)[-1], n
+        return self.forward(ids[n:], progress=progress, prompt=True)[-1], n
 
 
 def kv_bytes(cache, context: int) -> int:

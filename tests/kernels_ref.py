@@ -103,12 +103,14 @@ def build_avx2(out_dir: Path) -> Path | None:
 # ------------------------------------------------------------------ the NEON build under qemu
 
 # Reads one call from stdin (header of int64: kind, threads, T, out, in, bytes of the 3 parts; then x
-# and the parts) and writes y to stdout.
+# and the parts) and writes y to stdout; with the argument "decode", one rk_llama_decode call.
 _DRIVER_C = r"""
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 int rk_linear(int, int64_t, int64_t, int64_t, const float *, float *, const void *, const void *, const void *);
+int rk_llama_decode(const int64_t *);
 void rk_set_threads(int);
 const char *rk_backend(void);
 static void *slurp(int64_t n) {
@@ -116,8 +118,29 @@ static void *slurp(int64_t n) {
     if (n && fread(p, 1, n, stdin) != (size_t)n) exit(3);
     return p;
 }
+/* "decode": header (threads, descriptor length, blobs, relocations), the descriptor, each blob as its
+ * length then its bytes, relocations (descriptor index, blob index: that field becomes the blob's
+ * address); runs rk_llama_decode and writes every blob back, in order. */
+static int decode(void) {
+    int64_t h[4];
+    if (fread(h, 8, 4, stdin) != 4) return 2;
+    rk_set_threads((int)h[0]);
+    int64_t *desc = slurp(8 * h[1]), *len = malloc(8 * h[2] + 8);
+    void **blob = malloc(sizeof(void *) * h[2] + 8);
+    for (int64_t b = 0; b < h[2]; b++) {
+        if (fread(&len[b], 8, 1, stdin) != 1) return 2;
+        blob[b] = slurp(len[b]);
+    }
+    int64_t *rel = slurp(16 * h[3]);
+    for (int64_t r = 0; r < h[3]; r++) desc[rel[2 * r]] = (int64_t)(intptr_t)blob[rel[2 * r + 1]];
+    int rc = rk_llama_decode(desc);
+    if (rc) return 10 + rc;
+    for (int64_t b = 0; b < h[2]; b++) fwrite(blob[b], 1, len[b], stdout);
+    return 0;
+}
 int main(int argc, char **argv) {
     int64_t h[8];
+    if (argc > 1 && !strcmp(argv[1], "decode")) return decode();
     if (argc > 1) { puts(rk_backend()); return 0; }
     if (fread(h, 8, 8, stdin) != 8) return 2;
     rk_set_threads((int)h[1]);
@@ -180,3 +203,18 @@ class NeonRunner:
             check=True,
         )
         return np.frombuffer(run.stdout, np.float32).reshape(x.shape[0], out)
+
+    def llama_decode(self, desc: np.ndarray, blobs: list[np.ndarray], relocs: list[tuple[int, int]], threads: int = 2):
+        """rk_llama_decode on `desc` whose fields `relocs` (descriptor index, blob index) are replaced by
+        the addresses of `blobs` in the emulated process; returns the blobs as the call left them."""
+        blobs = [np.ascontiguousarray(b) for b in blobs]
+        msg = [struct.pack("<4q", threads, len(desc), len(blobs), len(relocs)), desc.astype("<i8").tobytes()]
+        for b in blobs:
+            msg += [struct.pack("<q", b.nbytes), b.tobytes()]
+        msg.append(np.array(relocs, dtype="<i8").reshape(-1).tobytes())
+        run = subprocess.run([self.qemu, str(self.exe), "decode"], input=b"".join(msg), capture_output=True, check=True)
+        out, at = [], 0
+        for b in blobs:
+            out.append(np.frombuffer(run.stdout[at : at + b.nbytes], b.dtype).reshape(b.shape).copy())
+            at += b.nbytes
+        return out

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from inference import kernels
 from inference.model import load_model
 from inference.store import Store
 
@@ -95,12 +96,14 @@ def reference_greedy(model, ids: list[int], n: int) -> tuple[list[int], np.ndarr
 
 
 def engine_greedy(model, ids: list[int], n: int) -> tuple[list[int], np.ndarray]:
+    """On the exact float path (the default decodes in int8): transformers multiplies float activations."""
     cache = model.new_cache()
-    logits = model.forward(np.array(ids), cache)
-    prefill, tokens = logits, []
-    for _ in range(n):
-        tokens.append(int(logits[-1].argmax()))
-        logits = model.forward(np.array([tokens[-1]]), cache)
+    with kernels.configured(activations="f32"):
+        logits = model.forward(np.array(ids), cache)
+        prefill, tokens = logits, []
+        for _ in range(n):
+            tokens.append(int(logits[-1].argmax()))
+            logits = model.forward(np.array([tokens[-1]]), cache)
     return tokens, prefill
 
 

@@ -48,6 +48,16 @@ class CpuBackend:
 CPU = CpuBackend()
 
 
+def dense_on_cpu(ops, rows: int) -> bool:
+    """True when backend `ops` leaves the dense matmuls (and graphs) of a chunk of `rows` rows to the CPU
+    kernels: the CPU itself, or an NPU backend below its `min_rows` (None there: it runs none of them).
+    Decode's one row is such a chunk on every backend here."""
+    if ops is CPU:
+        return True
+    least = getattr(ops, "min_rows", 0)
+    return least is None or rows < least
+
+
 @dataclass
 class Choice:
     backend: object

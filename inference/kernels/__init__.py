@@ -4,9 +4,10 @@ Every weight kind of `inference.quant` is multiplied in its stored form: each bl
 dequantized into registers and applied to up to 6 activation rows, never to a dense copy. Activations
 are float32 ("f32", the exact path), or for q4, q4_0, q4_1 and q8_0 weights quantized to int8 per block
 of 32 and multiplied by integer dot products ("q8", as llama.cpp does), or int8 only in the grouped
-calls of MoE experts ("experts", the default; `set_activations`). Results are
-deterministic in either mode: the same inputs give bit-identical outputs whatever the thread count and
-whatever other rows share the batch.
+calls of MoE experts ("experts"), or there and in the one-token decode step of dense models
+(`llama_decode`; "decode", the default: prompts, even one row, stay on the float path; `set_activations`).
+Results are deterministic in every mode: the same inputs give bit-identical outputs whatever the thread
+count and whatever other rows share the batch (`llama_decode` is its own computation: see rkdecode.h).
 
 Environment: RKMOJO_KERNELS picks the build (native, the default; avx2 or scalar, built beside it on
 x86 so one machine times each path); RKMOJO_ACTIVATIONS the starting activation mode.
@@ -23,11 +24,24 @@ import os
 import numpy as np
 
 from ..quant import QTensor, dequantize
-from ._lib import ACTIVATIONS, DEFAULT_ACTIVATIONS, KernelLib, load_build
+from ._lib import (
+    ACTIVATIONS,
+    DECODE_HEADER,
+    DECODE_LAYER,
+    DECODE_MAT_FIELDS,
+    DECODE_MATRICES,
+    DEFAULT_ACTIVATIONS,
+    KernelLib,
+    load_build,
+)
 
 __all__ = [
     "ACTIVATIONS",
     "BACKEND",
+    "DECODE_HEADER",
+    "DECODE_LAYER",
+    "DECODE_MATRICES",
+    "DECODE_MAT_FIELDS",
     "DOT",
     "attention",
     "embed_rows",
@@ -37,6 +51,8 @@ __all__ = [
     "configured",
     "linear_grouped",
     "linear_many",
+    "llama_decode",
+    "matrix_fields",
     "pool_stats",
     "set_activations",
     "set_threads",
@@ -126,14 +142,38 @@ def attention(
     return _LIB.attention(q, k, v, kpos, qpos, window, scale)
 
 
+def llama_decode(model: np.ndarray) -> None:
+    """One token through every layer of a Llama-style model in one call (rkdecode.h): the T = 1 case of
+    `inference.models.llama`'s layer code, in this thread's activation mode and thread count.
+
+    Args:
+        model: the int64 descriptor: DECODE_HEADER fields, then per layer DECODE_LAYER fields and the
+            DECODE_MATRICES' `matrix_fields`. Its `h` array is updated in place, as are the layers' K/V
+            rows and key positions at `pos`.
+
+    Raises:
+        ValueError: the kernel rejected a shape or kind, or ran out of memory.
+    """
+    _LIB.llama_decode(model)
+
+
+def matrix_fields(w: QTensor) -> tuple[int, int, int, int]:
+    """The kind code and part addresses of `w` for a `llama_decode` descriptor (w must stay alive).
+
+    Raises:
+        ValueError: a part's dtype, size or contiguity is not what the kind needs.
+    """
+    return _LIB.matrix_fields(w)
+
+
 def embed_rows(w: QTensor, ids) -> np.ndarray:
     """Rows `ids` of the embedding matrix `w` as float32 [T, H] (only those rows are dequantized)."""
     return dequantize(w.rows(np.asarray(ids).reshape(-1)))
 
 
 def set_activations(mode: str) -> None:
-    """The activations of every following call: "f32" (exact float path), "q8" (int8) or "experts"
-    (int8 in `linear_grouped` only); see above.
+    """The activations of every following call: "f32" (exact float path), "q8" (int8), "experts"
+    (int8 in `linear_grouped` only) or "decode" (and in `llama_decode`); see above.
 
     Raises:
         ValueError: an unknown mode.

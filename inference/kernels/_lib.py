@@ -30,13 +30,21 @@ BUILD_HINT = "build it with `pip install -e .` (or `python setup.py build_ext --
 _KIND_CODES = {kind: code for code, kind in enumerate(KINDS)}
 _ERRORS = {1: "invalid kind or shape", 2: "out of memory for the activation scratch"}
 Q8A = 16  # RK_Q8A in rkkernels.c: a kind code's flag for int8 activations
-# float activations (the exact path); int8 per block of 32 (q4, q4_0, q4_1, q8_0 weights) everywhere; or int8
-# only in the MoE experts' grouped calls (linear_grouped), the bulk of an MoE model's compute
-ACTIVATIONS = ("f32", "q8", "experts")
+# float activations (the exact path); int8 per block of 32 (q4, q4_0, q4_1, q8_0 weights) everywhere; int8
+# only in the MoE experts' grouped calls (linear_grouped), the bulk of an MoE model's compute; or there and
+# in a dense model's compiled one-token decode step (llama_decode) too
+ACTIVATIONS = ("f32", "q8", "experts", "decode")
 _F32 = np.dtype(np.float32)
 _F16 = np.dtype(np.float16)
 MAX_MATRICES = 16  # per linear_many call (MAX_MATRICES in rkkernels.c)
 MAX_GROUPED, GROUP_ROWS = 64, 128  # per linear_grouped call, and rows per matrix (MAX_GROUPED, TILE_T)
+# the decode step's model descriptor (rkdecode.h): header fields, then per layer its fields, matrices of
+# DECODE_MAT_FIELDS each in DECODE_MATRICES order
+DECODE_HEADER = "layers hidden heads kv_heads head_dim inter rot_half kv_f16 kv_cap eps scale pos h cos sin q8a".split()
+DECODE_LAYER = ("attn_norm", "mlp_norm", "k", "v", "kpos")
+DECODE_MATRICES = ("q", "k", "v", "o", "gate", "up", "down")
+DECODE_MAT_FIELDS = 4
+DM_Q8A = DECODE_HEADER.index("q8a")
 
 # An ndarray's data pointer sits right after the object header (PyArrayObject: PyObject_HEAD, then
 # `char *data`, numpy's stable C ABI). Reading it there takes 0.1 µs where `.ctypes.data` takes 1.2 µs,
@@ -47,15 +55,15 @@ _DATA_OFFSET = ctypes.sizeof(ctypes.c_ssize_t) + ctypes.sizeof(ctypes.c_void_p)
 _pointer_at = ctypes.c_void_p.from_address
 
 
-def _modes(mode: str) -> tuple[str, int, int]:
-    """(mode, the kind-code flag of linear/linear_many, that of linear_grouped).
+def _modes(mode: str) -> tuple[str, int, int, int]:
+    """(mode, the kind-code flag of linear/linear_many, that of linear_grouped, that of llama_decode).
 
     Raises:
         ValueError: an unknown mode.
     """
     if mode not in ACTIVATIONS:
         raise ValueError(f"activations {mode!r}: choose one of {', '.join(ACTIVATIONS)}")
-    return mode, Q8A if mode == "q8" else 0, 0 if mode == "f32" else Q8A
+    return mode, Q8A if mode == "q8" else 0, 0 if mode == "f32" else Q8A, Q8A if mode in ("q8", "decode") else 0
 
 
 def _data_fast(a: np.ndarray) -> int:
@@ -79,11 +87,12 @@ _data = _check_data_offset()
 
 # RKMOJO_KERNELS value → the build's module; "native" is whatever the machine's best backend is
 BUILDS = {"native": EXTENSION, "avx2": EXTENSION + "_avx2", "scalar": EXTENSION + "_scalar"}
-# int8 in the experts only: their matmuls are most of an MoE model's time (prefill 1.6-1.8x, decode
-# 1.1-1.3x faster with int8), while a dense model's attention inputs carry outlier channels: on SmolLM2
-# q8 everywhere agrees with f32 on 97% of top-1 at equal perplexity, yet flips the demo question's
-# greedy answer (benchmarks/README.md, activation_agreement.py)
-DEFAULT_ACTIVATIONS = "experts"
+# int8 in the experts: their matmuls are most of an MoE model's time (prefill 1.6-1.8x, decode 1.1-1.3x
+# faster with int8). A dense model's attention inputs carry outlier channels: on SmolLM2, q8 prefill
+# flips the demo question's greedy answer, so prompts stay float; its decode in int8 is 1.16-1.22x
+# faster (AVX-512) at 97.5% top-1 agreement and +0.13% perplexity against float decode, the answer kept
+# (benchmarks/README.md, activation_agreement.py --decode)
+DEFAULT_ACTIVATIONS = "decode"
 
 
 def load_build(name: str) -> tuple[Path, object]:
@@ -221,6 +230,10 @@ class KernelLib:
         lib.rk_attention.restype = ctypes.c_int
         lib.rk_pool_stats.argtypes = [vp]
         lib.rk_pool_stats.restype = None
+        lib.rk_llama_decode.argtypes = [vp]
+        lib.rk_llama_decode.restype = ctypes.c_int
+        lib.rk_f16_round.argtypes = [i64, vp, vp]
+        lib.rk_f16_round.restype = None
         self._lib = lib
         self._fast = getattr(module, "linear_many", None)
         self.path = Path(path)
@@ -232,7 +245,7 @@ class KernelLib:
         self._local = threading.local()
 
     @property
-    def _modes(self) -> tuple[str, int, int]:
+    def _modes(self) -> tuple[str, int, int, int]:
         return getattr(self._local, "modes", None) or self._default
 
     @property
@@ -245,7 +258,8 @@ class KernelLib:
 
     def set_activations(self, mode: str) -> None:
         """The process's default mode: "f32" (float activations), "q8" (int8 per block of 32 for the
-        q4/q4_0/q4_1/q8_0 weights) or "experts" (int8 in linear_grouped calls only).
+        q4/q4_0/q4_1/q8_0 weights), "experts" (int8 in linear_grouped calls only) or "decode" (int8 in
+        linear_grouped and llama_decode calls).
 
         Raises:
             ValueError: an unknown mode.
@@ -433,6 +447,34 @@ class KernelLib:
             raise ValueError(
                 f"attention: the kernel rejected q {q.shape}, k {k.shape}, v {v.shape}: {_ERRORS.get(rc, rc)}"
             )
+        return out
+
+    def matrix_fields(self, w: QTensor) -> tuple[int, int, int, int]:
+        """(kind code, part pointers) of `w` as a decode model descriptor holds them (rkdecode.h), after
+        checking its parts' layout. The pointers are w's memory: keep w alive while they are used.
+
+        Raises:
+            ValueError: a part's dtype, size or contiguity is not what the kind needs.
+        """
+        return tuple(_part_pointers(w))
+
+    def llama_decode(self, model: np.ndarray) -> None:
+        """One decode step through the layers the int64 descriptor `model` describes (rkdecode.h), in this
+        thread's activation mode and thread count.
+
+        Raises:
+            ValueError: the kernel rejected a shape or kind, or ran out of memory.
+        """
+        model[DM_Q8A] = int(self._modes[3] == Q8A)
+        rc = self._lib.rk_llama_decode(_data(model))
+        if rc:
+            raise ValueError(f"llama_decode: the kernel rejected the step: {_ERRORS.get(rc, rc)}")
+
+    def f16_round(self, x: np.ndarray) -> np.ndarray:
+        """x as the IEEE halves the decode step stores K/V in (round to nearest even, as numpy)."""
+        x = np.ascontiguousarray(x, dtype=_F32)
+        out = np.empty(x.shape, np.float16)
+        self._lib.rk_f16_round(x.size, _data(x), _data(out))
         return out
 
     @staticmethod

@@ -155,11 +155,8 @@ RK_API int rk_attention(int64_t T, int64_t H, int64_t KV, int64_t D, int64_t Dv,
     att_job j = {T, H, KV, D, Dv, S, head_stride_k, head_stride_v, window, kv_f16 != 0, q, k, v, kpos, qpos, scale,
                  out, 0};
     const int64_t ntask = KV * ((T + ATT_TB - 1) / ATT_TB);
-    int nth = g_threads;
-    const int64_t work = T * H * S * (D + Dv);
-    if ((int64_t)nth * MIN_WORK_PER_THREAD > work) nth = (int)(work / MIN_WORK_PER_THREAD) + 1;
-    if (nth > g_threads) nth = g_threads;
-    if (ntask) pool_run(att_task, &j, ntask, nth);
+    /* this thread's count, as the matmuls (it was the process default: an engine's own count was ignored) */
+    if (ntask) pool_run(att_task, &j, ntask, threads_for(T * H * S * (D + Dv)));
     return j.failed ? RK_ENOMEM : RK_OK;
 }
 

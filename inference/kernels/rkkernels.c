@@ -654,6 +654,15 @@ RK_API void rk_pool_stats(int64_t out[6])
 
 /* Work below which a second thread costs more than it saves (multiply-adds). */
 #define MIN_WORK_PER_THREAD (1 << 15)
+
+/* Threads for a job of `work` multiply-adds: this thread's count, fewer for small jobs. */
+static int threads_for(int64_t work)
+{
+    const int most = threads_now();
+    int nth = most;
+    if ((int64_t)nth * MIN_WORK_PER_THREAD > work) nth = (int)(work / MIN_WORK_PER_THREAD) + 1;
+    return nth > most ? most : nth;
+}
 #define MAX_MATRICES 16
 #define DECODE_TASKS_PER_THREAD 4 /* balances late helpers and big.LITTLE cores; each claim moves a cache line */
 
@@ -735,11 +744,7 @@ RK_API int rk_linear_many(int n, int64_t T, int64_t in, const float *x, const in
 
     for (int64_t t0 = 0; t0 < T && rc == RK_OK; t0 += TILE_T) {
         const int64_t tt = T - t0 < TILE_T ? T - t0 : TILE_T;
-        const int most = threads_now();
-        int nth = most;
-        const int64_t tile_work = work * in * tt;
-        if ((int64_t)nth * MIN_WORK_PER_THREAD > tile_work) nth = (int)(tile_work / MIN_WORK_PER_THREAD) + 1;
-        if (nth > most) nth = most;
+        const int nth = threads_for(work * in * tt);
         for (int f = 0; f < F_COUNT; f++) {
             if (!want[f]) continue;
             /* any matrix of the family: prep only reads its kind's order, in and ngp */
@@ -852,10 +857,7 @@ RK_API int rk_linear_grouped(int n, int64_t in, const int64_t *desc)
     if (rc == RK_OK) {
         int64_t outs = 0;
         for (int k = 0; k < n; k++) outs += parts[k].w.out;
-        const int most = threads_now();
-        int nth = most;
-        if ((int64_t)nth * MIN_WORK_PER_THREAD > work * in) nth = (int)(work * in / MIN_WORK_PER_THREAD) + 1;
-        if (nth > most) nth = most;
+        const int nth = threads_for(work * in);
         const grouped_prep gp = {jobs, prefix, n};
         if (prefix[n]) pool_run(grouped_prep_task, &gp, prefix[n], nth);
         for (int j = 0; j < n; j++) {
@@ -881,6 +883,7 @@ RK_API int rk_linear(int kind, int64_t T, int64_t out, int64_t in, const float *
 }
 
 #include "rkattention.h"
+#include "rkdecode.h"
 
 #ifndef RK_NO_PYTHON
 #include "rkpython.h"

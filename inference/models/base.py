@@ -129,13 +129,16 @@ class LayerKV:
         if self.window:
             rows = positions % self.cap
         else:
-            need = int(positions[-1]) + 1
-            if need > self.cap:
-                self._grow(max(need, self.cap * 2))
+            self.reserve(int(positions[-1]) + 1)
             rows = positions
         self.k[:, rows] = k.transpose(1, 0, 2)
         self.v[:, rows] = v.transpose(1, 0, 2)
         self.pos[rows] = positions
+
+    def reserve(self, n: int) -> None:
+        """Make a full layer hold rows for positions < n (growing in doubling steps)."""
+        if not self.window and n > self.cap:
+            self._grow(max(n, self.cap * 2))
 
     def _grow(self, cap: int) -> None:
         for name in ("k", "v"):
@@ -243,9 +246,16 @@ class Transformer:
     def layer(self, i: int, h: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
-    def hidden(self, ids: np.ndarray, cache: KVCache, *, progress=None) -> np.ndarray:
+    def layers_forward(self, h: np.ndarray, cache: KVCache, positions: np.ndarray, prompt: bool) -> np.ndarray:
+        """h [T, H] through every layer. An architecture may run generated tokens (not `prompt`) another way:
+        a prompt's rows are computed alike however it is chunked, a last lone row included."""
+        for i in range(self.args.num_hidden_layers):
+            h = self.layer(i, h, cache, positions)
+        return h
+
+    def hidden(self, ids: np.ndarray, cache: KVCache, *, progress=None, prompt: bool = False) -> np.ndarray:
         """Final-normed hidden states [T, H] for `ids`, appended to `cache`, chunk by chunk;
-        `progress(rows done, rows)` after each chunk when given."""
+        `progress(rows done, rows)` after each chunk when given; `prompt`: see `layers_forward`."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         outs = []
         for s in range(0, len(ids), self.chunk):
@@ -255,8 +265,7 @@ class Transformer:
             h = embed_rows(self.embed, part)
             if self.embed_scale != 1.0:
                 h = h * np.float32(self.embed_scale)
-            for i in range(self.args.num_hidden_layers):
-                h = self.layer(i, h, cache, positions)
+            h = self.layers_forward(h, cache, positions, prompt)
             cache.offset += len(part)
             outs.append(rms_norm(h, self.norm, self.args.rms_norm_eps, self.norm_plus_one))
             if progress is not None:
@@ -266,7 +275,10 @@ class Transformer:
     def logits(self, h: np.ndarray) -> np.ndarray:
         return softcap(linear(h, self.lm_head), self.final_softcap)
 
-    def forward(self, ids, cache: KVCache, *, last_only: bool = False, progress=None) -> np.ndarray:
-        """Logits [T, vocab] (or [1, vocab] with `last_only`) for the new token ids `ids` (`progress`: as `hidden`)."""
-        h = self.hidden(ids, cache, progress=progress)
+    def forward(
+        self, ids, cache: KVCache, *, last_only: bool = False, progress=None, prompt: bool = False
+    ) -> np.ndarray:
+        """Logits [T, vocab] (or [1, vocab] with `last_only`) for the new token ids `ids` (`progress`,
+        `prompt`: as `hidden`)."""
+        h = self.hidden(ids, cache, progress=progress, prompt=prompt)
         return self.logits(h[-1:] if last_only else h)

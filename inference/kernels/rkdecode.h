@@ -1,0 +1,209 @@
+/* One decode step (one token, T = 1) through every layer of a Llama-style model in one call (included
+ * by rkkernels.c after rkattention.h). The Python layer code (inference/models/llama.py) is the
+ * reference and runs prompts; this is its one-row case for generated tokens, without the ~40 numpy
+ * temporaries and 5 kernel calls per layer that took a third of a SmolLM2 token (benchmarks/README.md).
+ *
+ * Per layer, in the order of llama.py:
+ *   x = rms_norm(h) * attn_norm;  q, k, v = x @ Wq.T, Wk.T, Wv.T (one rk_linear_many)
+ *   q, k = rope(q), rope(k) (rotate-half, cos/sin given);  K/V row `pos` = k, v (f32 or f16);  kpos[pos] = pos
+ *   h += attention(q, K, V) @ Wo.T;  x = rms_norm(h) * mlp_norm
+ *   g, u = x @ Wgate.T, Wup.T (one rk_linear_many);  h += (silu(g) * u) @ Wdown.T
+ * The matmuls and attention are the kernels the Python path calls, with the same inputs' bits except
+ * where the elementwise steps differ: RoPE, the residual adds and the KV rounding give numpy's bits;
+ * the RMS norm's sum runs in vector lanes (numpy: pairwise) and silu's expf is libm's, so results agree
+ * with the Python path within float rounding, not bit for bit. Elementwise steps run on the calling
+ * thread and the kernels are deterministic, so the step's output does not depend on the thread count.
+ *
+ * The model is one int64 array: DM_FIELDS header fields, then DL_FIELDS per layer. Pointers are
+ * addresses; eps and the attention scale are float32 bits; matrix codes are kind codes of rkkernels.c
+ * (inference/kernels/_lib.py names the same fields: DECODE_HEADER, DECODE_LAYER). A layer's K (and V)
+ * cache is [n_kv, cap, head_dim], row `pos` of each head written here; kpos [cap] the position each row
+ * holds (-1: empty), row p holding position p.
+ */
+#ifndef RKDECODE_H
+#define RKDECODE_H
+
+enum {
+    DM_LAYERS,    /* number of layers */
+    DM_HIDDEN,    /* H */
+    DM_HEADS,     /* query heads */
+    DM_KV_HEADS,  /* key/value heads (divides DM_HEADS) */
+    DM_HEAD_DIM,  /* D */
+    DM_INTER,     /* the MLP's width I */
+    DM_ROT_HALF,  /* cos/sin entries: dims [0, r) and [r, 2r) of each head rotate */
+    DM_KV_F16,    /* 1: the K/V caches hold IEEE halves */
+    DM_KV_CAP,    /* rows per head in every layer's K/V cache */
+    DM_EPS,       /* RMS norm epsilon (float32 bits) */
+    DM_SCALE,     /* q.k scale (float32 bits) */
+    DM_POS,       /* the token's position (< DM_KV_CAP) */
+    DM_H,         /* float [H]: the token's hidden state in, the last layer's output out */
+    DM_COS,       /* float [DM_ROT_HALF] for this position */
+    DM_SIN,
+    DM_Q8A,       /* 1: int8 activations (RK_Q8A) for the matrices whose kind has them */
+    DM_FIELDS
+};
+/* matrices of a layer, each DL_MAT_FIELDS: kind code, then its parts as in rk_linear_many */
+enum { MAT_Q, MAT_K, MAT_V, MAT_O, MAT_GATE, MAT_UP, MAT_DOWN, MAT_COUNT };
+#define DL_MAT_FIELDS 4
+enum { DL_ATTN_NORM, DL_MLP_NORM, DL_K, DL_V, DL_KPOS, DL_MATS, DL_FIELDS = DL_MATS + MAT_COUNT * DL_MAT_FIELDS };
+
+/* An IEEE half, rounded to nearest even as numpy's astype(float16) does (overflow to infinity). Scalar
+ * on every backend: a decode step rounds 2 n_kv head_dim values per layer. */
+static uint16_t f32_to_f16(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    const uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) return sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 : 0); /* inf, NaN (quiet) */
+    if (ax >= 0x477ff000u) return sign | 0x7c00;                                  /* >= 65520: infinity */
+    if (ax >= 0x38800000u) {                                                      /* a normal half */
+        const uint32_t r = ax - 0x38000000u; /* exponent rebased from 127 to 15 */
+        uint32_t h = r >> 13;
+        const uint32_t rem = r & 0x1fff;
+        if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++; /* a carry moves into the exponent, as it should */
+        return sign | (uint16_t)h;
+    }
+    if (ax < 0x33000000u) return sign; /* below 2^-25 (or exactly it, a tie to even): zero */
+    /* a subnormal half: round(|f| * 2^24); |f| = mant * 2^(e - 150) with e in [102, 112] */
+    const int e = (int)(ax >> 23), shift = 126 - e; /* 14 .. 24 */
+    const uint32_t mant = (ax & 0x7fffffu) | 0x800000u, half = 1u << (shift - 1);
+    uint32_t q = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1);
+    if (rem > half || (rem == half && (q & 1))) q++;
+    return sign | (uint16_t)q;
+}
+
+/* dst[i] = f32_to_f16(src[i]): the rounding the decode step stores K/V with, for the tests. */
+RK_API void rk_f16_round(int64_t n, const float *src, uint16_t *dst)
+{
+    for (int64_t i = 0; i < n; i++) dst[i] = f32_to_f16(src[i]);
+}
+
+RK_INLINE float bits_f32(int64_t v)
+{
+    const uint32_t u = (uint32_t)v;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* y[0:n] = x * (1 / sqrt(mean(x^2) + eps)) * w, the product in numpy's order */
+static void dec_rms_norm(const float *x, const float *w, int64_t n, float eps, float *y)
+{
+    vf acc = vf_zero();
+    int64_t i = 0;
+    for (; i + VL <= n; i += VL) {
+        const vf v = vf_load(x + i);
+        acc = vf_fma(v, v, acc);
+    }
+    float s = vf_hsum(acc);
+    for (; i < n; i++) s += x[i] * x[i];
+    const float r = 1.0f / sqrtf(s / (float)n + eps);
+    for (i = 0; i < n; i++) y[i] = x[i] * r * w[i];
+}
+
+/* heads [n, D]: dims [0, r) and [r, 2r) rotated as apply_rope in models/base.py */
+static void dec_rope(float *x, int64_t n, int64_t D, int64_t r, const float *c, const float *s)
+{
+    for (int64_t h = 0; h < n; h++) {
+        float *v = x + h * D;
+        for (int64_t j = 0; j < r; j++) {
+            const float x1 = v[j], x2 = v[r + j];
+            const float a = x1 * c[j], b = x2 * s[j], e = x2 * c[j], f = x1 * s[j];
+            v[j] = a - b;
+            v[r + j] = e + f;
+        }
+    }
+}
+
+/* One rk_linear_many of `n` matrices of the layer (starting at matrix m0) on x [in]. */
+static int dec_linear(const int64_t *L, int m0, int n, int64_t flag, int64_t in, const float *x, float *const *y,
+                      const int64_t *outs)
+{
+    int64_t desc[6 * 3];
+    for (int j = 0; j < n; j++) {
+        const int64_t *m = L + DL_MATS + (m0 + j) * DL_MAT_FIELDS;
+        int64_t *d = desc + 6 * j;
+        d[0] = m[0] | flag;
+        d[1] = outs[j];
+        d[2] = (int64_t)(intptr_t)y[j];
+        d[3] = m[1];
+        d[4] = m[2];
+        d[5] = m[3];
+    }
+    return rk_linear_many(n, 1, in, x, desc);
+}
+
+/* Runs one decode step as described above. Returns RK_OK, RK_EINVAL (shapes or kinds) or RK_ENOMEM;
+ * on an error h and the caches hold a partial step. */
+RK_API int rk_llama_decode(const int64_t *model)
+{
+    const int64_t nl = model[DM_LAYERS], H = model[DM_HIDDEN], nh = model[DM_HEADS], nkv = model[DM_KV_HEADS];
+    const int64_t D = model[DM_HEAD_DIM], I = model[DM_INTER], r = model[DM_ROT_HALF], cap = model[DM_KV_CAP];
+    const int64_t pos = model[DM_POS];
+    const int f16 = model[DM_KV_F16] != 0;
+    const int64_t flag = model[DM_Q8A] ? RK_Q8A : 0;
+    const float eps = bits_f32(model[DM_EPS]), scale = bits_f32(model[DM_SCALE]);
+    float *h = (float *)(intptr_t)model[DM_H];
+    const float *cs = (const float *)(intptr_t)model[DM_COS], *sn = (const float *)(intptr_t)model[DM_SIN];
+    if (nl < 0 || H < 1 || nh < 1 || nkv < 1 || nh % nkv || D < 1 || I < 1 || r < 0 || 2 * r > D || pos < 0 ||
+        pos >= cap)
+        return RK_EINVAL;
+    const int64_t QD = nh * D, KD = nkv * D;
+    float *buf = malloc(sizeof(float) * (size_t)(H + QD + 2 * KD + QD + H + 2 * I));
+    if (!buf) return RK_ENOMEM;
+    float *x = buf, *q = x + H, *k = q + QD, *v = k + KD, *att = v + KD, *o = att + QD, *g = o + H, *u = g + I;
+    int rc = RK_OK;
+    for (int64_t l = 0; l < nl && rc == RK_OK; l++) {
+        const int64_t *L = model + DM_FIELDS + l * DL_FIELDS;
+        dec_rms_norm(h, (const float *)(intptr_t)L[DL_ATTN_NORM], H, eps, x);
+        float *qkv[3] = {q, k, v};
+        const int64_t qkv_out[3] = {QD, KD, KD};
+        if ((rc = dec_linear(L, MAT_Q, 3, flag, H, x, qkv, qkv_out))) break;
+        dec_rope(q, nh, D, r, cs, sn);
+        dec_rope(k, nkv, D, r, cs, sn);
+
+        /* K/V row `pos` of each head; S = pos + 1 rows are attended to, as kv.view(pos) in Python */
+        uint8_t *K = (uint8_t *)(intptr_t)L[DL_K], *V = (uint8_t *)(intptr_t)L[DL_V];
+        const int64_t esz = f16 ? 2 : 4;
+        for (int64_t hd = 0; hd < nkv; hd++) {
+            uint8_t *kr = K + ((hd * cap + pos) * D) * esz, *vr = V + ((hd * cap + pos) * D) * esz;
+            if (f16)
+                for (int64_t d = 0; d < D; d++) {
+                    ((uint16_t *)kr)[d] = f32_to_f16(k[hd * D + d]);
+                    ((uint16_t *)vr)[d] = f32_to_f16(v[hd * D + d]);
+                }
+            else {
+                memcpy(kr, k + hd * D, sizeof(float) * D);
+                memcpy(vr, v + hd * D, sizeof(float) * D);
+            }
+        }
+        int64_t *kpos = (int64_t *)(intptr_t)L[DL_KPOS];
+        kpos[pos] = pos;
+        att_job aj = {1, nh, nkv, D, D, pos + 1, cap * D, cap * D, 0, f16, q, K, V, kpos, &pos, scale, att, 0};
+        pool_run(att_task, &aj, nkv, threads_for(nh * (pos + 1) * 2 * D));
+        if (aj.failed) {
+            rc = RK_ENOMEM;
+            break;
+        }
+
+        float *oy[1] = {o};
+        const int64_t o_out[1] = {H};
+        if ((rc = dec_linear(L, MAT_O, 1, flag, QD, att, oy, o_out))) break;
+        for (int64_t i = 0; i < H; i++) h[i] = h[i] + o[i];
+        dec_rms_norm(h, (const float *)(intptr_t)L[DL_MLP_NORM], H, eps, x);
+        float *gu[2] = {g, u};
+        const int64_t gu_out[2] = {I, I};
+        if ((rc = dec_linear(L, MAT_GATE, 2, flag, H, x, gu, gu_out))) break;
+        for (int64_t i = 0; i < I; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        float *dy[1] = {o};
+        const int64_t d_out[1] = {H};
+        if ((rc = dec_linear(L, MAT_DOWN, 1, flag, I, g, dy, d_out))) break;
+        for (int64_t i = 0; i < H; i++) h[i] = h[i] + o[i];
+    }
+    free(buf);
+    return rc;
+}
+
+#endif /* RKDECODE_H */

@@ -199,11 +199,12 @@ def fp16_engines(store: Path, graphs: list[str]):
 @needs_toolkit
 @pytest.mark.slow
 def test_gemma4s_fp16_graphs_give_the_cpus_greedy_tokens(gemma4_store, tmp_path, rknnlite):
-    # Gemma 4: qkv (no v on its K = V full layers) and the dense MLP as graphs; norms, attention, router
-    # and routed experts on the CPU
+    # Gemma 4: qkv (no v on its K = V full layers), the normed o projection and the dense MLP as graphs;
+    # the other norms, attention, router and routed experts on the CPU
     store = tmp_path / "store"
     shutil.copytree(gemma4_store, store)
-    with fp16_engines(store, [f"layer_{i:02d}.{k}" for i in range(4) for k in ("mlp", "qkv")]) as (cpu, npu):
+    kinds = ("qkv", "o_norm", "mlp")  # in the order a chunk meets them
+    with fp16_engines(store, [f"layer_{i:02d}.{k}" for i in range(4) for k in kinds]) as (cpu, npu):
         prompt = list(range(3, 60))
         runs = spy_runs(npu)
         # every position's top-1 is the CPU's (the logits differ by 5.6e-2 relative: fp16's ~4e-4 per graph
@@ -215,7 +216,7 @@ def test_gemma4s_fp16_graphs_give_the_cpus_greedy_tokens(gemma4_store, tmp_path,
         cpu.reset()
         assert greedy(npu, prompt) == greedy(cpu, prompt)
         # the first 32 rows of each call with a full chunk; the rest is too short
-        assert runs == [f"layer_{i:02d}.{k}.rknn" for _ in range(2) for i in range(4) for k in ("qkv", "mlp")]
+        assert runs == [f"layer_{i:02d}.{k}.rknn" for _ in range(2) for i in range(4) for k in kinds]
 
 
 @needs_toolkit

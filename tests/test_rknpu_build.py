@@ -139,7 +139,9 @@ def test_an_architecture_without_graph_hooks_is_refused_by_name(tmp_path):
 
 @needs_toolkit
 @pytest.mark.slow
-def test_gemma4s_graphs_are_its_qkv_without_v_where_k_is_v_and_its_dense_mlp(gemma4_store, tmp_path, monkeypatch):
+def test_gemma4s_graphs_are_its_qkv_without_v_where_k_is_v_its_normed_o_and_its_dense_mlp(
+    gemma4_store, tmp_path, monkeypatch
+):
     # layer 0 is a sliding layer (q, k, v), layer 1 a full one whose keys are its values (q, k only).
     # As if w8a8 had passed the quality gate: auto then tries it first and keeps it per graph within its bound
     monkeypatch.setitem(MEASURED, ("graphs", "w8a8"), {"smollm2": 0.0})
@@ -147,11 +149,15 @@ def test_gemma4s_graphs_are_its_qkv_without_v_where_k_is_v_and_its_dense_mlp(gem
     lines = []
     section = build(store, rows=32, layers=[0, 1], log=lines.append)
     graphs = section["graphs"]
-    assert sorted(graphs) == ["layer_00.mlp", "layer_00.qkv", "layer_01.mlp", "layer_01.qkv"]
+    assert sorted(graphs) == [f"layer_{i:02d}.{k}" for i in (0, 1) for k in ("mlp", "o_norm", "qkv")]
     assert graphs["layer_00.qkv"]["outputs"] == {"q": [32, 128], "k": [32, 64], "v": [32, 64]}  # 4 × 32, 2 × 32
     assert graphs["layer_01.qkv"]["outputs"] == {"q": [32, 256], "k": [32, 64]}  # 4 heads × 64, 1 × 64
     for name in ("layer_00.mlp", "layer_01.mlp"):
         assert graphs[name]["inputs"] == {"x": [32, 128]} and graphs[name]["outputs"] == {"out": [32, 128]}
+    # o_norm: o [T, Hq·D] (the layer's own head size) and the residual h → h + rms_norm(o·Woᵀ) · post_attn_norm
+    assert graphs["layer_00.o_norm"]["inputs"] == {"o": [32, 128], "h": [32, 128]}
+    assert graphs["layer_01.o_norm"]["inputs"] == {"o": [32, 256], "h": [32, 128]}
+    assert graphs["layer_01.o_norm"]["outputs"] == {"out": [32, 128]}
     for name, g in graphs.items():
         assert (store / "npu" / "rk3588" / g["file"]).read_bytes()[:4] == b"RKNN"
         # w8a8 first, kept only within its bound; fp16 measured on the simulator against the CPU layer code

@@ -136,33 +136,45 @@ def test_w8a8_loses_the_o_mlp_block_of_the_last_layer(chunks, tmp_path):
     assert o_mlp_error(chunks, tmp_path, "w8a8", 29) > TOLERANCE["w8a8"]
 
 
-@pytest.mark.parametrize("precision", ["fp16", "w8a8"])
-def test_a_moe_layers_o_projection_matches_the_cpu(moe_store, tmp_path, precision):
-    # Qwen3-MoE's (and OLMoE's) `o` graph, h + o·Woᵀ: its post-attention norm feeds the router on the CPU
-    model = load_model(moe_store, chunk=ROWS)
-    seen, o = [], model.o
+def residual_block_error(tmp_path, store, kind: str, precision: str, weights) -> float:
+    """The simulated `kind` graph (o or o_norm: (o, h) → h + …) of layer 1 against the CPU's block, on
+    what it adds to the residual, over 2 chunks of README text; `weights(model)` gives the job's weights."""
+    model = load_model(store, chunk=ROWS)
+    seen, block = [], getattr(model, kind)
 
     def spy(i, o_, h):
-        out = o(i, o_, h)
+        out = block(i, o_, h)
         if i == 1:
             seen.append({"o": o_, "h": h, "out": out})
         return out
 
-    model.o = spy
+    setattr(model, kind, spy)
     model.forward(readme_ids(model), model.new_cache())
-    got = simulate(
-        tmp_path,
-        {
-            "kind": "o",
-            "precision": precision,
-            "wo": model.layers[1]["o"].dense(),
-            **{"in_" + n: np.stack([c[n] for c in seen]) for n in ("o", "h")},
-        },
-    )
+    assert len(seen) == 2
+    job = {"kind": kind, "precision": precision, **weights(model)}
+    got = simulate(tmp_path, {**job, **{"in_" + n: np.stack([c[n] for c in seen]) for n in ("o", "h")}})
     h, want = np.stack([c["h"] for c in seen]), np.stack([c["out"] for c in seen])
-    err = rel(got["out_out"] - h, want - h)  # on what the block adds to the residual
+    return rel(got["out_out"] - h, want - h)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "w8a8"])
+def test_a_moe_layers_o_projection_matches_the_cpu(moe_store, tmp_path, precision):
+    # Qwen3-MoE's (and OLMoE's) `o` graph, h + o·Woᵀ: its post-attention norm feeds the router on the CPU
+    err = residual_block_error(tmp_path, moe_store, "o", precision, lambda m: {"wo": m.layers[1]["o"].dense()})
     print(f"o (tiny Qwen3-MoE, layer 1) {precision}: {err:.2e}")
-    assert len(seen) == 2 and err < TOLERANCE[precision]
+    assert err < TOLERANCE[precision]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "w8a8"])
+def test_gemma4s_normed_o_projection_matches_the_cpu(gemma4_store, tmp_path, precision):
+    # Gemma 4's `o_norm` graph, h + rms_norm(o·Woᵀ) · post_attn_norm, on its full layer 1 (K = V, wider heads)
+    def weights(model):
+        L = model.layers[1]
+        return {"wo": L["o"].dense(), "norm": L["post_attn_norm"], "eps": model.args.rms_norm_eps}
+
+    err = residual_block_error(tmp_path, gemma4_store, "o_norm", precision, weights)
+    print(f"o_norm (tiny Gemma 4, layer 1) {precision}: {err:.2e}")
+    assert err < TOLERANCE[precision]
 
 
 @pytest.mark.parametrize("precision", ["fp16", "w8a8"])

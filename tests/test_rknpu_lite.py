@@ -17,8 +17,9 @@ import pytest
 
 from inference.backends.rknpu.build import build, texts
 from inference.backends.rknpu.quality import MAX_PERPLEXITY_RISE, MEASURED, measure
-from inference.backends.rknpu.graphs import qkv_graph
+from inference.backends.rknpu.graphs import o_norm_graph, qkv_graph
 from inference.engine import Engine
+from inference.models.base import rms_norm
 
 ROOT = Path(__file__).resolve().parents[1]
 STANDIN = Path(__file__).parent / "rknnlite_standin"
@@ -54,37 +55,53 @@ def fp16_store(smollm2_store, tmp_path_factory):
     return graph_store(smollm2_store, tmp_path_factory, "fp16")
 
 
-@pytest.fixture
-def qkv_rknn(tmp_path):
-    """A qkv graph's ONNX and a file with the RKNN magic beside it: enough for the stand-in's API checks."""
+def standin_graph(tmp_path: Path, model) -> str:
+    """An fp16 graph's ONNX and a file with the RKNN magic beside it: what the stand-in loads."""
     import onnx
 
-    rng = np.random.default_rng(0)
-    model = qkv_graph(*(rng.standard_normal((n, 64)).astype(np.float32) for n in (64, 32, 32)), rows=8)
     onnx.helper.set_model_props(model, {"rkmojo.precision": "fp16"})
     onnx.save(model, tmp_path / "g.onnx")
     (tmp_path / "g.rknn").write_bytes(b"RKNN" + bytes(60))
     return str(tmp_path / "g.rknn")
 
 
+@pytest.fixture
+def qkv_rknn(tmp_path):
+    """A qkv graph: enough for the stand-in's API checks."""
+    rng = np.random.default_rng(0)
+    return standin_graph(
+        tmp_path, qkv_graph(*(rng.standard_normal((n, 64)).astype(np.float32) for n in (64, 32, 32)), rows=8)
+    )
+
+
 def test_the_standin_runs_a_qkv_graph_without_v(rknnlite, tmp_path):
     # Gemma 4's full layers have K = V: their qkv graph has two outputs
-    import onnx
-
     rng = np.random.default_rng(1)
     wq, wk = (rng.standard_normal((n, 64)).astype(np.float32) for n in (64, 32))
     model = qkv_graph(wq, wk, None, rows=8)
     assert [o.name for o in model.graph.output] == ["q", "k"]
-    onnx.helper.set_model_props(model, {"rkmojo.precision": "fp16"})
-    onnx.save(model, tmp_path / "g.onnx")
-    (tmp_path / "g.rknn").write_bytes(b"RKNN" + bytes(60))
     rt = rknnlite()
-    assert rt.load_rknn(str(tmp_path / "g.rknn")) == 0 and rt.init_runtime(core_mask=rknnlite.NPU_CORE_0) == 0
+    assert rt.load_rknn(standin_graph(tmp_path, model)) == 0 and rt.init_runtime(core_mask=rknnlite.NPU_CORE_0) == 0
     x = rng.standard_normal((8, 64)).astype(np.float32)
     q, k = rt.inference(inputs=[x])
     for got, w in ((q, wq), (k, wk)):
         want = x @ w.T
         assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-3
+
+
+def test_an_o_norm_graph_computes_gemma4s_normed_o_projection(rknnlite, tmp_path):
+    # the graph's RMSNorm (ReduceMean, Sqrt, Div) against the CPU's models/base.rms_norm, a narrow weight
+    # scaling the projection far from unit RMS so that a missing norm cannot pass
+    rng = np.random.default_rng(2)
+    wo = rng.standard_normal((32, 64)).astype(np.float32) * 5
+    norm = rng.uniform(0.5, 1.5, 32).astype(np.float32)
+    rt = rknnlite()
+    assert rt.load_rknn(standin_graph(tmp_path, o_norm_graph(wo, norm, 1e-6, rows=8))) == 0
+    assert rt.init_runtime(core_mask=rknnlite.NPU_CORE_1) == 0
+    o, h = rng.standard_normal((8, 64)).astype(np.float32), rng.standard_normal((8, 32)).astype(np.float32)
+    (got,) = rt.inference(inputs=[o, h])
+    want = h + rms_norm(o @ wo.T, norm, 1e-6)
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 2e-3
 
 
 def test_the_standin_refuses_what_the_runtime_refuses(rknnlite, qkv_rknn, tmp_path):
@@ -199,11 +216,12 @@ def fp16_engines(store: Path, graphs: list[str]):
 @needs_toolkit
 @pytest.mark.slow
 def test_gemma4s_fp16_graphs_give_the_cpus_greedy_tokens(gemma4_store, tmp_path, rknnlite):
-    # Gemma 4: qkv (no v on its K = V full layers) and the dense MLP as graphs; norms, attention, router
-    # and routed experts on the CPU
+    # Gemma 4: qkv (no v on its K = V full layers), the normed o projection and the dense MLP as graphs;
+    # the other norms, attention, router and routed experts on the CPU
     store = tmp_path / "store"
     shutil.copytree(gemma4_store, store)
-    with fp16_engines(store, [f"layer_{i:02d}.{k}" for i in range(4) for k in ("mlp", "qkv")]) as (cpu, npu):
+    kinds = ("qkv", "o_norm", "mlp")  # in the order a chunk meets them
+    with fp16_engines(store, [f"layer_{i:02d}.{k}" for i in range(4) for k in kinds]) as (cpu, npu):
         prompt = list(range(3, 60))
         runs = spy_runs(npu)
         # every position's top-1 is the CPU's (the logits differ by 5.6e-2 relative: fp16's ~4e-4 per graph
@@ -215,7 +233,7 @@ def test_gemma4s_fp16_graphs_give_the_cpus_greedy_tokens(gemma4_store, tmp_path,
         cpu.reset()
         assert greedy(npu, prompt) == greedy(cpu, prompt)
         # the first 32 rows of each call with a full chunk; the rest is too short
-        assert runs == [f"layer_{i:02d}.{k}.rknn" for _ in range(2) for i in range(4) for k in ("qkv", "mlp")]
+        assert runs == [f"layer_{i:02d}.{k}.rknn" for _ in range(2) for i in range(4) for k in kinds]
 
 
 @needs_toolkit

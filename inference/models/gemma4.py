@@ -235,7 +235,7 @@ class Model(Transformer):
         v = rms_norm(v, None, eps)
         cache.layers[i].append(k, v, positions)
         o = attention(apply_rope(q, cos, sin), cache.layers[i], positions, 1.0).reshape(T, -1)
-        h = h + rms_norm(self.ops.linear(o, Lw["o"]), Lw["post_attn_norm"], eps)
+        h = self.o_norm(i, o, h)
 
         def shared() -> np.ndarray:  # the dense MLP: computed while missing experts are read
             return self.mlp(i, rms_norm(h, Lw["mlp_norm"], eps))
@@ -250,7 +250,7 @@ class Model(Transformer):
         h = h + rms_norm(m, Lw["post_ffn_norm"], eps)
         return h * Lw["layer_scalar"]
 
-    # The two parts of the layer's dense block that an NPU graph can take over (rknpu/graphs.py builds
+    # The three parts of the layer's dense block that an NPU graph can take over (rknpu/graphs.py builds
     # the same math as ONNX; the norms around them, attention, router and experts stay on the CPU).
     def qkv(self, i: int, x: np.ndarray) -> list[np.ndarray]:
         """x [T, H] (attention-normed) → q [T, Hq·D], k [T, Hkv·D] and, unless the layer has K = V, v."""
@@ -259,6 +259,14 @@ class Model(Transformer):
             return got
         Lw = self.layers[i]
         return self.ops.linear_many(x, [w for w in (Lw["q"], Lw["k"], Lw["v"]) if w is not None])  # shared x
+
+    def o_norm(self, i: int, o: np.ndarray, h: np.ndarray) -> np.ndarray:
+        """o [T, Hq·D] (attention output), h [T, H] (residual) → h + rms_norm(o·Woᵀ) · post_attn_norm [T, H]."""
+        got = self.ops.graph(i, "o_norm", o, h)
+        if got is not None:
+            return got[0]
+        Lw = self.layers[i]
+        return h + rms_norm(self.ops.linear(o, Lw["o"]), Lw["post_attn_norm"], self.args.rms_norm_eps)
 
     def mlp(self, i: int, x: np.ndarray) -> np.ndarray:
         """x [T, H] (the MLP-normed residual) → the dense MLP's output [T, H], before its post-norm."""

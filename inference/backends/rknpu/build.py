@@ -2,7 +2,8 @@
 
 Per layer, each graph kind the architecture's layer code can hand to a graph (`graphs.py`; Llama-style
 layers: `qkv` and `o_mlp`; Qwen3-MoE and OLMoE: `qkv` and `o`, the o projection with its residual add;
-Gemma 4: `qkv`, without v on its K = V layers, and `mlp`, its dense MLP). Calibration activations are
+Gemma 4: `qkv`, without v on its K = V layers, `o_norm`, the o projection with its post-attention norm
+and residual add, and `mlp`, its dense MLP). Calibration activations are
 the CPU engine's own, captured at the graph's inputs while it reads texts that Python ships (the Zen of Python, the `pydoc_data` topics), cut into
 chunks of exactly `rows` tokens (a graph has one static shape). The last chunks are held out: the
 toolkit process (`export.py`, in .venv-rknn) compiles, simulates them, and compares with the CPU's
@@ -32,7 +33,7 @@ from ...errors import RkmojoError
 from ...store import Store
 from ...store.format import sha256_file
 from ...store.writer import write_atomic
-from .graphs import INPUTS, output_names
+from .graphs import INPUTS, RESIDUAL, output_names
 from .quality import auto_precisions
 
 TARGETS = ("rk3588",)
@@ -45,8 +46,13 @@ EXPORT = Path(__file__).with_name("export.py")
 W8A8_MAX_ERROR = 1e-2
 CALIBRATION_CHUNKS, HELD_OUT_CHUNKS = 4, 2
 # the graph kinds whose layer code has the hooks (models/llama.py: qkv, o_mlp; models/qwen3_moe.py: qkv, o;
-# models/gemma4.py: qkv, mlp)
-KINDS = {"llama": ("qkv", "o_mlp"), "qwen3_moe": ("qkv", "o"), "olmoe": ("qkv", "o"), "gemma4": ("qkv", "mlp")}
+# models/gemma4.py: qkv, o_norm, mlp)
+KINDS = {
+    "llama": ("qkv", "o_mlp"),
+    "qwen3_moe": ("qkv", "o"),
+    "olmoe": ("qkv", "o"),
+    "gemma4": ("qkv", "o_norm", "mlp"),
+}
 ACTS = ("silu", "gelu_pytorch_tanh", "gelu_tanh")
 
 
@@ -69,7 +75,7 @@ def texts() -> list[str]:
 
 def capture(store: Store, model, rows: int, chunks: int, kinds: tuple) -> dict[int, list[dict]]:
     """Per layer, `chunks` captures {x, q, k[, v][, o, h, out][, mlp_x, mlp_out]} of the CPU's layer code
-    (o, h, out: the `o` or `o_mlp` block's), each `rows` rows (`model` built with chunk=rows; its layer
+    (o, h, out: the `o`, `o_norm` or `o_mlp` block's), each `rows` rows (`model` built with chunk=rows; its layer
     code is spied on, then restored)."""
     from ...tokenizer import StoreTokenizer
 
@@ -83,7 +89,7 @@ def capture(store: Store, model, rows: int, chunks: int, kinds: tuple) -> dict[i
         return out
 
     model.qkv = spy_qkv
-    for name in [k for k in ("o", "o_mlp") if k in kinds]:  # (o, h) → out
+    for name in [k for k in RESIDUAL if k in kinds]:  # (o, h) → out
         block = getattr(model, name)
 
         def spy_o(i, o, h, block=block):
@@ -110,7 +116,7 @@ def capture(store: Store, model, rows: int, chunks: int, kinds: tuple) -> dict[i
     try:
         model.forward(np.asarray(ids[: rows * chunks], np.int64), model.new_cache())
     finally:
-        for name in ("qkv", "o", "o_mlp", "mlp"):
+        for name in ("qkv", *RESIDUAL, "mlp"):
             model.__dict__.pop(name, None)
     return seen
 
@@ -126,6 +132,9 @@ def plan_layer(model_args, layer: dict, i: int, got: list[dict], kinds: tuple, a
             ins, outs = {"x": "x"}, {n: n for n in "qkv" if layer[n] is not None}
         elif kind == "o":
             job = {"wo": layer["o"].dense()}
+            ins, outs = {"o": "o", "h": "h"}, {"out": "out"}
+        elif kind == "o_norm":  # Gemma 4: h + rms_norm(o·Woᵀ) · post_attn_norm
+            job = {"wo": layer["o"].dense(), "norm": layer["post_attn_norm"], "eps": model_args.rms_norm_eps}
             ins, outs = {"o": "o", "h": "h"}, {"out": "out"}
         elif kind == "mlp":
             job = {n: layer["mlp"][n].dense() for n in ("gate", "up", "down")}

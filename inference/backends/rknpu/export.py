@@ -9,7 +9,7 @@ job (an .npz) holds its weights and constants as for `simulate.py`, the calibrat
 [S, T, ...], held-out inputs `held_<name>` and the CPU's outputs for them `want_<name>`.
 
 Per graph, the precisions are tried in order; a precision is kept when the simulated held-out error
-(relative L2 against the CPU layer code; o and o_mlp on what the block adds to the residual) is within its
+(relative L2 against the CPU layer code; o, o_norm and o_mlp on what the block adds to the residual) is within its
 bound: w8a8 within `w8a8_max_error`, fp16 always (it is the fallback). The simulator only runs graphs
 built in the same process, so each is built, exported and measured in one go. OUT_DIR gets per graph
 `<name>.rknn`, the ONNX that was compiled as `<name>.onnx` (its metadata names the precision: the
@@ -27,6 +27,7 @@ import tempfile
 
 import numpy as np
 
+from graphs import RESIDUAL
 from simulate import INPUTS, build_onnx, check, compiled, output_names, run, samples_of
 
 PRECISION_KEY = "rkmojo.precision"  # ONNX metadata of the kept graph
@@ -38,7 +39,7 @@ def error(kind: str, job: dict, got: dict[str, np.ndarray]) -> float:
     errs = []
     for n in output_names(kind, job):
         want, out = job["want_" + n], got[n]
-        if kind in ("o", "o_mlp"):  # the block adds to the residual h: measure what it adds
+        if kind in RESIDUAL:  # the block adds to the residual h: measure what it adds
             want, out = want - job["held_h"], out - job["held_h"]
         errs.append(float(np.linalg.norm(out - want) / max(np.linalg.norm(want), 1e-30)))
     return max(errs)

@@ -6,6 +6,8 @@ A layer's dense block is cut where the CPU must step in (attention over the KV c
   are its values (Gemma 4's full attention, K = V) has no v projection, and its graph no v output;
 - ``o``: o [T, A] (attention output), h [T, H] (the residual) → h + o·Woᵀ (the MoE architectures:
   Qwen3-MoE, OLMoE, whose post-attention norm feeds the router on the CPU);
+- ``o_norm``: o [T, A], h [T, H] → h + rms_norm(o·Woᵀ) · norm (Gemma 4, whose post-attention norm is on
+  the projection, before the residual add);
 - ``o_mlp``: o [T, A] (attention output), h [T, H] (the residual) →
   h2 = h + o·Woᵀ; h2 + down(act(gate·n) × up·n) with n = rms_norm(h2) (Llama-style layers);
 - ``mlp``: x [T, H] → down(act(gate·x) × up·x), act silu or gelu (tanh): the dense MLP beside the
@@ -22,8 +24,10 @@ from __future__ import annotations
 
 import numpy as np
 
-INPUTS = {"qkv": ["x"], "o": ["o", "h"], "o_mlp": ["o", "h"], "mlp": ["x"]}  # each kind's input names, in order
-OUTPUTS = {"qkv": ["q", "k", "v"], "o": ["out"], "o_mlp": ["out"], "mlp": ["out"]}  # the most a kind has, in order
+# each kind's input names, in order, and the most outputs a kind has, in order
+INPUTS = {"qkv": ["x"], "o": ["o", "h"], "o_norm": ["o", "h"], "o_mlp": ["o", "h"], "mlp": ["x"]}
+OUTPUTS = {"qkv": ["q", "k", "v"], "o": ["out"], "o_norm": ["out"], "o_mlp": ["out"], "mlp": ["out"]}
+RESIDUAL = ("o", "o_norm", "o_mlp")  # the kinds whose output is the residual h plus what the block adds
 OPSET = 13  # rknn-toolkit2 2.5 accepts opsets up to 19; 13 has everything used here
 
 
@@ -78,6 +82,43 @@ def o_graph(wo: np.ndarray, rows: int):
     return _model(graph)
 
 
+def o_norm_graph(wo: np.ndarray, norm: np.ndarray, eps: float, rows: int):
+    """(o [rows, A], h [rows, H]) → h + rms_norm(o·Woᵀ) · norm [rows, H]: Gemma 4's normed projection."""
+    onnx, TensorProto, helper, _ = _helpers()
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["o", "wo"], ["attn"]),  # [T, H]
+            *_rms_norm_nodes(helper, "attn", "n"),
+            helper.make_node("Add", ["h", "n"], ["out"]),
+        ],
+        "o_norm",
+        _o_inputs(helper, TensorProto, wo, rows),
+        _o_output(helper, TensorProto, wo, rows),
+        initializer=[_weight_t("wo", wo), *_rms_norm_constants(norm, eps)],
+    )
+    return _model(graph)
+
+
+def _rms_norm_nodes(helper, x: str, out: str) -> list:
+    """rms_norm(x) · norm over the last axis, reading initializers norm and eps."""
+    return [
+        helper.make_node("Mul", [x, x], [x + "_sq"]),
+        helper.make_node("ReduceMean", [x + "_sq"], [x + "_ms"], axes=[-1], keepdims=1),  # [T, 1]
+        helper.make_node("Add", [x + "_ms", "eps"], [x + "_mse"]),
+        helper.make_node("Sqrt", [x + "_mse"], [x + "_rms"]),
+        helper.make_node("Div", [x, x + "_rms"], [x + "_n"]),
+        helper.make_node("Mul", [x + "_n", "norm"], [out]),
+    ]
+
+
+def _rms_norm_constants(norm: np.ndarray, eps: float) -> list:
+    _, _, _, numpy_helper = _helpers()
+    return [
+        numpy_helper.from_array(np.asarray(norm, np.float32).reshape(-1), "norm"),
+        numpy_helper.from_array(np.array([eps], np.float32), "eps"),
+    ]
+
+
 def _o_nodes(helper, out: str) -> list:
     return [helper.make_node("MatMul", ["o", "wo"], ["attn"]), helper.make_node("Add", ["h", "attn"], [out])]
 
@@ -105,17 +146,10 @@ def o_mlp_graph(
     rows: int,
 ):
     """(o [rows, A], h [rows, H]) → the layer's output [rows, H] (Llama-style residuals)."""
-    onnx, TensorProto, helper, numpy_helper = _helpers()
-    c = lambda name, v: numpy_helper.from_array(np.asarray(v, np.float32).reshape(-1), name)  # noqa: E731
+    onnx, TensorProto, helper, _ = _helpers()
     nodes = [
         *_o_nodes(helper, "h2"),  # [T, H]
-        # rms_norm(h2) · weight
-        helper.make_node("Mul", ["h2", "h2"], ["sq"]),
-        helper.make_node("ReduceMean", ["sq"], ["ms"], axes=[-1], keepdims=1),  # [T, 1]
-        helper.make_node("Add", ["ms", "eps"], ["mse"]),
-        helper.make_node("Sqrt", ["mse"], ["rms"]),
-        helper.make_node("Div", ["h2", "rms"], ["nh"]),
-        helper.make_node("Mul", ["nh", "norm"], ["n"]),
+        *_rms_norm_nodes(helper, "h2", "n"),
         *_mlp_nodes(helper, act, "n", "mlp"),  # [T, H]
         helper.make_node("Add", ["h2", "mlp"], ["out"]),
     ]
@@ -126,8 +160,7 @@ def o_mlp_graph(
         _o_output(helper, TensorProto, wo, rows),
         initializer=[
             _weight_t("wo", wo),
-            c("norm", norm),
-            c("eps", [eps]),
+            *_rms_norm_constants(norm, eps),
             _weight_t("wgate", gate),
             _weight_t("wup", up),
             _weight_t("wdown", down),

@@ -4,7 +4,7 @@ One RKNNLite per graph: `load_rknn`, `init_runtime(core_mask=…)` with the grap
 cores in turn, `inference` per prefill chunk (a chunk shorter than the compiled rows is padded with zero
 rows; a longer one, or one under `min_rows`, stays on the CPU). The layer code asks for a graph through
 `graph(layer, kind, *inputs)` (models/llama.py `qkv`, `o_mlp`; models/qwen3_moe.py and olmoe.py `qkv`,
-`o`; models/gemma4.py `qkv`, `mlp`) and gets its outputs, or None where the CPU computes; attention,
+`o`; models/gemma4.py `qkv`, `o_norm`, `mlp`) and gets its outputs, or None where the CPU computes; attention,
 router and experts never leave the CPU.
 
 `max_layers` bounds the layers whose graphs are loaded at once: a layer's graphs are then loaded just

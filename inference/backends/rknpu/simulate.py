@@ -4,9 +4,9 @@ Run in the rknn-toolkit2 venv (never in the engine's: the toolkit pins old numpy
 
     .venv-rknn/bin/python inference/backends/rknpu/simulate.py JOB.npz OUT.npz
 
-JOB.npz holds `kind` ("qkv", "o", "o_mlp" or "mlp"), `precision` ("fp16" or "w8a8"), the graph's weights (see
+JOB.npz holds `kind` ("qkv", "o", "o_norm", "o_mlp" or "mlp"), `precision` ("fp16" or "w8a8"), the graph's weights (see
 `graphs.py`; a qkv job without `wv` is a K = V layer's), the inputs `in_<name>` [S, T, ...] (S samples, also the w8a8 calibration set) and for
-o_mlp `eps` and `act`, for mlp `act`. OUT.npz gets `out_<name>` [S, T, ...]. The simulator only runs graphs built in
+o_norm `norm` and `eps`, for o_mlp `eps` and `act`, for mlp `act`. OUT.npz gets `out_<name>` [S, T, ...]. The simulator only runs graphs built in
 the same process, so build and run are one step.
 """
 
@@ -28,6 +28,8 @@ def build_onnx(job, rows: int):
         return graphs.qkv_graph(job["wq"], job["wk"], job.get("wv"), rows)
     if str(job["kind"]) == "o":
         return graphs.o_graph(job["wo"], rows)
+    if str(job["kind"]) == "o_norm":
+        return graphs.o_norm_graph(job["wo"], job["norm"], float(job["eps"]), rows)
     if str(job["kind"]) == "mlp":
         return graphs.mlp_graph(job["gate"], job["up"], job["down"], str(job["act"]), rows)
     return graphs.o_mlp_graph(

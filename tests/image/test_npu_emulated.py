@@ -21,6 +21,7 @@ report their agreement. The stand-ins compute on the CPU, so nothing here says h
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -147,8 +148,7 @@ def aarch64_wheels(root: Path, requirement: str) -> Path:
         platforms = ["--platform", "manylinux2014_aarch64"]
         for v in range(17, GLIBC_MINOR + 1):
             platforms += ["--platform", f"manylinux_2_{v}_aarch64"]
-        part = out.with_name(out.name + ".part")
-        shutil.rmtree(part, ignore_errors=True)
+        part = out.with_name(f"{out.name}.part-{os.getpid()}")
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--only-binary=:all:"]
             + platforms
@@ -156,7 +156,10 @@ def aarch64_wheels(root: Path, requirement: str) -> Path:
             + ["-d", str(part), requirement],
             check=True,
         )
-        part.rename(out)
+        try:
+            part.rename(out)
+        except OSError:  # another test run got there first
+            shutil.rmtree(part)
     return out
 
 

@@ -90,7 +90,9 @@ def whole_chunks(prompt_of):
 
 
 def graphs(root: str) -> dict:
-    got = {}
+    import rknnlite
+
+    got = {"rknnlite": rknnlite.__file__}  # which one: the image's venv holds the real rknn-toolkit-lite2 too
     for model, prompt_of in (("dense", whole_chunks(text)), ("moe", whole_chunks(numbers))):
         got[model] = runs(
             f"{root}/{model}-fp16",

@@ -184,6 +184,8 @@ def test_the_board_software_under_emulation_runs_the_graphs_and_answers_as_the_c
         "/tmp/npu/graphs",
     )
     assert got["machine"] == "aarch64"
+    # the image's venv has the real rknn-toolkit-lite2 (the npu role installs it); PYTHONPATH comes first
+    assert got["rknnlite"] == "/tmp/npu/rknnlite_standin/rknnlite/__init__.py"
     ran = {
         "dense": {f"layer_{i:02d}.{k}.rknn" for i in DENSE_LAYERS for k in ("qkv", "o_mlp")},
         "moe": {"layer_00.qkv.rknn", "layer_01.qkv.rknn"},  # its attention projections; the rest on the CPU

@@ -188,7 +188,8 @@ def test_the_board_software_under_emulation_runs_the_graphs_and_answers_as_the_c
     assert got["rknnlite"] == "/tmp/npu/rknnlite_standin/rknnlite/__init__.py"
     ran = {
         "dense": {f"layer_{i:02d}.{k}.rknn" for i in DENSE_LAYERS for k in ("qkv", "o_mlp")},
-        "moe": {"layer_00.qkv.rknn", "layer_01.qkv.rknn"},  # its attention projections; the rest on the CPU
+        # its attention's q/k/v and o projections; the norms, attention, router and experts on the CPU
+        "moe": {f"layer_{i:02d}.{k}.rknn" for i in (0, 1) for k in ("qkv", "o")},
     }
     for model in ("dense", "moe"):
         runs = got[model]

@@ -75,7 +75,9 @@ def test_a_waiting_chat_request_sees_its_place_in_the_queue_fall_before_it_start
         socks = [socket(cookie) for _ in range(3)]
         for ws in socks:
             assert (await ws.connect())[0]
-        await socks[0].send_json_to(new_chat(40))
+        # long enough to still be running when the third request queues behind the second, however fast
+        # decoding is (40 tokens once ended first on a busy machine: the third then only ever saw place 1)
+        await socks[0].send_json_to(new_chat(200))
         while (await socks[0].receive_json_from(timeout=30))["t"] != "start":
             pass
         await socks[1].send_json_to(new_chat(20))

@@ -52,6 +52,12 @@ class EngineConfig:
     prefetch: int = option(0, help="gate-lookahead prefetch slots per layer (0: off)", ge=0)
     threads: int | None = option(help="kernel threads (default: every core)", ge=1)
     chunk: int = option(128, help="prefill chunk in rows", ge=1)
+    prefill_pass: int = option(
+        1024,
+        help="prompt rows that go layer by layer when experts stream, so each layer's experts are read once "
+        "per pass, not once per chunk (whole chunks; at most the chunk: chunk by chunk)",
+        ge=1,
+    )
     backend: str = option(
         "auto",
         help="prefill's dense matmuls: rknpu (RK3588 NPU, after a self-test), cpu, "
@@ -112,7 +118,7 @@ class Engine:
             experts["experts"] = StreamingExperts(
                 store, self.slots, policy=cfg.policy, io=cfg.io, verify=cfg.verify_experts, prefetch=cfg.prefetch
             )
-        self.model = load_model(store, chunk=cfg.chunk, kv_dtype=cfg.kv_dtype, **experts)
+        self.model = load_model(store, chunk=cfg.chunk, kv_dtype=cfg.kv_dtype, prefill_pass=cfg.prefill_pass, **experts)
         self.backend = backends.select(
             cfg.backend,
             library=cfg.npu_library,

@@ -169,3 +169,33 @@ def test_popularity_of_another_store_is_ignored_and_a_broken_file_is_named(moe_s
     finally:
         e.close()
     assert not list(tmp_path.glob(".*tmp*"))
+
+
+def test_a_layer_wanting_more_experts_than_slots_keeps_every_slot_reading(tmp_path):
+    """A prefill's layer streams its experts through its slots: each computed expert's slot takes the
+    next read at once, not when a whole tile of slots has been computed."""
+    from inference.experts import StreamingExperts
+    from inference.store import Store
+    from inference.synth import synth_store
+
+    store = Store(synth_store(tmp_path / "s", "tiny-qwen3-moe", progress=False))
+    src = StreamingExperts(store, 3, io="threads")
+    try:
+        layer = next(iter(src.layouts))
+        submitted = []
+        real = src._requests
+        src._requests = lambda layer, experts: submitted.extend(experts) or real(layer, experts)  # noqa: E731
+        seen = []  # per compute call: (experts computed so far, reads submitted so far)
+
+        def compute(batch):
+            seen.append((len(seen) + 1, len(submitted)))
+
+        want = list(range(10))
+        src.run(layer, want, compute)
+        assert sorted(submitted) == want and len(seen) == 10  # every expert read once, computed once
+        # at the 2nd computation the slot the 1st left already took a 4th read (a tile would wait for 3)
+        assert seen[1][1] == 4
+        assert all(n_read == min(10, 3 + done - 1) for done, n_read in seen)
+        assert len(src.caches[layer].pinned) == 0 and len(src.caches[layer].where) == 3
+    finally:
+        src.close()

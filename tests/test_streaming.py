@@ -175,3 +175,20 @@ def test_a_liburing_that_crashes_the_cpu_is_not_used_and_uring_is_refused_by_nam
     e = Engine.open(moe_store, chunk=16, expert_slots=2, io="auto")  # falls back to the thread pool
     assert e.expert_stats["io"] == "threads"
     assert np.isfinite(e.forward([1, 2, 3])).all()
+
+
+def test_a_prompt_of_many_chunks_reads_each_layers_experts_once_per_pass_with_the_same_bits(moe_store):
+    ids = ids_for(moe_store, n=48)
+    resident = Engine.open(moe_store, chunk=8).forward(ids, last_only=False)
+    read, seen = {}, {}
+    for rows in (8, 48):  # 8: chunk by chunk (6 chunks); 48: one layer-by-layer pass of 6 chunks
+        e = Engine.open(moe_store, chunk=8, expert_slots=2, prefill_pass=rows)
+        progress = []
+        out = e.forward(ids, last_only=False, progress=lambda d, n: progress.append((d, n)))
+        assert np.array_equal(out, resident)  # every row's arithmetic is the chunked order's
+        read[rows] = e.expert_stats["total"]["misses"]
+        seen[rows] = progress
+        e.close()
+    assert read[48] < read[8] / 2  # 2 slots per layer: chunk by chunk re-reads most experts 6 times
+    done = [d for d, _ in seen[48]]
+    assert done == sorted(done) and done[-1] == 48 and {n for _, n in seen[48]} == {48}

@@ -58,16 +58,26 @@ class SimPool:
 
 def serve(cache: LayerCache, experts) -> None:
     """One request through `cache` in the order `StreamingExperts.run` takes it: hits pinned, the
-    misses that fit the free slots assigned, then the rest in tiles of the slot count."""
+    misses that fit the free slots assigned; once the hits are computed their slots are free too, and
+    each computed miss frees its slot for the next (reads taken to land in the order submitted)."""
     hits, misses = cache.request(experts)
     cache.pin(hits.values())
-    free = cache.pool.n - len(hits)
-    tiles = [misses[:free]] + [misses[free:][i : i + cache.pool.n] for i in range(0, len(misses) - free, cache.pool.n)]
-    for tile in tiles:
-        slots = [cache.assign(e) for e in tile]
-        for e, s in zip(tile, slots):
-            cache.fill(e, s)
-        cache.unpin_all()
+    queue, inflight = list(misses), []
+
+    def top_up() -> None:
+        while queue and len(cache.pinned) < cache.pool.n:
+            e = queue.pop(0)
+            inflight.append((e, cache.assign(e)))
+
+    top_up()
+    cache.pinned.difference_update(hits.values())
+    top_up()
+    while inflight:
+        e, s = inflight.pop(0)
+        cache.fill(e, s)
+        cache.pinned.discard(s)
+        top_up()
+    cache.unpin_all()
 
 
 def replay(calls: list[Call], n_experts: int, slots: int, policy: str) -> dict[str, dict]:

@@ -29,6 +29,8 @@ PREFETCH_WORKERS = 4  # reader threads of the prefetch (the demand reads have th
 class ResidentExperts:
     """All experts memory-mapped from the store (no cache, no IO of our own)."""
 
+    streams = False
+
     def __init__(self, store):
         self.store = store
         self._views: dict[tuple[int, int], dict] = {}  # (layer, expert) → its tensors, made on first use
@@ -74,6 +76,7 @@ class StreamingExperts:
         direct: bool = True,
         prefetch: int = 0,
     ):
+        self.streams = True  # reads cost: a prompt goes layer by layer (`Transformer.pass_forward`)
         if verify not in VERIFY_MODES:
             raise OptionError("verify_experts", verify, f"one of {', '.join(VERIFY_MODES)}")
         if slots < 1:
@@ -177,50 +180,69 @@ class StreamingExperts:
             )
         self.verified.add((r.layer, r.expert))
 
-    def _drain(self, batch, compute: Callable, stats: LayerStats) -> None:
-        lay, cache = None, None
+    def _top_up(self, layer: int, batch, queue: list[int]):
+        """Submit the next misses of `queue` into every slot that is free now (not pinned); returns the
+        batch they joined (a new one when `batch` is None)."""
+        cache = self.caches[layer]
+        n = min(len(queue), cache.pool.n - len(cache.pinned))
+        if n <= 0:
+            return batch
+        reqs = self._requests(layer, queue[:n])
+        del queue[:n]
+        if batch is None:
+            return self.reader.submit(reqs)
+        batch.add(reqs)
+        return batch
+
+    def _drain(self, layer: int, batch, compute: Callable, queue: list[int]) -> None:
+        """Compute each expert of `batch` as its read lands; the slot it leaves takes the next miss in
+        `queue` at once, so the disk never waits for a tile of computations to end."""
+        lay, cache = self.layouts[layer], self.caches[layer]
+        stats = cache.stats
         t = time.perf_counter()
         for r in batch.completed():
             stats.read_seconds += time.perf_counter() - t
-            lay, cache = self.layouts[r.layer], self.caches[r.layer]
             self._check(r)
             cache.fill(r.expert, r.slot)
             stats.bytes_read += r.length
             compute([(r.expert, lay.view(cache.pool.view(r.slot)))])
+            cache.pinned.discard(r.slot)  # computed: this layer needs it no more
+            self._top_up(layer, batch, queue)
             t = time.perf_counter()
 
     def run(self, layer: int, experts, compute: Callable, during_io: Callable | None = None):
         """Call compute([(e, weights), ...]) so that every expert in `experts` is in exactly one batch (the
-        cached ones together, the others as their reads land); returns during_io()'s result."""
+        cached ones together, the others as their reads land); returns during_io()'s result.
+
+        A layer that wants more experts than it has slots (a prefill) streams them through its slots:
+        each slot whose expert has been computed takes the next read at once, so reads stay in flight
+        the whole time. Which experts stay cached at the end does not change any result."""
         cache, lay = self.caches[layer], self.layouts[layer]
         hits, misses = cache.request(experts)
         cache.pin(hits.values())
         batch = None
         try:
-            free = cache.pool.n - len(hits)
             prefetched = set(self.pf_pending.get(layer, ()))
-            demand = [e for e in misses if e not in prefetched]
-            first, rest = demand[:free], demand[free:]
-            batch = self.reader.submit(self._requests(layer, first)) if first else None
+            queue = [e for e in misses if e not in prefetched]
+            batch = self._top_up(layer, None, queue)
             extra = during_io() if during_io else None
             if hits:
                 compute([(e, lay.view(cache.pool.view(s))) for e, s in hits.items()])
+            cache.pinned.difference_update(hits.values())
             self._take_prefetched(layer, [e for e in misses if e in prefetched], compute)
-            cache.unpin_all()
+            batch = self._top_up(layer, batch, queue)
             if batch is not None:
-                self._drain(batch, compute, cache.stats)
-            cache.unpin_all()
-            for i in range(0, len(rest), cache.pool.n):
-                batch = self.reader.submit(self._requests(layer, rest[i : i + cache.pool.n]))
-                self._drain(batch, compute, cache.stats)
-                cache.unpin_all()
+                self._drain(layer, batch, compute, queue)
+            if queue:  # cannot happen: a drained batch leaves every slot free
+                raise RuntimeError(f"expert streaming: layer {layer} left {len(queue)} experts unread")
         except BaseException:
             # slots whose read failed or never completed stay empty (assign() cleared them);
             # reads still in flight must land before those buffers can be handed out again
             if batch is not None:
                 batch.abandon()
-            cache.unpin_all()
             raise
+        finally:
+            cache.unpin_all()
         return extra
 
     def stats(self) -> dict:

@@ -102,15 +102,20 @@ class ThreadReader:
         return r
 
     def submit(self, reqs: list[ReadRequest]) -> "ThreadBatch":
-        return ThreadBatch([self.pool.submit(self._one, r) for r in reqs])
+        return ThreadBatch(self, [self.pool.submit(self._one, r) for r in reqs])
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
 
 
 class ThreadBatch:
-    def __init__(self, futures):
+    def __init__(self, reader: ThreadReader, futures):
+        self.reader = reader
         self.pending = set(futures)
+
+    def add(self, reqs: list[ReadRequest]) -> None:
+        """More reads into this batch, also while `completed()` is being iterated (they are yielded too)."""
+        self.pending.update(self.reader.pool.submit(self.reader._one, r) for r in reqs)
 
     def completed(self):
         """Yield each request as its read lands (completion order)."""
@@ -181,6 +186,11 @@ class UringBatch:
             n += 1
         if n:
             r.L.io_uring_submit(r.ring)
+
+    def add(self, reqs: list[ReadRequest]) -> None:
+        """More reads into this batch, also while `completed()` is being iterated (they are yielded too)."""
+        self.queue.extend(reqs)
+        self._fill()
 
     def completed(self):
         r, L = self.reader, self.reader.L

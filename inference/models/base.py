@@ -207,12 +207,13 @@ class Transformer:
     final_softcap: float | None = None
     norm_plus_one: bool = False
 
-    def __init__(self, args, store, *, chunk: int = 128, kv_dtype: str = "f32"):
+    def __init__(self, args, store, *, chunk: int = 128, kv_dtype: str = "f32", prefill_pass: int = 1024):
         if kv_dtype not in KV_DTYPES:
             raise ValueError(f"KV precision {kv_dtype!r}: choose one of {', '.join(KV_DTYPES)}")
         self.args = args
         self.store = store
         self.chunk = chunk
+        self.prefill_pass = max(chunk, prefill_pass // chunk * chunk)  # whole chunks
         self.kv_dtype = KV_DTYPES[kv_dtype]
         self.embed = store.dense("embed")
         self.lm_head = store.dense("lm_head") if store.has("lm_head") else self.embed
@@ -255,21 +256,54 @@ class Transformer:
 
     def hidden(self, ids: np.ndarray, cache: KVCache, *, progress=None, prompt: bool = False) -> np.ndarray:
         """Final-normed hidden states [T, H] for `ids`, appended to `cache`, chunk by chunk;
-        `progress(rows done, rows)` after each chunk when given; `prompt`: see `layers_forward`."""
+        `progress(rows done, rows)` after each chunk when given; `prompt`: see `layers_forward`.
+
+        Where the routed experts stream from disk, a prompt of several chunks goes layer by layer over
+        passes of up to `prefill_pass` rows (`pass_forward`), so each layer's experts are read once per
+        pass, not once per chunk."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if len(ids) > self.chunk and self.prefill_pass > self.chunk and getattr(self.experts, "streams", False):
+            return self.pass_forward(ids, cache, progress)
         outs = []
         for s in range(0, len(ids), self.chunk):
             part = ids[s : s + self.chunk]
             positions = np.arange(cache.offset, cache.offset + len(part))
             self._rope_memo = {}
-            h = embed_rows(self.embed, part)
-            if self.embed_scale != 1.0:
-                h = h * np.float32(self.embed_scale)
+            h = self.embed_ids(part)
             h = self.layers_forward(h, cache, positions, prompt)
             cache.offset += len(part)
             outs.append(rms_norm(h, self.norm, self.args.rms_norm_eps, self.norm_plus_one))
             if progress is not None:
                 progress(s + len(part), len(ids))
+        return np.concatenate(outs) if len(outs) > 1 else outs[0]
+
+    def embed_ids(self, ids: np.ndarray) -> np.ndarray:
+        h = embed_rows(self.embed, ids)
+        return h * np.float32(self.embed_scale) if self.embed_scale != 1.0 else h
+
+    def pass_forward(self, ids: np.ndarray, cache: KVCache, progress=None) -> np.ndarray:
+        """`hidden` for a prompt, layer by layer: in each pass of up to `prefill_pass` rows, every layer's
+        attention half runs chunk by chunk (a chunk's rows attend to the earlier chunks' K/V, as they
+        would chunk by chunk), then its MLP / MoE half (`ffn_half`) runs on all the pass's rows at once.
+        Every row's arithmetic is that of the chunked order, so the results are the same bits."""
+        n, L, outs = len(ids), self.args.num_hidden_layers, []
+        for p0 in range(0, n, self.prefill_pass):
+            part = ids[p0 : p0 + self.prefill_pass]
+            bounds = [(s, min(s + self.chunk, len(part))) for s in range(0, len(part), self.chunk)]
+            positions = [np.arange(cache.offset + s, cache.offset + e) for s, e in bounds]
+            memos = [{} for _ in bounds]  # each chunk's RoPE tables, computed at its first layer
+            h = self.embed_ids(part)
+            for i in range(L):
+                rows = []
+                for (s, e), pos, memo in zip(bounds, positions, memos):
+                    self._rope_memo = memo
+                    rows.append(self.attn_half(i, h[s:e], cache, pos))
+                h = self.ffn_half(i, np.concatenate(rows))
+                if progress is not None:
+                    progress(p0 + len(part) * (i + 1) // L, n)
+            cache.offset += len(part)
+            outs.append(rms_norm(h, self.norm, self.args.rms_norm_eps, self.norm_plus_one))
+        self._rope_memo = {}
         return np.concatenate(outs) if len(outs) > 1 else outs[0]
 
     def logits(self, h: np.ndarray) -> np.ndarray:

@@ -222,6 +222,10 @@ class Model(Transformer):
         return idx, w * Lw["router_expert_scale"][idx]
 
     def layer(self, i: int, h: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:
+        return self.ffn_half(i, self.attn_half(i, h, cache, positions))
+
+    def attn_half(self, i: int, h: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:
+        """The layer up to its MLP and MoE: h [T, H] → h + the normed attention [T, H]."""
         a, Lw, eps = self.args, self.layers[i], self.args.rms_norm_eps
         T = h.shape[0]
         D = a.attn_dims(i)[0]
@@ -235,10 +239,18 @@ class Model(Transformer):
         v = rms_norm(v, None, eps)
         cache.layers[i].append(k, v, positions)
         o = attention(apply_rope(q, cos, sin), cache.layers[i], positions, 1.0).reshape(T, -1)
-        h = self.o_norm(i, o, h)
+        return self.o_norm(i, o, h)
+
+    def ffn_half(self, i: int, h: np.ndarray) -> np.ndarray:
+        """The dense MLP, the MoE block, their norms and the layer scalar, row by row: any number of rows."""
+        Lw, eps = self.layers[i], self.args.rms_norm_eps
 
         def shared() -> np.ndarray:  # the dense MLP: computed while missing experts are read
-            return self.mlp(i, rms_norm(h, Lw["mlp_norm"], eps))
+            x, c = rms_norm(h, Lw["mlp_norm"], eps), self.chunk
+            if len(x) <= c:
+                return self.mlp(i, x)
+            # a prefill pass of many chunks (`Transformer.hidden`): an NPU graph takes one chunk at a time
+            return np.concatenate([self.mlp(i, x[s : s + c]) for s in range(0, len(x), c)])
 
         if "router" in Lw:
             idx, w = self.route(i, h)

@@ -102,8 +102,15 @@ class Model(Transformer):
         return idx, w
 
     def layer(self, i: int, h: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:
+        return self.ffn_half(i, self.attn_half(i, h, cache, positions))
+
+    def attn_half(self, i: int, h: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:
+        """The layer up to its MLP: h [T, H] → h + attention [T, H] (rows need their earlier rows' K/V)."""
         o = self.attn(i, rms_norm(h, self.layers[i]["attn_norm"], self.args.rms_norm_eps), cache, positions)
-        h = self.o(i, o, h)  # [T, H]
+        return self.o(i, o, h)  # [T, H]
+
+    def ffn_half(self, i: int, h: np.ndarray) -> np.ndarray:
+        """The layer's MLP or MoE block and its residual, row by row: any number of rows at once."""
         x = rms_norm(h, self.layers[i]["mlp_norm"], self.args.rms_norm_eps)
         if "mlp" in self.layers[i]:
             return h + expert_mlp(x, self.layers[i]["mlp"], silu, self.ops)

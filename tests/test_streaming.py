@@ -183,8 +183,8 @@ def test_a_prompt_of_many_chunks_reads_each_layers_experts_once_per_pass_with_th
     read, seen = {}, {}
     for rows in (8, 48):  # 8: chunk by chunk (6 chunks); 48: one layer-by-layer pass of 6 chunks
         e = Engine.open(moe_store, chunk=8, expert_slots=2, prefill_pass=rows)
-        progress = []
-        out = e.forward(ids, last_only=False, progress=lambda d, n: progress.append((d, n)))
+        progress: list = []
+        out = e.forward(ids, last_only=False, progress=lambda d, n, got=progress: got.append((d, n)))
         assert np.array_equal(out, resident)  # every row's arithmetic is the chunked order's
         read[rows] = e.expert_stats["total"]["misses"]
         seen[rows] = progress

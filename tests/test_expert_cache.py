@@ -199,3 +199,24 @@ def test_a_layer_wanting_more_experts_than_slots_keeps_every_slot_reading(tmp_pa
         assert len(src.caches[layer].pinned) == 0 and len(src.caches[layer].where) == 3
     finally:
         src.close()
+
+
+def test_prefetch_slots_are_two_pools_a_prompt_fills_one_and_a_token_takes_its_share(tmp_path):
+    """`prefetch` slots per layer, as the memory plan counts them, alternate between the layers as two
+    pools: a prompt's lookahead (every expert wanted) reads a whole pool ahead, one token's `prefetch`."""
+    from inference.engine import Engine
+    from inference.synth import synth_store
+
+    e = Engine.open(synth_store(tmp_path / "s", "tiny-qwen3-moe", progress=False), expert_slots=2, prefetch=2)
+    try:
+        ex = e.model.experts
+        layers = sorted(ex.pf_pools)
+        assert len({id(p) for p in ex.pf_pools.values()}) == 2 and ex.pf_pools[layers[0]] is ex.pf_pools[layers[2]]
+        assert ex.slot_bytes()[1] == 2 * len(layers) * ex.caches[layers[0]].pool.slot_bytes
+        e.forward(np.arange(1, 13))
+        assert [ex.caches[i].stats.prefetched for i in layers] == [0] + [len(layers)] * (len(layers) - 1)
+        ex.reset_stats()
+        e.forward([5])
+        assert [ex.caches[i].stats.prefetched for i in layers] == [0] + [2] * (len(layers) - 1)
+    finally:
+        e.close()

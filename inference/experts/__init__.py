@@ -92,29 +92,39 @@ class StreamingExperts:
         self.verified: set[tuple[int, int]] = set()
         # gate-lookahead prefetch: its own slots per layer and its own reader threads, so a
         # prefetch never takes a demand read's slot or waits in front of it in a queue
+        # Only the next layer prefetches at a time, so the prefetch slots (`prefetch` per layer, as the
+        # memory plan counts them) form two pools that alternate between the layers: one token's
+        # lookahead takes `prefetch` of them, a prompt's (every expert wanted) a whole pool.
         self.prefetch_slots = prefetch
         self.pf_pools: dict[int, SlotPool] = {}
         self.pf_pending: dict[int, dict[int, tuple]] = {}
-        self.pf_running: dict[int, list] = {}  # unused prefetch reads still landing in their slots
+        self.pf_running: dict[int, list] = {}  # per pool: unused prefetch reads still landing in its slots
         if prefetch:
             self.pf_reader = ThreadReader(LayerFiles(store, direct), workers=PREFETCH_WORKERS)
-            for layer, lay in self.layouts.items():
-                self.pf_pools[layer] = SlotPool(prefetch, lay.blob_size)
+            order = sorted(self.layouts)
+            n = max(prefetch, prefetch * len(order) // 2)
+            blob = max(lay.blob_size for lay in self.layouts.values())
+            shared = [SlotPool(n, blob), SlotPool(n, blob)] if len(order) > 1 else [SlotPool(prefetch, blob)]
+            for k, layer in enumerate(order):
+                self.pf_pools[layer] = shared[k % len(shared)]
                 self.pf_pending[layer] = {}
 
     @property
     def wants_prefetch(self) -> bool:
         return bool(self.prefetch_slots)
 
-    def prefetch(self, layer: int, experts) -> None:
+    def prefetch(self, layer: int, experts, rows: int = 1) -> None:
         """Start reading the experts layer `layer` is predicted to miss (most likely first) into its
-        prefetch slots; experts already cached or being prefetched are skipped."""
+        prefetch slots: `prefetch` of them for one row (a generated token), all its pool's for a prompt
+        (`rows` > 1, whose layer wants nearly every expert). Experts already cached are skipped."""
         if layer not in self.pf_pools:
             return
+        pool = self.pf_pools[layer]
         self._settle_prefetch(layer, wait=True)
-        cache, pool, lay = self.caches[layer], self.pf_pools[layer], self.layouts[layer]
+        cache, lay = self.caches[layer], self.layouts[layer]
         length = -(-lay.blob_size // PAGE) * PAGE
-        todo = [int(e) for e in dict.fromkeys(experts) if int(e) not in cache.where][: pool.n]
+        n = pool.n if rows > 1 else min(pool.n, self.prefetch_slots)
+        todo = [int(e) for e in dict.fromkeys(experts) if int(e) not in cache.where][:n]
         for s, e in enumerate(todo):
             r = ReadRequest(layer, e, s, pool.memoryview(s), e * lay.stride, length)
             self.pf_pending[layer][e] = (r, self.pf_reader.submit([r]))
@@ -122,8 +132,8 @@ class StreamingExperts:
 
     def _settle_prefetch(self, layer: int, wait: bool = False) -> None:
         """Forget the layer's unused prefetches: the queued ones are cancelled; one still running is
-        waited for only when its slot is about to be reused (`wait`), i.e. at the next prefetch."""
-        running = self.pf_running.setdefault(layer, [])
+        waited for only when its slot is about to be reused (`wait`), i.e. at its pool's next prefetch."""
+        running = self.pf_running.setdefault(id(self.pf_pools[layer]), [])
         for _, batch in self.pf_pending[layer].values():
             self.caches[layer].stats.prefetch_cancelled += batch.cancel()
             if batch.pending:
@@ -307,7 +317,8 @@ class StreamingExperts:
     def slot_bytes(self) -> tuple[int, int]:
         """(bytes of the cache slots, bytes of the prefetch slots), over every layer."""
         cache = sum(c.pool.n * c.pool.slot_bytes for c in self.caches.values())
-        return cache, sum(p.n * p.slot_bytes for p in self.pf_pools.values())
+        pools = {id(p): p for p in self.pf_pools.values()}.values()  # shared between the layers
+        return cache, sum(p.n * p.slot_bytes for p in pools)
 
     def reset_stats(self) -> None:
         for c in self.caches.values():

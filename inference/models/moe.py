@@ -104,4 +104,4 @@ def lookahead(model, i: int, router_input: Callable[[int], np.ndarray]) -> None:
     if not getattr(model.experts, "wants_prefetch", False) or j >= len(model.layers) or "router" not in model.layers[j]:
         return
     idx, _ = model.route(j, router_input(j))
-    model.experts.prefetch(j, idx.reshape(-1).tolist())  # rows' top-k in score order: most likely first
+    model.experts.prefetch(j, idx.reshape(-1).tolist(), rows=len(idx))  # rows' top-k in score order

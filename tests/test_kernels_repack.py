@@ -181,3 +181,77 @@ def test_a_model_repacks_its_dense_q4_matrices_for_int8_decode(rng, monkeypatch)
     assert repack.repack_model(m, "q8") > 0
     assert m.layers[0]["q"].kind == m.layers[0]["mlp"]["up"].kind == m.lm_head.kind == REPACKED_Q4
     assert m.layers[1]["q"].kind == "q8_0"
+
+
+# ------------------------------------------------------------------ whole models
+
+
+def _worst(a: np.ndarray, b: np.ndarray) -> float:
+    """max |a - b| per step over the step's logit range (test_llama_decode's measure)."""
+    return float((np.abs(a - b).max(axis=-1) / (b.max(axis=-1) - b.min(axis=-1))).max())
+
+
+def _run(store, mode: str, repacked: bool, ids, n_prompt: int):
+    """The prompt's logits and each decode step's, the model repacked for `mode` or not."""
+    from inference.model import load_model
+
+    m = load_model(store)
+    if repacked:
+        assert repack.repack_model(m, mode) > 0
+    cache = m.new_cache()
+    with kernels.configured(activations=mode):
+        prompt = m.forward(np.array(ids[:n_prompt]), cache)
+        steps = np.array([m.forward(np.array([t]), cache)[0] for t in ids[n_prompt:]])
+    return prompt, steps
+
+
+@pytest.fixture(scope="module")
+def llama_q4(tmp_path_factory):
+    from parity import build_checkpoint
+    from test_parity import llama as tiny_llama
+
+    from inference.convert import convert
+
+    model_cls, cfg = tiny_llama()
+    tmp = tmp_path_factory.mktemp("llama")
+    return convert(build_checkpoint(model_cls, cfg, tmp / "hf"), tmp / "q4", "q4", progress=False)
+
+
+@pytest.mark.parametrize("mode", ["decode", "q8"])
+def test_a_repacked_dense_model_keeps_its_prompt_bits_and_decodes_as_closely_as_int8_allows(llama_q4, mode):
+    """Prompts (float in decode mode, int8 in q8) run unpacked panels: the same bits. Generated tokens
+    (the compiled step's int8 products, and q8's head) differ by summation order; as in
+    test_llama_decode, a last-bit change can move an int8 rounding, so the bound is "closer to the
+    row-major int8 run than the float run is"."""
+    ids = [int(t) for t in np.random.default_rng(7).integers(0, 512, 14)]
+    p_old, d_old = _run(llama_q4, mode, False, ids, 8)
+    p_new, d_new = _run(llama_q4, mode, True, ids, 8)
+    _, d_f32 = _run(llama_q4, "f32", False, ids, 8)
+    assert np.array_equal(p_new, p_old)
+    assert _worst(d_new, d_old) < _worst(d_f32, d_old)
+
+
+def test_a_repacked_moe_model_in_q8_mode(moe_store):
+    ids = [int(t) for t in np.random.default_rng(8).integers(0, 256, 12)]
+    p_old, d_old = _run(moe_store, "q8", False, ids, 6)
+    p_new, d_new = _run(moe_store, "q8", True, ids, 6)
+    _, d_f32 = _run(moe_store, "f32", False, ids, 6)
+    assert np.array_equal(p_new, p_old)
+    assert _worst(d_new, d_old) < _worst(d_f32, d_old)
+
+
+def test_the_engine_repacks_on_the_cpu_unless_switched_off(moe_store, monkeypatch):
+    from inference.engine import Engine
+
+    def kinds(e):
+        return {e.model.layers[0]["q"].kind, e.model.lm_head.kind}
+
+    resident = Engine.open(moe_store, activations="q8")
+    assert kinds(resident) == {"q4r"}  # new arrays: the store file's map is read-only
+    assert not np.shares_memory(resident.model.layers[0]["q"].parts["q"], resident.store._dense())
+    assert kinds(Engine.open(moe_store, activations="decode")) == {"q4"}  # MoE attention: float in decode
+    streamed = Engine.open(moe_store, activations="q8", expert_slots=4)  # dense.bin read into memory
+    assert kinds(streamed) == {"q4r"}
+    assert np.shares_memory(streamed.model.layers[0]["q"].parts["q"], streamed.store._dense())  # in place
+    monkeypatch.setenv(repack.ENV, "0")
+    assert kinds(Engine.open(moe_store, activations="q8")) == {"q4"}

@@ -6,7 +6,10 @@ the table gives the medians over the rounds and GB/s of the q4 weight bytes. `--
 each weight filling MB, so weights come from DRAM (as a model's do) rather than the last-level cache.
 
     .venv/bin/python benchmarks/repack_bench.py [--threads 1 2] [--rounds 15] [--cold 1024]
-        [--shapes 2048x2048 4096x2048 512x2048 2048x4096 151936x2048]
+        [--shapes 2048x2048 4096x2048 512x2048 2048x4096 151936x2048] [--tokens 1] [--activations q8]
+
+`--tokens 128` (or `--activations f32`) times what a repacked matrix costs where it is not in lanes: the
+prompt and float calls unpack each panel of 16 rows into the store layout before the row-major kernel.
 """
 
 from __future__ import annotations
@@ -42,12 +45,14 @@ def main() -> None:
     ap.add_argument("--burst", type=float, default=0.05, help="seconds per kernel per round")
     ap.add_argument("--cold", type=float, default=0, metavar="MB", help="cycle weight copies filling MB")
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), metavar="OUTxIN")
+    ap.add_argument("--tokens", type=int, default=1, help="activation rows T")
+    ap.add_argument("--activations", default="q8", choices=["q8", "f32"])
     args = ap.parse_args()
-    kernels.set_activations("q8")
+    kernels.set_activations(args.activations)
     rng = np.random.default_rng(0)
     print(
         f"backend {kernels.BACKEND}, row-major int8 dot {kernels.DOT}, repacked {kernels._LIB.rp_kernel}; "
-        f"load {os.getloadavg()[0]:.2f}; T = 1, q8 activations; medians of {args.rounds} alternating rounds"
+        f"load {os.getloadavg()[0]:.2f}; T = {args.tokens}, {args.activations} activations; medians of {args.rounds} alternating rounds"
     )
     head = "".join(f" | {n} thr: old ms  GB/s  new ms  GB/s  speedup" for n in args.threads)
     print(f"{'out x in':>12}{head}")
@@ -57,7 +62,7 @@ def main() -> None:
         n_copies = max(1, int(args.cold * 1e6 / w.nbytes)) if args.cold else 1
         olds = [w] + [QTensor("q4", w.shape, {k: v.copy() for k, v in w.parts.items()}) for _ in range(n_copies - 1)]
         news = [repack_q4(c) for c in olds]
-        x = rng.standard_normal((1, inn), dtype=np.float32)
+        x = rng.standard_normal((args.tokens, inn), dtype=np.float32)
         assert np.allclose(kernels.linear(x, news[0]), kernels.linear(x, olds[0]), rtol=1e-3, atol=1e-3)
         cells = ""
         for n in args.threads:

@@ -26,6 +26,10 @@
  *   y = sum_b (s_g dx_b) * dot(q_b, xq_b) + sum_g m_g * xs_g,   xs_g = sum_{b in g} dx_b sum(xq_b)
  * with dot exact in int32 (VNNI, AVX2 maddubs, NEON sdot or widening multiplies, scalar C: the same
  * integers) and the float steps in a fixed order, so the determinism above holds in this mode too.
+ *
+ * Repacked q4 (a q4 kind code | RK_RP): resident dense matrices the engine repacked at load, 16 output rows
+ * side by side, so that one-row int8 products (decode) take 16 rows per vector instruction; every other
+ * call unpacks them back to the store layout and gets its bits. See "repacked q4" below.
  */
 #ifndef RK_NO_PYTHON
 #define PY_SSIZE_T_CLEAN

@@ -23,6 +23,7 @@ from .experts import VERIFY_MODES, StreamingExperts, popularity
 from .experts.cache import PAGE
 from .experts.io import IO_MODES
 from .options import OptionError, option
+from .kernels.repack import repack_model
 from .generate import ContextLengthError, EngineBusyError, Event, _is_set, decode, max_new_tokens
 from .model import empty_cache, load_model
 from .sampler import SamplingParams
@@ -130,6 +131,9 @@ class Engine:
             graph_layers=cfg.npu_graph_layers,
         )
         self.model.ops = self.backend.backend
+        if self.model.ops is backends.CPU:  # an NPU backend builds its graphs from the store's layout
+            # resident dense q4 matrices in rows-in-lanes panels for one-row int8 products (RKMOJO_REPACK=0: off)
+            repack_model(self.model, cfg.activations or kernels.get_activations())
 
     # --- generation: check the request here, then the token loop (`generate.decode`) ------------------
     @cached_property

@@ -10,6 +10,10 @@ A `QTensor` is a 2-D weight `[out, in]` kept in one of these kinds:
 - ``q4_0``, ``q4_1``, ``q8_0``: GGUF blocks of 32 kept byte for byte; part ``blocks`` uint8
   ``[out, in/32 × block bytes]``.
 
+A resident dense ``q4`` matrix may be held repacked at load (``q4r``, `repack_q4`: 16 rows side by side
+for the kernels' one-row int8 path; see "repacked q4" in inference/kernels/rkkernels.c). Stores never
+hold ``q4r``, so it is not one of `KINDS`.
+
 The runtime half (fused dequantize-and-multiply) lives in `inference.kernels`; `dequantize` here is
 the reference the kernels are tested against.
 """
@@ -25,6 +29,8 @@ GGUF_BLOCK = 32
 # bytes per 32-element GGUF block
 GGUF_BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
 KINDS = ("f32", "f16", "q8", "q4", "q4_0", "q4_1", "q8_0")
+REPACKED_Q4 = "q4r"  # q4 repacked in panels of RP rows (in memory only)
+RP = 16
 QUANT_CHOICES = ("f16", "q8", "q4")
 
 
@@ -47,6 +53,8 @@ class QTensor:
     def rows(self, idx) -> "QTensor":
         """The rows `idx` of this matrix in the same kind (used for embedding lookups)."""
         parts = {k: v[idx] for k, v in self.parts.items()}
+        if self.kind == REPACKED_Q4:
+            return unrepack_q4(self).rows(idx)
         n = len(np.atleast_1d(np.arange(self.shape[0])[idx]))
         return QTensor(self.kind, (n, *self.shape[1:]), parts)
 
@@ -133,6 +141,8 @@ def dequantize(t: QTensor) -> np.ndarray:
     """The float32 values of `t` (the numpy reference for every kernel)."""
     if t.kind in ("f32", "f16"):
         return t.parts["w"].astype(np.float32)
+    if t.kind == REPACKED_Q4:
+        return dequantize(unrepack_q4(t))
     out, inn = t.shape
     if t.kind == "q8":
         return t.parts["q"].astype(np.float32) * t.parts["scales"][:, None]
@@ -167,12 +177,50 @@ def part_layout(kind: str, shape: tuple[int, ...]) -> dict[str, tuple[str, tuple
     out, inn = shape
     if kind == "q8":
         return {"q": ("int8", (out, inn)), "scales": ("float32", (out,))}
-    if kind == "q4":
+    if kind in ("q4", REPACKED_Q4):
+        rows = out if kind == "q4" else -(-out // RP) * RP  # q4r: padded to whole panels
         return {
-            "q": ("uint8", (out, inn // 2)),
-            "scales": ("float16", (out, inn // Q4_GROUP)),
-            "biases": ("float16", (out, inn // Q4_GROUP)),
+            "q": ("uint8", (rows, inn // 2)),
+            "scales": ("float16", (rows, inn // Q4_GROUP)),
+            "biases": ("float16", (rows, inn // Q4_GROUP)),
         }
     if kind in GGUF_BLOCK_BYTES:
         return {"blocks": ("uint8", (out, inn // GGUF_BLOCK * GGUF_BLOCK_BYTES[kind]))}
     raise ValueError(f"unknown tensor kind {kind!r}")
+
+
+def repack_q4(t: QTensor, in_place: bool = False) -> QTensor:
+    """`t` (q4) as q4r: rows padded with zeros to a multiple of RP, then per panel of RP rows and group of
+    64, the 32 bytes of each row cut in 4-byte pieces, piece c of the panel's 16 rows side by side (64
+    bytes), and the group's 16 scales (biases) side by side. New arrays; or with `in_place`, where the rows
+    fill whole panels and `t`'s parts are writable, `t`'s own memory rewritten (`t` itself is then stale)."""
+    if t.kind != "q4":
+        raise ValueError(f"repack_q4 takes q4 matrices, got {t.kind}")
+    out, inn = t.shape
+    ng, rows = inn // Q4_GROUP, -(-out // RP) * RP
+    if in_place and rows == out and all(p.flags.writeable and p.flags.c_contiguous for p in t.parts.values()):
+        new = repack_q4(t)
+        for name, p in t.parts.items():
+            np.copyto(p, new.parts[name])
+        return QTensor(REPACKED_Q4, (out, inn), dict(t.parts))
+    parts = {}
+    for name, per_group, width in (("q", 8, 4), ("scales", 1, 1), ("biases", 1, 1)):
+        src = t.parts[name]
+        padded = np.zeros((rows, src.shape[1]), src.dtype)
+        padded[:out] = src
+        # [panel, row, group, piece, bytes] -> [panel, group, piece, row, bytes]
+        lay = padded.reshape(rows // RP, RP, ng, per_group, width).transpose(0, 2, 3, 1, 4)
+        parts[name] = np.ascontiguousarray(lay).reshape(rows, src.shape[1])
+    return QTensor(REPACKED_Q4, (out, inn), parts)
+
+
+def unrepack_q4(t: QTensor) -> QTensor:
+    """The q4 matrix a q4r one was made from (`repack_q4` undone; a new array)."""
+    out, inn = t.shape
+    ng, rows = inn // Q4_GROUP, -(-out // RP) * RP
+    parts = {}
+    for name, per_group, width in (("q", 8, 4), ("scales", 1, 1), ("biases", 1, 1)):
+        src = t.parts[name]
+        lay = src.reshape(rows // RP, ng, per_group, RP, width).transpose(0, 3, 1, 2, 4)
+        parts[name] = np.ascontiguousarray(lay.reshape(rows, src.shape[1])[:out])
+    return QTensor("q4", (out, inn), parts)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from inference.kernels._lib import Q8A
-from inference.quant import KINDS, dequantize, part_layout, quantize
+from inference.kernels._lib import _KIND_CODES, Q8A
+from inference.quant import dequantize, part_layout, quantize
 
 KERNEL_SOURCE = Path(__file__).resolve().parent.parent / "inference" / "kernels" / "rkkernels.c"
 
@@ -194,7 +194,7 @@ class NeonRunner:
         parts = [np.ascontiguousarray(w.parts[n]).tobytes() for n in part_layout(w.kind, w.shape)] + [b"", b""]
         out, inn = w.shape
         x = np.ascontiguousarray(x, dtype=np.float32)
-        code = KINDS.index(w.kind) | (Q8A if activations == "q8" else 0)
+        code = _KIND_CODES[w.kind] | (Q8A if activations == "q8" else 0)
         header = struct.pack("<8q", code, threads, x.shape[0], out, inn, *map(len, parts[:3]))
         run = subprocess.run(
             [self.qemu, str(self.exe)],

@@ -10,7 +10,9 @@ Results are deterministic in every mode: the same inputs give bit-identical outp
 count and whatever other rows share the batch (`llama_decode` is its own computation: see rkdecode.h).
 
 Environment: RKMOJO_KERNELS picks the build (native, the default; avx2 or scalar, built beside it on
-x86 so one machine times each path); RKMOJO_ACTIVATIONS the starting activation mode.
+x86 so one machine times each path); RKMOJO_ACTIVATIONS the starting activation mode; RKMOJO_REPACK=0
+keeps resident dense q4 matrices in the store layout (the engine otherwise repacks them at load for its
+one-row int8 products: `inference.kernels.repack`).
 
 Raises:
     ImportError: at import, when the compiled library has not been built (`pip install -e .`).

@@ -21,13 +21,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ..quant import KINDS, QTensor, part_layout
+from ..quant import KINDS, REPACKED_Q4, QTensor, part_layout
 
 EXTENSION = "inference.kernels._rkkernels"
 BUILD_HINT = "build it with `pip install -e .` (or `python setup.py build_ext --inplace`) in the repo"
 
 # kind → its code in rkkernels.c
 _KIND_CODES = {kind: code for code, kind in enumerate(KINDS)}
+RP_FLAG = 32  # RK_RP in rkkernels.c: q4's code with it takes repacked parts (quant.repack_q4)
+_KIND_CODES[REPACKED_Q4] = _KIND_CODES["q4"] | RP_FLAG
 _ERRORS = {1: "invalid kind or shape", 2: "out of memory for the activation scratch"}
 Q8A = 16  # RK_Q8A in rkkernels.c: a kind code's flag for int8 activations
 # float activations (the exact path); int8 per block of 32 (q4, q4_0, q4_1, q8_0 weights) everywhere; int8
@@ -208,6 +210,8 @@ class KernelLib:
         lib.rk_backend.restype = ctypes.c_char_p
         lib.rk_dot.argtypes = []
         lib.rk_dot.restype = ctypes.c_char_p
+        lib.rk_rp_kernel.argtypes = []
+        lib.rk_rp_kernel.restype = ctypes.c_char_p
         lib.rk_attention.argtypes = [
             i64,
             i64,
@@ -239,6 +243,7 @@ class KernelLib:
         self.path = Path(path)
         self.backend = lib.rk_backend().decode()
         self.dot = lib.rk_dot().decode()  # the int8 dot product: vnni, maddubs, sdot, smull or scalar
+        self.rp_kernel = lib.rk_rp_kernel().decode()  # that of repacked q4: vnni16, maddubs8x2, sdot4x4, ...
         # (mode, kind-code flag of linear/linear_many, of linear_grouped): the process's default, and a
         # thread's own while an engine computes on it (`use`), as the thread count in rkkernels.c
         self._default = _modes("f32")

@@ -26,6 +26,10 @@
  *   y = sum_b (s_g dx_b) * dot(q_b, xq_b) + sum_g m_g * xs_g,   xs_g = sum_{b in g} dx_b sum(xq_b)
  * with dot exact in int32 (VNNI, AVX2 maddubs, NEON sdot or widening multiplies, scalar C: the same
  * integers) and the float steps in a fixed order, so the determinism above holds in this mode too.
+ *
+ * Repacked q4 (a q4 kind code | RK_RP): resident dense matrices the engine repacked at load, 16 output rows
+ * side by side, so that one-row int8 products (decode) take 16 rows per vector instruction; every other
+ * call unpacks them back to the store layout and gets its bits. See "repacked q4" below.
  */
 #ifndef RK_NO_PYTHON
 #define PY_SSIZE_T_CLEAN
@@ -66,6 +70,7 @@ typedef struct {
     const uint8_t *p0;   /* w | q | blocks */
     const uint8_t *p1;   /* q8: scales f32 [out]; q4: scales f16 [out, ng] */
     const uint8_t *p2;   /* q4: biases f16 [out, ng] */
+    int rp;              /* q4 repacked (rows in lanes, see "repacked q4"): p0, p1, p2 in panels of RP rows */
 } wmat;
 
 typedef struct {
@@ -436,6 +441,82 @@ RK_INLINE void run_rows_q8a(const int kind, const wmat *w, const acts *a, int64_
     }
 }
 
+/* ------------------------------------------------------------------ repacked q4 (rows in lanes) */
+
+/* Decode (T = 1) with int8 activations reads each q4 weight once, so it runs at the speed of its own
+ * instructions: per group of 64 weights of ONE row the row-major kernel above unpacks 32 bytes, makes a
+ * dot, converts and scales it, and every row ends in horizontal sums. Resident dense q4 matrices
+ * (attention, a dense model's MLP, the LM head; never routed experts, which stream into cache slots in
+ * the store's layout) can be repacked once at load (inference/kernels/repack.py) so that RP = 16 output
+ * rows lie side by side, one row per 32-bit lane:
+ *   q       panel p (rows 16p .. 16p+15), group g, line c (0..7): 64 bytes at (p ng + g) 512 + 64 c,
+ *           bytes 4c..4c+3 of row r's 32 bytes of group g at + 4 r (line c < 4: the group's first block
+ *           of 32 weights, c >= 4 the second)
+ *   scales  f16 [p][g][16], biases likewise: a group's scales of 16 rows are one 32-byte load
+ * with the rows padded with zeros to a whole panel (outputs past `out` are never written). A block's
+ * dot for 16 rows is then 4 line loads, each against one broadcast activation dword per nibble half
+ * (rp_block in rkkernels_simd.h), its float step one vector multiply-add for 16 rows, the biases one per
+ * group, and no horizontal sums:
+ *   y_r = sum_b float(dot_rb) * (s_rg dx_b)  +  sum_g m_rg xs_g     (per lane, in group/block order)
+ * the q8a formula of q8a_tile with the sums in another order: results agree with it within float
+ * rounding, not bit for bit. Each row is one lane of one panel, whatever the task split (tasks are whole
+ * panels), so the thread count does not change the bits.
+ * One layout for every backend: a 64-byte line is one AVX-512 vector (vpdpbusd, 16 rows), two AVX2 ones
+ * (maddubs, 8 rows each) and four NEON ones (sdot by lane, 4 rows each): each backend reads it with full
+ * vector loads, and one repacking (numpy, at load) serves them all; 16 rows also give the narrower
+ * backends independent chains to overlap.
+ * Every other call on a repacked matrix (prompts, T > 1; float activations) unpacks each panel's rows
+ * back into the store layout in a scratch buffer and runs the row-major kernels on it: the same bits as
+ * on the store's own matrix, at the cost of one copy per panel and activation tile. */
+
+RK_INLINE int64_t rp_rows(int64_t out) { return (out + RP - 1) / RP * RP; }
+
+/* The 16 outputs of panel p for the one activation row of `a` (T = 1, q8a, q4 order). */
+static void rp_panel_q8a(const wmat *w, const acts *a, int64_t p, float *y16)
+{
+    const int64_t ng = w->ng;
+    const uint8_t *q = w->p0 + p * RP * (w->in / 2);
+    const uint16_t *sc = (const uint16_t *)w->p1 + p * RP * ng, *bi = (const uint16_t *)w->p2 + p * RP * ng;
+    vf acc[RP / VL], bacc[RP / VL];
+    for (int k = 0; k < RP / VL; k++) acc[k] = bacc[k] = vf_zero();
+    for (int64_t g = 0; g < ng; g++) {
+        vf s[RP / VL], m[RP / VL];
+        for (int u = 0; u < RP / DU; u++) {
+            decu_f16(sc + RP * g + DU * u, s + NU * u);
+            decu_f16(bi + RP * g + DU * u, m + NU * u);
+        }
+        for (int h = 0; h < 2; h++) {
+            const int64_t b = 2 * g + h;
+            const uint8_t *qb = q + 512 * g + 256 * h;
+            for (int c = 0; c < 4; c++) prefetch_ahead(qb + 64 * c);
+            vf d[RP / VL];
+            rp_block(qb, a->xq + 32 * b, d);
+            const vf db = vf_set1(a->dx[b]);
+            for (int k = 0; k < RP / VL; k++) acc[k] = vf_fma(d[k], vf_mul(s[k], db), acc[k]);
+        }
+        const vf xg = vf_set1(a->xs[g]);
+        for (int k = 0; k < RP / VL; k++) bacc[k] = vf_fma(m[k], xg, bacc[k]);
+    }
+    for (int k = 0; k < RP / VL; k++) vf_store(y16 + VL * k, vf_add(acc[k], bacc[k]));
+}
+
+/* Panel p's rows in the store layout: nibbles [RP, in / 2], then scales and biases f16 [RP, ng]. */
+static void rp_unpack(const wmat *w, int64_t p, uint8_t *buf)
+{
+    const int64_t half = w->in / 2, ng = w->ng;
+    const uint8_t *q = w->p0 + p * RP * half;
+    for (int64_t g = 0; g < ng; g++)
+        for (int c = 0; c < 8; c++)
+            for (int r = 0; r < RP; r++) memcpy(buf + r * half + 32 * g + 4 * c, q + 512 * g + 64 * c + 4 * r, 4);
+    const uint16_t *s = (const uint16_t *)w->p1 + p * RP * ng, *m = (const uint16_t *)w->p2 + p * RP * ng;
+    uint16_t *ds = (uint16_t *)(buf + RP * half), *dm = ds + RP * ng;
+    for (int64_t g = 0; g < ng; g++)
+        for (int r = 0; r < RP; r++) {
+            ds[r * ng + g] = s[RP * g + r];
+            dm[r * ng + g] = m[RP * g + r];
+        }
+}
+
 /* ------------------------------------------------------------------ tiling */
 
 RK_INLINE void tile(const int kind, const int MR, const int NR, const wmat *w, const acts *a, int64_t o,
@@ -514,6 +595,40 @@ RUNNER_Q8A(run_q8a_q4_1, K_Q4_1)
 RUNNER_Q8A(run_q8a_q8_0, K_Q8_0)
 /* q8a runners by kind; NULL: the kind has no int8 path and runs its float one */
 static const runner_fn RUNNERS_Q8A[K_COUNT] = {NULL, NULL, NULL, run_q8a_q4, run_q8a_q4_0, run_q8a_q4_1, run_q8a_q8_0};
+
+/* Output rows [o0, o1) of a repacked q4 matrix (o0 at a panel's start): T = 1 with int8 activations in
+ * lanes, anything else through the row-major kernels on each panel unpacked (see "repacked q4"). */
+static void run_rows_rp(int q8a, const wmat *w, const acts *a, int64_t o0, int64_t o1)
+{
+    if (q8a && a->T == 1) {
+        for (int64_t o = o0; o < o1; o += RP) {
+            float y16[RP];
+            rp_panel_q8a(w, a, o / RP, y16);
+            memcpy(a->y + o, y16, sizeof(float) * (size_t)(o1 - o < RP ? o1 - o : RP));
+        }
+        return;
+    }
+    const int64_t half = w->in / 2;
+    uint8_t *buf = malloc((size_t)(RP * half + 4 * RP * w->ng) + 1);
+    for (int64_t o = o0 - o0 % RP; o < o1; o += RP) {
+        const int64_t r0 = o0 > o ? o0 - o : 0, r1 = o1 - o < RP ? o1 - o : RP;
+        if (!buf) { /* no scratch: the rows say so rather than hold stale values */
+            for (int64_t t = 0; t < a->T; t++)
+                for (int64_t r = r0; r < r1; r++) a->y[t * w->out + o + r] = NAN;
+            continue;
+        }
+        rp_unpack(w, o / RP, buf);
+        wmat u = *w;
+        u.rp = 0;
+        u.p0 = buf;
+        u.p1 = buf + RP * half;
+        u.p2 = u.p1 + 2 * RP * w->ng;
+        acts b = *a;
+        b.y = a->y + o; /* rows r of the scratch are rows o + r of y (whose row stride stays w->out) */
+        (q8a ? RUNNERS_Q8A : RUNNERS)[K_Q4](&u, &b, r0, r1);
+    }
+    free(buf);
+}
 
 /* ------------------------------------------------------------------ activations */
 
@@ -606,14 +721,17 @@ static void run_task(const void *ctx, int64_t task)
     while (j + 1 < jb->n && jb->parts[j + 1].task0 <= task) j++;
     const part *p = &jb->parts[j];
     const int64_t o0 = (task - p->task0) * p->rows, o1 = o0 + p->rows < p->w.out ? o0 + p->rows : p->w.out;
-    (p->q8a ? RUNNERS_Q8A : RUNNERS)[p->kind](&p->w, &p->a, o0, o1);
+    if (p->w.rp)
+        run_rows_rp(p->q8a, &p->w, &p->a, o0, o1);
+    else
+        (p->q8a ? RUNNERS_Q8A : RUNNERS)[p->kind](&p->w, &p->a, o0, o1);
 }
 
 static int wmat_init(wmat *w, int kind, int64_t out, int64_t in, const void *p0, const void *p1, const void *p2)
 {
     if (kind < 0 || kind >= K_COUNT || out < 0 || in < 0) return RK_EINVAL;
     if (kind == K_Q4 ? in % 64 : (kind >= K_Q4_0 && in % 32)) return RK_EINVAL;
-    *w = (wmat){out, in, 0, 0, 0, p0, p1, p2};
+    *w = (wmat){out, in, 0, 0, 0, p0, p1, p2, 0};
     switch (kind) {
     case K_F32: w->row_bytes = 4 * in; break;
     case K_F16: w->row_bytes = 2 * in; break;
@@ -641,6 +759,7 @@ RK_API void rk_use_threads(int n) { t_threads = n < 0 ? 0 : n; }
 RK_API int rk_get_threads(void) { return threads_now(); }
 RK_API const char *rk_backend(void) { return RK_BACKEND; }
 RK_API const char *rk_dot(void) { return RK_DOT; } /* the int8 dot product of the q8a path */
+RK_API const char *rk_rp_kernel(void) { return RK_RP_KERNEL; } /* that of repacked q4 (rp_block) */
 
 /* Counters since load, for benchmarks: multi-threaded jobs shared with helpers, those run alone in a
  * solo period, stalls, the nanoseconds spent in them, the tasks of shared jobs and those of them
@@ -669,6 +788,8 @@ static int threads_for(int64_t work)
 /* Flag on a kind code: multiply with int8 activations where the kind has that path (q4, q4_0, q4_1,
  * q8_0; see q8a_tile); other kinds ignore it. */
 #define RK_Q8A 16
+/* Flag on the q4 kind code: the parts are repacked (rows in lanes, see "repacked q4"), rows padded to RP. */
+#define RK_RP 32
 
 /* Preparations of x a call may need, shared by its matrices: nibble rewrites for q4 and for GGUF
  * kinds, and int8 activations in q4's order and in the GGUF blocks' one. */
@@ -684,13 +805,14 @@ RK_INLINE int family(const part *p)
 /* Output rows per task of a matrix with `out` rows, T activation rows, among matrices of `outs` rows
  * in all: decode, tasks of whole micro-tiles, a few per thread, sized by this matrix's share;
  * prefill, PREFILL_ROWS rows, whose weights stay in cache across x tiles. */
-static int64_t task_rows(int64_t out, int64_t T, int nth, int64_t outs)
+static int64_t task_rows(int64_t out, int64_t T, int nth, int64_t outs, int rp)
 {
-    int64_t rows = PREFILL_ROWS;
+    const int64_t unit = rp ? RP : DECODE_MR; /* repacked: whole panels, in every call */
+    int64_t rows = rp ? (PREFILL_ROWS + RP - 1) / RP * RP : PREFILL_ROWS;
     if (T == 1) {
         const int64_t tasks = nth == 1 ? 1 : (DECODE_TASKS_PER_THREAD * nth * out + outs - 1) / outs;
         rows = (out + tasks - 1) / tasks;
-        rows = (rows + DECODE_MR - 1) / DECODE_MR * DECODE_MR;
+        rows = (rows + unit - 1) / unit * unit;
     }
     return rows < 1 ? 1 : rows;
 }
@@ -709,10 +831,11 @@ RK_API int rk_linear_many(int n, int64_t T, int64_t in, const float *x, const in
     for (int j = 0; j < n; j++) {
         const int64_t *d = desc + 6 * j;
         part *p = &parts[j];
-        p->kind = (int)(d[0] & ~(int64_t)RK_Q8A);
+        p->kind = (int)(d[0] & ~(int64_t)(RK_Q8A | RK_RP));
         const int rc = wmat_init(&p->w, p->kind, d[1], in, (const void *)(intptr_t)d[3],
                                  (const void *)(intptr_t)d[4], (const void *)(intptr_t)d[5]);
         if (rc) return rc;
+        if ((p->w.rp = (d[0] & RK_RP) != 0) && p->kind != K_Q4) return RK_EINVAL;
         p->q8a = (d[0] & RK_Q8A) && RUNNERS_Q8A[p->kind] != NULL;
         p->y = (float *)(intptr_t)d[2];
         const int f = family(p);
@@ -758,7 +881,7 @@ RK_API int rk_linear_many(int n, int64_t T, int64_t in, const float *x, const in
             const int f = family(p);
             p->a = (acts){f >= 0 && xp[f] ? xp[f] : x + t0 * in, f >= 0 ? xs[f] : NULL, f >= 0 ? xq[f] : NULL,
                           f >= 0 ? dx[f] : NULL, p->y + t0 * p->w.out, tt};
-            p->rows = task_rows(p->w.out, tt, nth, work);
+            p->rows = task_rows(p->w.out, tt, nth, work, p->w.rp);
             p->task0 = ntask;
             ntask += (p->w.out + p->rows - 1) / p->rows;
         }
@@ -862,7 +985,7 @@ RK_API int rk_linear_grouped(int n, int64_t in, const int64_t *desc)
         if (prefix[n]) pool_run(grouped_prep_task, &gp, prefix[n], nth);
         for (int j = 0; j < n; j++) {
             part *p = &parts[j];
-            p->rows = task_rows(p->w.out, p->a.T, nth, outs);
+            p->rows = task_rows(p->w.out, p->a.T, nth, outs, p->w.rp);
             p->task0 = ntask;
             ntask += p->a.T ? (p->w.out + p->rows - 1) / p->rows : 0;
         }

@@ -593,4 +593,128 @@ RK_INLINE int32_t q8a_round(const float *v, float id, int8_t *q)
 }
 #endif
 
+/* ---------------------------------------------------------------- repacked q4 (rows in lanes, all backends)
+ * rp_block(q, x, d): the dots of one block of 32 weights of RP = 16 output rows against one block of
+ * int8 activations, as floats (d: RP / VL vectors, lane = row). q is the block in the repacked layout of
+ * rkkernels.c ("repacked q4"): 4 lines of 64 bytes, line c holding bytes 4c..4c+3 of the block's 16 bytes
+ * for rows 0..15 (4 bytes per row); x the block's 32 int8 in q4's order (16 evens, 16 odds), so the low
+ * nibbles of line c meet x[4c..4c+3] and the high ones x[16+4c..16+4c+3], each an activation dword
+ * broadcast against every row. The dots are exact integers (so their order does not matter), converted
+ * to float once per block and row. */
+#define RP 16
+#if RK_SIMD_X86 && defined(RK_GROUP64)
+/* AVX-512 VNNI: one 512-bit line is 16 rows; vpdpbusd with the activation dword broadcast. The high
+ * nibbles are taken in place (v & 0xf0, 16 x their value; the int32 sums stay exact), then shifted back
+ * once per block: one operation per line less than shifting each line. */
+#define RK_RP_KERNEL "vnni16"
+RK_INLINE void rp_block(const uint8_t *q, const int8_t *x, vf *d)
+{
+    const __m512i m4 = _mm512_set1_epi8(15);
+    __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+    for (int c = 0; c < 4; c++) {
+        int32_t xl, xh;
+        memcpy(&xl, x + 4 * c, 4);
+        memcpy(&xh, x + 16 + 4 * c, 4);
+        const __m512i v = _mm512_loadu_si512((const void *)(q + 64 * c));
+        lo = _mm512_dpbusd_epi32(lo, _mm512_and_si512(v, m4), _mm512_set1_epi32(xl));
+        hi = _mm512_dpbusd_epi32(hi, _mm512_andnot_si512(m4, v), _mm512_set1_epi32(xh));
+    }
+    d[0] = _mm512_cvtepi32_ps(_mm512_add_epi32(lo, _mm512_srai_epi32(hi, 4)));
+}
+#elif RK_SIMD_X86
+/* AVX2 (and AVX-512 without VNNI): each 64-byte line as two 256-bit halves of 8 rows; maddubs pairs
+ * (<= 2 * 15 * 127 = 3810) summed in int16 over the block's 8 (<= 30480, no saturation), then one madd
+ * against ones per half. */
+#define RK_RP_KERNEL "maddubs8x2"
+RK_INLINE void rp_block(const uint8_t *q, const int8_t *x, vf *d)
+{
+    const __m256i m4 = _mm256_set1_epi8(15);
+    __m256i s[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int c = 0; c < 4; c++) {
+        int32_t xl, xh;
+        memcpy(&xl, x + 4 * c, 4);
+        memcpy(&xh, x + 16 + 4 * c, 4);
+        const __m256i bl = _mm256_set1_epi32(xl), bh = _mm256_set1_epi32(xh);
+        for (int h = 0; h < 2; h++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 64 * c + 32 * h));
+            s[h] = _mm256_add_epi16(s[h], _mm256_maddubs_epi16(_mm256_and_si256(v, m4), bl));
+            s[h] = _mm256_add_epi16(s[h], _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), bh));
+        }
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i i0 = _mm256_madd_epi16(s[0], ones), i1 = _mm256_madd_epi16(s[1], ones);
+#if VL == 16
+    d[0] = _mm512_cvtepi32_ps(_mm512_inserti64x4(_mm512_castsi256_si512(i0), i1, 1));
+#else
+    d[0] = _mm256_cvtepi32_ps(i0);
+    d[1] = _mm256_cvtepi32_ps(i1);
+#endif
+}
+#elif RK_SIMD_NEON
+/* NEON: a 16-byte quarter of a line is 4 rows. sdot by lane (the activation dword picked from a register),
+ * or without dotprod widening multiplies summed in int16 (<= 8 * 15 * 127) and paired at the block's end. */
+#if defined(__ARM_FEATURE_DOTPROD)
+#define RK_RP_KERNEL "sdot4x4"
+#define RP_DOT(c)                                                                                    \
+    do {                                                                                             \
+        const uint8x16_t v = vld1q_u8(q + 64 * (c) + 16 * k);                                        \
+        i = vdotq_laneq_s32(i, vreinterpretq_s8_u8(vandq_u8(v, m4)), xl, c);                         \
+        i = vdotq_laneq_s32(i, vreinterpretq_s8_u8(vshrq_n_u8(v, 4)), xh, c);                        \
+    } while (0)
+RK_INLINE void rp_block(const uint8_t *q, const int8_t *x, vf *d)
+{
+    const uint8x16_t m4 = vdupq_n_u8(15);
+    const int8x16_t xl = vld1q_s8(x), xh = vld1q_s8(x + 16);
+    for (int k = 0; k < 4; k++) {
+        int32x4_t i = vdupq_n_s32(0);
+        RP_DOT(0);
+        RP_DOT(1);
+        RP_DOT(2);
+        RP_DOT(3);
+        d[k] = vcvtq_f32_s32(i);
+    }
+}
+#else
+#define RK_RP_KERNEL "smull4x4"
+#define RP_DOT(c)                                                                                    \
+    do {                                                                                             \
+        const uint8x16_t v = vld1q_u8(q + 64 * (c) + 16 * k);                                        \
+        const int8x16_t wl = vreinterpretq_s8_u8(vandq_u8(v, m4)), wh = vreinterpretq_s8_u8(vshrq_n_u8(v, 4)); \
+        const int8x16_t bl = vreinterpretq_s8_s32(vdupq_laneq_s32(vreinterpretq_s32_s8(xl), c));  \
+        const int8x16_t bh = vreinterpretq_s8_s32(vdupq_laneq_s32(vreinterpretq_s32_s8(xh), c));  \
+        s01 = vmlal_s8(s01, vget_low_s8(wl), vget_low_s8(bl));                                       \
+        s23 = vmlal_high_s8(s23, wl, bl);                                                            \
+        s01 = vmlal_s8(s01, vget_low_s8(wh), vget_low_s8(bh));                                       \
+        s23 = vmlal_high_s8(s23, wh, bh);                                                            \
+    } while (0)
+RK_INLINE void rp_block(const uint8_t *q, const int8_t *x, vf *d)
+{
+    const uint8x16_t m4 = vdupq_n_u8(15);
+    const int8x16_t xl = vld1q_s8(x), xh = vld1q_s8(x + 16);
+    for (int k = 0; k < 4; k++) {
+        int16x8_t s01 = vdupq_n_s16(0), s23 = vdupq_n_s16(0); /* rows 0-1 and 2-3 of the quarter */
+        RP_DOT(0);
+        RP_DOT(1);
+        RP_DOT(2);
+        RP_DOT(3);
+        d[k] = vcvtq_f32_s32(vpaddq_s32(vpaddlq_s16(s01), vpaddlq_s16(s23)));
+    }
+}
+#endif
+#undef RP_DOT
+#else
+#define RK_RP_KERNEL "scalar"
+RK_INLINE void rp_block(const uint8_t *q, const int8_t *x, vf *d)
+{
+    int32_t i[RP] = {0};
+    for (int c = 0; c < 4; c++)
+        for (int r = 0; r < RP; r++)
+            for (int j = 0; j < 4; j++) {
+                const uint8_t b = q[64 * c + 4 * r + j];
+                i[r] += (int32_t)(b & 15) * x[4 * c + j] + (int32_t)(b >> 4) * x[16 + 4 * c + j];
+            }
+    for (int r = 0; r < RP; r++) d[r / VL].v[r % VL] = (float)i[r];
+}
+#endif
+
 #endif /* RKKERNELS_SIMD_H */

@@ -56,10 +56,11 @@ static PyObject *py_linear_many(PyObject *self, PyObject *const *args, Py_ssize_
         PyObject *item = PyTuple_GET_ITEM(args[3], j);
         const Py_ssize_t len = PyTuple_Check(item) ? PyTuple_GET_SIZE(item) : 0;
         const int code = len >= 4 ? (int)PyLong_AsLong(PyTuple_GET_ITEM(item, 0)) : -1;
-        const int kind = code & ~RK_Q8A;
+        const int kind = code & ~(RK_Q8A | RK_RP), rp = (code & RK_RP) != 0;
         const int64_t out = len >= 4 ? PyLong_AsLongLong(PyTuple_GET_ITEM(item, 1)) : -1;
         wmat w;
-        if (PyErr_Occurred() || wmat_init(&w, kind, out, in, NULL, NULL, NULL) ||
+        /* a repacked q4 matrix's parts hold its rows padded to whole panels */
+        if (PyErr_Occurred() || (rp && kind != K_Q4) || wmat_init(&w, kind, rp ? rp_rows(out) : out, in, NULL, NULL, NULL) ||
             len != 3 + (Py_ssize_t)strlen(PART_FORMATS[kind])) {
             if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "linear_many: bad item");
             rc = -1;

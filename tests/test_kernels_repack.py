@@ -1,0 +1,257 @@
+"""Repacked q4 ("q4r", rows in lanes): the one-row int8 kernel against the row-major one and the float64
+reference on every backend, row counts that do not fill a panel, thread counts, and every other call on
+a repacked matrix giving the store matrix's own bits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from kernels_ref import assert_close, halfway_row, int8_activations, random_weight
+
+from inference import kernels
+from inference.kernels import repack
+from inference.quant import REPACKED_Q4, dequantize, part_layout, repack_q4, unrepack_q4
+
+# (out, in): ragged row counts (not multiples of 16), a lone row, whole panels, odd group counts
+SHAPES = ((1, 64), (7, 192), (16, 128), (33, 1152), (203, 2112), (512, 2048))
+
+
+@pytest.fixture(scope="module")
+def rng():
+    return np.random.default_rng(16)
+
+
+@pytest.fixture(autouse=True)
+def restore():
+    before_threads, before = kernels.get_threads(), kernels.get_activations()
+    yield
+    kernels.set_activations(before)
+    kernels.set_threads(before_threads)
+
+
+def rows_of(inn, rng):
+    """A decode row: random, with a zero block (scale 0)."""
+    x = rng.standard_normal((1, inn), dtype=np.float32)
+    x[0, :32] = 0.0
+    return x
+
+
+def close_to_row_major(y_rp, y_old, x, w, rel=1e-5):
+    """The repacked result within `rel` · |x| @ |W|.T of the row-major one (the same int8 products summed
+    in another order)."""
+    scale = np.abs(x).astype(np.float64) @ np.abs(dequantize(w).astype(np.float64)).T + 1e-30
+    err = (np.abs(y_rp.astype(np.float64) - y_old) / scale).max()
+    assert err <= rel, f"{w.shape}: repacked vs row-major {err:.2e} of |x||W|"
+
+
+def test_repacking_is_a_layout_only(rng):
+    for out, inn in SHAPES:
+        w = random_weight("q4", out, inn, rng)
+        r = repack_q4(w)
+        assert r.kind == REPACKED_Q4 and r.shape == w.shape
+        for name, (dt, shp) in part_layout(REPACKED_Q4, w.shape).items():
+            assert r.parts[name].dtype == dt and r.parts[name].shape == shp
+            assert not np.shares_memory(r.parts[name], w.parts[name])
+        back = unrepack_q4(r)
+        assert all(np.array_equal(back.parts[n], w.parts[n]) for n in w.parts)
+        assert np.array_equal(dequantize(r), dequantize(w))
+        assert np.array_equal(r.rows([0, out - 1]).parts["q"], w.rows([0, out - 1]).parts["q"])
+
+
+def test_layout_puts_16_rows_of_a_4_byte_piece_in_one_line(rng):
+    w = random_weight("q4", 16, 128, rng)
+    q = repack_q4(w).parts["q"].reshape(-1)
+    for g, c, r in ((0, 0, 0), (0, 3, 5), (1, 7, 15)):
+        line = q[512 * g + 64 * c : 512 * g + 64 * c + 64]
+        assert np.array_equal(line[4 * r : 4 * r + 4], w.parts["q"][r, 32 * g + 4 * c : 32 * g + 4 * c + 4])
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_one_int8_row_matches_the_row_major_kernel_and_the_reference(shape, rng):
+    out, inn = shape
+    w = random_weight("q4", out, inn, rng)
+    r = repack_q4(w)
+    kernels.set_activations("q8")
+    for x in (rows_of(inn, rng), halfway_row(inn)[None]):
+        y_rp, y_old = kernels.linear(x, r), kernels.linear(x, w)
+        assert y_rp.shape == (1, out)
+        assert_close(y_rp, int8_activations(x), w)
+        close_to_row_major(y_rp, y_old, x, w)
+
+
+def test_the_thread_count_and_call_company_do_not_change_the_bits(rng):
+    w = random_weight("q4", 203, 1152, rng)
+    r = repack_q4(w)
+    others = [random_weight(k, 37, 1152, rng) for k in ("q4", "q8_0", "f16")]
+    x = rng.standard_normal((1, 1152), dtype=np.float32)
+    kernels.set_activations("q8")
+    kernels.set_threads(1)
+    alone = kernels.linear(x, r)
+    for n in (2, 3, 5):
+        kernels.set_threads(n)
+        assert np.array_equal(kernels.linear(x, r), alone)
+        ys = kernels.linear_many(x, [others[0], r, others[1], r, others[2]])
+        assert np.array_equal(ys[1], alone) and np.array_equal(ys[3], alone)
+        assert np.array_equal(ys[0], kernels.linear(x, others[0]))
+
+
+@pytest.mark.parametrize("mode", ["f32", "q8"])
+def test_other_calls_on_a_repacked_matrix_give_the_store_matrix_bits(mode, rng):
+    """Prompts (T > 1) in both modes and one float row unpack the panels and run the row-major kernels."""
+    kernels.set_activations(mode)
+    for out, inn in ((7, 192), (203, 2112)):
+        w = random_weight("q4", out, inn, rng)
+        r = repack_q4(w)
+        for T in (1, 6, 17, 130) if mode == "f32" else (2, 6, 130):
+            x = rng.standard_normal((T, inn), dtype=np.float32)
+            for threads in (1, 2):
+                kernels.set_threads(threads)
+                assert np.array_equal(kernels.linear(x, r), kernels.linear(x, w)), (out, inn, T, threads)
+
+
+def test_the_compiled_decode_step_uses_repacked_matrices():
+    """rkdecode.h passes the kind code on: a q4r matrix is a valid decode matrix."""
+    w = repack_q4(random_weight("q4", 20, 128, np.random.default_rng(1)))
+    assert kernels.matrix_fields(w)[0] == 3 | 32
+
+
+def test_grouped_calls_keep_the_store_layout(rng):
+    r = repack_q4(random_weight("q4", 16, 128, rng))
+    with pytest.raises(ValueError, match="rejected"):
+        kernels.linear_grouped([(np.ones((1, 128), np.float32), r)])
+
+
+def test_the_other_c_backends_match(other_build, rng):
+    other_build.set_threads(2)
+    out, inn = 203, 2112
+    w = random_weight("q4", out, inn, rng)
+    r = repack_q4(w)
+    x = rng.standard_normal((1, inn), dtype=np.float32)
+    xs = rng.standard_normal((9, inn), dtype=np.float32)
+    other_build.set_activations("q8")  # a shared build: back to f32 before any assertion
+    try:
+        y_rp, y_old, prompt = other_build.linear(x, r), other_build.linear(x, w), other_build.linear(xs, r)
+        prompt_old = other_build.linear(xs, w)
+        other_build.set_threads(1)
+        y_rp1 = other_build.linear(x, r)
+    finally:
+        other_build.set_activations("f32")
+    assert other_build.rp_kernel in ("maddubs8x2", "scalar")
+    assert_close(y_rp, int8_activations(x), w)
+    close_to_row_major(y_rp, y_old, x, w)
+    assert np.array_equal(y_rp1, y_rp)
+    assert np.array_equal(prompt, prompt_old)
+
+
+@pytest.mark.parametrize("build", ["neon", "neon_v80"])
+def test_the_neon_backends_match_under_qemu(build, rng, request):
+    neon = request.getfixturevalue(build)
+    for out, inn in ((7, 192), (203, 2112)):
+        w = random_weight("q4", out, inn, rng)
+        r = repack_q4(w)
+        x = rng.standard_normal((1, inn), dtype=np.float32)
+        y_rp = neon.linear(x, r, threads=2, activations="q8")
+        assert_close(y_rp, int8_activations(x), w)
+        close_to_row_major(y_rp, neon.linear(x, w, threads=2, activations="q8"), x, w)
+        assert np.array_equal(neon.linear(x, r, threads=1, activations="q8"), y_rp)
+        xs = rng.standard_normal((7, inn), dtype=np.float32)
+        assert np.array_equal(neon.linear(xs, r, activations="q8"), neon.linear(xs, w, activations="q8"))
+
+
+class _Model:
+    def __init__(self, rng):
+        self.layers = [
+            {
+                "q": random_weight("q4", 32, 128, rng),
+                "norm": np.ones(128, np.float32),
+                "mlp": {"up": random_weight("q4", 40, 128, rng)},
+            },
+            {"q": random_weight("q8_0", 32, 128, rng)},
+        ]
+        self.lm_head = random_weight("q4", 50, 128, rng)
+
+
+def test_a_model_repacks_its_dense_q4_matrices_for_int8_decode(rng, monkeypatch):
+    m = _Model(rng)
+    assert repack.repack_model(m, "f32") == 0 and repack.repack_model(m, "experts") == 0
+    assert repack.repack_model(m, "decode") == 0  # not a dense model's compiled decode step
+    monkeypatch.setenv(repack.ENV, "0")
+    assert repack.repack_model(m, "q8") == 0 and m.layers[0]["q"].kind == "q4"
+    monkeypatch.delenv(repack.ENV)
+    assert repack.repack_model(m, "q8") > 0
+    assert m.layers[0]["q"].kind == m.layers[0]["mlp"]["up"].kind == m.lm_head.kind == REPACKED_Q4
+    assert m.layers[1]["q"].kind == "q8_0"
+
+
+# ------------------------------------------------------------------ whole models
+
+
+def _worst(a: np.ndarray, b: np.ndarray) -> float:
+    """max |a - b| per step over the step's logit range (test_llama_decode's measure)."""
+    return float((np.abs(a - b).max(axis=-1) / (b.max(axis=-1) - b.min(axis=-1))).max())
+
+
+def _run(store, mode: str, repacked: bool, ids, n_prompt: int):
+    """The prompt's logits and each decode step's, the model repacked for `mode` or not."""
+    from inference.model import load_model
+
+    m = load_model(store)
+    if repacked:
+        assert repack.repack_model(m, mode) > 0
+    cache = m.new_cache()
+    with kernels.configured(activations=mode):
+        prompt = m.forward(np.array(ids[:n_prompt]), cache)
+        steps = np.array([m.forward(np.array([t]), cache)[0] for t in ids[n_prompt:]])
+    return prompt, steps
+
+
+@pytest.fixture(scope="module")
+def llama_q4(tmp_path_factory):
+    from parity import build_checkpoint
+    from test_parity import llama as tiny_llama
+
+    from inference.convert import convert
+
+    model_cls, cfg = tiny_llama()
+    tmp = tmp_path_factory.mktemp("llama")
+    return convert(build_checkpoint(model_cls, cfg, tmp / "hf"), tmp / "q4", "q4", progress=False)
+
+
+@pytest.mark.parametrize("mode", ["decode", "q8"])
+def test_a_repacked_dense_model_keeps_its_prompt_bits_and_decodes_as_closely_as_int8_allows(llama_q4, mode):
+    """Prompts (float in decode mode, int8 in q8) run unpacked panels: the same bits. Generated tokens
+    (the compiled step's int8 products, and q8's head) differ by summation order; as in
+    test_llama_decode, a last-bit change can move an int8 rounding, so the bound is "closer to the
+    row-major int8 run than the float run is"."""
+    ids = [int(t) for t in np.random.default_rng(7).integers(0, 512, 14)]
+    p_old, d_old = _run(llama_q4, mode, False, ids, 8)
+    p_new, d_new = _run(llama_q4, mode, True, ids, 8)
+    _, d_f32 = _run(llama_q4, "f32", False, ids, 8)
+    assert np.array_equal(p_new, p_old)
+    assert _worst(d_new, d_old) < _worst(d_f32, d_old)
+
+
+def test_a_repacked_moe_model_in_q8_mode(moe_store):
+    ids = [int(t) for t in np.random.default_rng(8).integers(0, 256, 12)]
+    p_old, d_old = _run(moe_store, "q8", False, ids, 6)
+    p_new, d_new = _run(moe_store, "q8", True, ids, 6)
+    _, d_f32 = _run(moe_store, "f32", False, ids, 6)
+    assert np.array_equal(p_new, p_old)
+    assert _worst(d_new, d_old) < _worst(d_f32, d_old)
+
+
+def test_the_engine_repacks_on_the_cpu_unless_switched_off(moe_store, monkeypatch):
+    from inference.engine import Engine
+
+    def kinds(e):
+        return {e.model.layers[0]["q"].kind, e.model.lm_head.kind}
+
+    resident = Engine.open(moe_store, activations="q8")
+    assert kinds(resident) == {"q4r"}  # new arrays: the store file's map is read-only
+    assert not np.shares_memory(resident.model.layers[0]["q"].parts["q"], resident.store._dense())
+    assert kinds(Engine.open(moe_store, activations="decode")) == {"q4"}  # MoE attention: float in decode
+    streamed = Engine.open(moe_store, activations="q8", expert_slots=4)  # dense.bin read into memory
+    assert kinds(streamed) == {"q4r"}
+    assert np.shares_memory(streamed.model.layers[0]["q"].parts["q"], streamed.store._dense())  # in place
+    monkeypatch.setenv(repack.ENV, "0")
+    assert kinds(Engine.open(moe_store, activations="q8")) == {"q4"}

@@ -220,3 +220,30 @@ def test_prefetch_slots_are_two_pools_a_prompt_fills_one_and_a_token_takes_its_s
         assert [ex.caches[i].stats.prefetched for i in layers] == [0] + [2] * (len(layers) - 1)
     finally:
         e.close()
+
+
+def test_a_prompts_prefetch_for_the_next_layer_follows_the_current_layers_reads(tmp_path):
+    """A prompt's lookahead reads wait until the current layer's own reads are all submitted, so they do
+    not slow the reads the current layer waits for; a generated token's start at once."""
+    from inference.engine import Engine
+    from inference.synth import synth_store
+
+    e = Engine.open(synth_store(tmp_path / "s", "tiny-qwen3-moe", progress=False), expert_slots=2, prefetch=2)
+    try:
+        ex = e.model.experts
+        log = []  # ("demand" | "prefetch", layer) in submission order
+        demand, pf = ex._requests, ex.pf_reader.submit
+        ex._requests = lambda layer, experts: log.extend([("demand", layer)] * len(experts)) or demand(layer, experts)  # noqa: E731
+        ex.pf_reader.submit = lambda reqs: log.extend(("prefetch", r.layer) for r in reqs) or pf(reqs)  # noqa: E731
+        e.forward(np.arange(1, 13))
+        layers = sorted(ex.pf_pools)
+        for prev, nxt in zip(layers, layers[1:]):
+            last_demand = max(i for i, x in enumerate(log) if x == ("demand", prev))
+            first_pf = min(i for i, x in enumerate(log) if x == ("prefetch", nxt))
+            assert last_demand < first_pf
+        log.clear()
+        e.forward([7])
+        first = {x: i for i, x in reversed(list(enumerate(log)))}
+        assert first[("prefetch", layers[1])] < first[("demand", layers[0])]  # routed before layer 0's reads
+    finally:
+        e.close()

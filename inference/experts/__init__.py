@@ -23,7 +23,7 @@ from .cache import PAGE, CacheSnapshot, LayerCache, LayerStats, SlotPool
 from .io import LayerFiles, ReadRequest, ThreadReader, open_reader
 
 VERIFY_MODES = ("off", "first", "always")
-PREFETCH_WORKERS = 4  # reader threads of the prefetch (the demand reads have their own reader)
+PREFETCH_WORKERS = 16  # reader threads of the prefetch (the demand reads have their own reader); a prompt fills a pool
 
 
 class ResidentExperts:
@@ -99,6 +99,7 @@ class StreamingExperts:
         self.pf_pools: dict[int, SlotPool] = {}
         self.pf_pending: dict[int, dict[int, tuple]] = {}
         self.pf_running: dict[int, list] = {}  # per pool: unused prefetch reads still landing in its slots
+        self._deferred: tuple[int, list] | None = None  # a prompt's prefetch, started by the current `run`
         if prefetch:
             self.pf_reader = ThreadReader(LayerFiles(store, direct), workers=PREFETCH_WORKERS)
             order = sorted(self.layouts)
@@ -115,20 +116,34 @@ class StreamingExperts:
 
     def prefetch(self, layer: int, experts, rows: int = 1) -> None:
         """Start reading the experts layer `layer` is predicted to miss (most likely first) into its
-        prefetch slots: `prefetch` of them for one row (a generated token), all its pool's for a prompt
-        (`rows` > 1, whose layer wants nearly every expert). Experts already cached are skipped."""
+        prefetch slots: `prefetch` of them for one row (a generated token), at once; all its pool's for a
+        prompt (`rows` > 1, whose layer wants nearly every expert), once the current layer's own reads
+        are all submitted (`run`), so they follow those on the disk instead of slowing them down and
+        keep it reading through the next layer's attention. Experts already cached are skipped."""
         if layer not in self.pf_pools:
             return
+        self._deferred = None
+        if rows > 1:
+            self._deferred = (layer, list(experts))
+            return
+        self._start_prefetch(layer, experts, min(self.pf_pools[layer].n, self.prefetch_slots))
+
+    def _start_prefetch(self, layer: int, experts, n: int) -> None:
         pool = self.pf_pools[layer]
         self._settle_prefetch(layer, wait=True)
         cache, lay = self.caches[layer], self.layouts[layer]
         length = -(-lay.blob_size // PAGE) * PAGE
-        n = pool.n if rows > 1 else min(pool.n, self.prefetch_slots)
         todo = [int(e) for e in dict.fromkeys(experts) if int(e) not in cache.where][:n]
         for s, e in enumerate(todo):
             r = ReadRequest(layer, e, s, pool.memoryview(s), e * lay.stride, length)
             self.pf_pending[layer][e] = (r, self.pf_reader.submit([r]))
             cache.stats.prefetched += 1
+
+    def _start_deferred(self) -> None:
+        if self._deferred is not None:
+            layer, experts = self._deferred
+            self._deferred = None
+            self._start_prefetch(layer, experts, self.pf_pools[layer].n)
 
     def _settle_prefetch(self, layer: int, wait: bool = False) -> None:
         """Forget the layer's unused prefetches: the queued ones are cancelled; one still running is
@@ -192,16 +207,19 @@ class StreamingExperts:
 
     def _top_up(self, layer: int, batch, queue: list[int]):
         """Submit the next misses of `queue` into every slot that is free now (not pinned); returns the
-        batch they joined (a new one when `batch` is None)."""
+        batch they joined (a new one when `batch` is None). Once the queue is empty, a prompt's prefetch
+        for the next layer starts (`prefetch`)."""
         cache = self.caches[layer]
         n = min(len(queue), cache.pool.n - len(cache.pinned))
-        if n <= 0:
-            return batch
-        reqs = self._requests(layer, queue[:n])
-        del queue[:n]
-        if batch is None:
-            return self.reader.submit(reqs)
-        batch.add(reqs)
+        if n > 0:
+            reqs = self._requests(layer, queue[:n])
+            del queue[:n]
+            if batch is None:
+                batch = self.reader.submit(reqs)
+            else:
+                batch.add(reqs)
+        if not queue:
+            self._start_deferred()
         return batch
 
     def _drain(self, layer: int, batch, compute: Callable, queue: list[int]) -> None:
@@ -325,6 +343,7 @@ class StreamingExperts:
             c.stats = LayerStats()
 
     def close(self) -> None:
+        self._deferred = None
         for layer in self.pf_pending:
             self._settle_prefetch(layer, wait=True)
         for r in [self.reader] + ([self.pf_reader] if self.prefetch_slots else []):

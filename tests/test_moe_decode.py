@@ -227,3 +227,64 @@ def test_the_other_builds_fused_step_matches_the_python_layers(other_build, stor
             monkeypatch.undo()
 
     one_step(store, run, mode)
+
+
+def pointer_fields(step: qwen3_moe.DecodeStep) -> list[int]:
+    """The descriptor's fields that hold addresses."""
+    hdr, lay = kernels.MOE_HEADER, kernels.MOE_LAYER
+    fields = [hdr.index(n) for n in ("h", "cos", "sin", "x", "ids", "wts")]
+    for i in range(len(step.routed)):
+        base = step.h0 + i * step.nl
+        fields += [base + j for j, name in enumerate(lay) if name != "routed"]
+        mats = base + len(lay)
+        fields += [
+            mats + m * kernels.DECODE_MAT_FIELDS + p for m in range(len(kernels.MOE_MATRICES)) for p in (1, 2, 3)
+        ]
+    return fields
+
+
+def relocations(desc: np.ndarray, fields: list[int], blobs: list[np.ndarray]) -> list[tuple[int, int]]:
+    where = {b.ctypes.data: j for j, b in enumerate(blobs)}
+    return [(f, where[int(desc[f])]) for f in fields if desc[f]]
+
+
+@pytest.mark.parametrize("mode", ["f32", "experts"])
+def test_the_neon_fused_step_matches_the_python_layers_under_qemu(neon, store, mode):
+    def run(m, step, h0, cache, pos, cos, sin):
+        h, (cos, sin) = step.prepare(h0, cache, pos, cos, sin)
+        with kernels.configured(activations=mode):
+            flag = kernels.moe_decode_flags(step.desc)
+        outs = [h, step.x, step.ids, step.wts] + [a for kv in cache.layers for a in (kv.k, kv.v, kv.pos)]
+        weights = [
+            p
+            for L in m.layers
+            for v in L.values()
+            for w in (v.values() if isinstance(v, dict) else [v])
+            for p in (w.parts.values() if hasattr(w, "parts") else [w])
+        ]
+        blobs = outs + [cos, sin] + weights
+        relocs = relocations(step.desc, pointer_fields(step), blobs)
+        a = m.args
+        for i, routed in enumerate(step.routed):
+            for dst, src in zip(outs, neon.call(["moe_layer", str(i)], step.desc, blobs, relocs)):
+                dst[...] = src
+            if not routed:
+                continue
+            y = np.zeros((len(step.ids), a.hidden_size), np.float32)
+            ws = [m.experts.store.expert(i, int(e)) for e in step.ids]
+            parts = [p for w in ws for n in ("gate", "up", "down") for p in w[n].parts.values()]
+            rows = [
+                [k, *(f for n in ("gate", "up", "down") for f in kernels.matrix_fields(w[n]))] for k, w in enumerate(ws)
+            ]
+            head = [len(ws), a.hidden_size, a.moe_intermediate_size, flag, 0, 0, 0, 0, len(ws)]
+            desc = np.array(head + [f for r in rows for f in r], np.int64)
+            eblobs = [step.x, y, step.wts, h] + parts
+            desc[4:8] = [b.ctypes.data for b in eblobs[:4]]
+            fields = [4, 5, 6, 7] + [
+                9 + 13 * j + 1 + 4 * m_ + p for j in range(len(ws)) for m_ in range(3) for p in (1, 2, 3)
+            ]
+            got = neon.call(["moe_experts"], desc, eblobs, relocations(desc, fields, eblobs))
+            h[...] = got[3]
+        return h, cache
+
+    one_step(store, run, mode)

@@ -7,6 +7,7 @@ Prints each round with the load average and the medians.
     .venv/bin/python benchmarks/moe_decode_bench.py /work/stores16/qwen3-16l-uniform --threads 2 \\
         --prompt-tokens 128 --tokens 32 --rounds 3 --variants fused,python,baseline --baseline-src /tmp/rk-base
     .venv/bin/python benchmarks/moe_decode_bench.py STORE --profile 16   # cProfile of 16 decode tokens
+    .venv/bin/python benchmarks/moe_decode_bench.py STORE --same-process 8 --block 4   # fused/python alternating
 
 Variants: `fused` (this checkout, the compiled step: the default), `python` (this checkout with the
 architecture's `fused_decode` off: every token through `layer`), `baseline` (the checkout --baseline-src,
@@ -46,14 +47,40 @@ def child(store: str, tokens: int, prompt: int, threads: int, variant: str, prof
 
         prof = cProfile.Profile()
         prof.enable()
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     for _ in range(tokens):
         logits = e.forward([int(np.argmax(logits))])[-1]
-    took = time.perf_counter() - t
+    took, cpu = time.perf_counter() - t, time.process_time() - c
     if profile:
         prof.disable()
         pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
-    return {"tok_s": tokens / took, "prefill_tok_s": prefill}
+    return {"tok_s": tokens / took, "prefill_tok_s": prefill, "cpu_ms": 1e3 * cpu / tokens}
+
+
+def same_process(store: str, blocks: int, block: int, prompt: int, threads: int, mode: str) -> None:
+    """The fused step and the Python layers alternating in blocks of `block` tokens in one process (one
+    decode, the same cache): per variant the median wall and CPU ms per token over `blocks` blocks."""
+    from inference import models
+    from inference.engine import Engine
+    from inference.store import Store
+
+    arch = models.get(Store(store).architecture).Model
+    e = Engine.open(store, threads=threads, **({"activations": mode} if mode else {}))
+    logits = e.forward([300 + i % 1000 for i in range(prompt)])[-1]
+    times: dict[bool, list] = {True: [], False: []}
+    for b in range(2 * blocks):
+        fused = b % 2 == 0
+        arch.fused_decode = fused
+        t, c = time.perf_counter(), time.process_time()
+        for _ in range(block):
+            logits = e.forward([int(np.argmax(logits))])[-1]
+        times[fused].append(((time.perf_counter() - t) / block, (time.process_time() - c) / block))
+    for fused, got in times.items():
+        wall, cpu = (statistics.median(x[j] for x in got) for j in (0, 1))
+        print(
+            f"  {'fused' if fused else 'python':<8} {1 / wall:.2f} tok/s (median of {blocks} blocks of {block}: "
+            f"{1e3 * wall:.1f} ms wall, {1e3 * cpu:.1f} ms CPU per token)"
+        )
 
 
 def run(args, variant: str) -> dict:
@@ -77,8 +104,16 @@ def main(argv=None) -> int:
     p.add_argument("--variants", default="fused,python")
     p.add_argument("--baseline-src", help="the checkout the variant `baseline` runs")
     p.add_argument("--profile", type=int, metavar="TOKENS", help="cProfile this many tokens of `fused` and exit")
+    p.add_argument("--same-process", type=int, metavar="BLOCKS", help="fused and python alternating in one process")
+    p.add_argument("--block", type=int, default=4, help="tokens per block of --same-process")
+    p.add_argument("--mode", default="", help="activation mode of --same-process (default: the default)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.same_process:
+        print(f"load {os.getloadavg()[0]:.2f}")
+        same_process(a.store, a.same_process, a.block, a.prompt_tokens, a.threads, a.mode)
+        print(f"load {os.getloadavg()[0]:.2f}")
+        return 0
     if a.child or a.profile:
         tokens = a.profile or a.tokens
         print(json.dumps(child(a.store, tokens, a.prompt_tokens, a.threads, a.child or "fused", bool(a.profile))))
@@ -89,13 +124,17 @@ def main(argv=None) -> int:
         load = os.getloadavg()[0]
         got = {v: run(a, v) for v in variants}
         rows.append(got)
-        cells = "  ".join(f"{v} {o['tok_s']:.2f} tok/s (prefill {o['prefill_tok_s']:.1f})" for v, o in got.items())
+        cells = "  ".join(
+            f"{v} {o['tok_s']:.2f} tok/s ({o['cpu_ms']:.0f} ms CPU, prefill {o['prefill_tok_s']:.1f})"
+            for v, o in got.items()
+        )
         print(f"round {r}: load {load:.2f}  {cells}", flush=True)
     print(f"median of {a.rounds} (load now {os.getloadavg()[0]:.2f}):")
     for v in variants:
         tok = statistics.median(x[v]["tok_s"] for x in rows)
         pre = statistics.median(x[v]["prefill_tok_s"] for x in rows)
-        print(f"  {v:<16} decode {tok:.2f} tok/s, prefill {pre:.1f} tok/s")
+        cpu = statistics.median(x[v]["cpu_ms"] for x in rows)
+        print(f"  {v:<16} decode {tok:.2f} tok/s ({cpu:.0f} ms CPU per token), prefill {pre:.1f} tok/s")
     return 0
 
 

@@ -14,7 +14,7 @@ import pytest
 from inference import kernels
 from inference.convert import convert
 from inference.engine import Engine
-from inference.experts import ResidentExperts, StreamingExperts
+from inference.experts import StreamingExperts
 from inference.model import load_model
 from inference.models import qwen3_moe
 from inference.models.base import rope_cos_sin
@@ -176,20 +176,21 @@ def test_the_engine_decodes_through_the_fused_step(store, monkeypatch):
 
 
 def test_resident_experts_fields_are_remembered_and_streamed_ones_are_not(store):
-    from inference.models import moe
+    def step_after(experts=None):
+        m = load_model(store, **({"experts": experts} if experts else {}))
+        cache = m.new_cache()
+        with kernels.configured(activations="decode"):
+            for t in ids_for(4, 6):
+                m.forward(np.array([t]), cache)
+        return m._decode
 
-    moe._FIELDS.clear()
-    decode(store, "f32", "decode", ids_for(4, 6), 1)
-    held = [w for w, _ in moe._FIELDS.values()]
-    assert held and all(isinstance(w, dict) for w in held)
-    moe._FIELDS.clear()
+    held = step_after().fields
+    assert held and all(isinstance(w, dict) and len(f) == 12 for w, f in held.values())
     experts = StreamingExperts(load_model(store).store, 2, io="threads", direct=False)
     try:
-        decode(store, "f32", "decode", ids_for(4, 6), 1, experts=experts)
+        assert not step_after(experts).fields
     finally:
         experts.close()
-    assert not moe._FIELDS
-    assert isinstance(load_model(store).experts, ResidentExperts)
 
 
 def one_step(store, run, mode: str):

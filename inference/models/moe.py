@@ -94,22 +94,16 @@ def mixture(
     return out, extra
 
 
-# id(an expert's weights) → (those weights, their kernel fields), for sources whose weights stay the same
-# objects (resident experts): the entry holds the weights, so no other object can take their id meanwhile
-_FIELDS: dict[int, tuple[dict, list[int]]] = {}
-_FIELDS_MAX = 1 << 16
-
-
-def expert_fields(w: dict[str, QTensor], keep: bool) -> list[int]:
-    """The kernel fields (`matrix_fields`) of an expert's gate, up and down, remembered when `keep`."""
-    got = _FIELDS.get(id(w))
+def expert_fields(w: dict[str, QTensor], memo: dict | None = None) -> list[int]:
+    """The kernel fields (`matrix_fields`) of an expert's gate, up and down. `memo`: id(weights) → (the
+    weights, their fields), for sources that hand over the same weight objects each time (resident
+    experts); an entry holds its weights, so no other object can take their id meanwhile."""
+    got = memo.get(id(w)) if memo is not None else None
     if got is not None and got[0] is w:
         return got[1]
     fields = [f for n in ("gate", "up", "down") for f in matrix_fields(w[n])]
-    if keep:
-        if len(_FIELDS) >= _FIELDS_MAX:
-            _FIELDS.clear()
-        _FIELDS[id(w)] = (w, fields)
+    if memo is not None:
+        memo[id(w)] = (w, fields)
     return fields
 
 
@@ -123,7 +117,7 @@ def mixture_row(
     y: np.ndarray,
     inter: int,
     flag: int,
-    keep: bool = False,
+    memo: dict | None = None,
 ) -> None:
     """`mixture` of one row (decode) with silu experts, added to h in place: h += Σ_k weights[k] ·
     expert_{ids[k]}(x), the products summed in slot order as `mixture` does, through the compiled
@@ -131,7 +125,7 @@ def mixture_row(
 
     x [H], ids [K] int64 (distinct), weights [K], h [H], y [K, H] scratch (all contiguous, float32 but
     ids); `inter` the experts' width; `flag` the experts' kind-code flag (`kernels.moe_decode_flags`);
-    `keep`: the source hands over the same weight objects each time (their fields are remembered).
+    `memo`: see `expert_fields` (None: a source whose weight objects are new each time, as streaming).
     `source` decides when each expert's weights are at hand, as for `mixture`; each expert's result
     has the same bits in whatever batch it arrives.
     """
@@ -140,7 +134,7 @@ def mixture_row(
     H = x.shape[0]
 
     def compute(batch: list[tuple[int, dict[str, QTensor]]]) -> None:
-        desc = np.array([[slot[e], *expert_fields(w, keep)] for e, w in batch], np.int64)
+        desc = np.array([[slot[e], *expert_fields(w, memo)] for e, w in batch], np.int64)
         moe_experts(desc, H, inter, flag, x, y)
 
     source.run(layer, sorted(order), compute)  # in id order, as mixture's np.unique

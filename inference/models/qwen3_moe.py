@@ -124,6 +124,7 @@ class DecodeStep:
                 if w is not None:
                     row[len(lay) + m * n_mat :][:n_mat] = kernels.matrix_fields(w)
         self.routed = [("router" in L) for L in model.layers]
+        self.fields: dict = {}  # resident experts' kernel fields (moe.expert_fields)
         self._kv: list = []  # the cache arrays the descriptor points at
 
     def __call__(self, model: Model, h: np.ndarray, cache: KVCache, pos: int, cos, sin) -> np.ndarray:
@@ -131,7 +132,7 @@ class DecodeStep:
         h, _held = self.prepare(h, cache, pos, cos, sin)
         flag = kernels.moe_decode_flags(self.desc)
         a, experts = model.args, model.experts
-        keep = isinstance(experts, ResidentExperts)
+        memo = self.fields if isinstance(experts, ResidentExperts) else None
         prefetching = getattr(experts, "wants_prefetch", False)
         eps, inter = a.rms_norm_eps, a.moe_intermediate_size
         row = h[0]
@@ -141,7 +142,7 @@ class DecodeStep:
                 continue
             if prefetching:
                 lookahead(model, i, lambda j: rms_norm(h, model.layers[j]["mlp_norm"], eps))
-            mixture_row(self.x, self.ids, self.wts, i, experts, row, self.y, inter, flag, keep)
+            mixture_row(self.x, self.ids, self.wts, i, experts, row, self.y, inter, flag, memo)
         return h
 
     def prepare(self, h, cache: KVCache, pos: int, cos, sin) -> tuple[np.ndarray, tuple]:

@@ -54,7 +54,7 @@ def child(store: str, tokens: int, prompt: int, threads: int, variant: str, prof
     if profile:
         prof.disable()
         pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(25)
-    return {"tok_s": tokens / took, "prefill_tok_s": prefill, "cpu_ms": 1e3 * cpu / tokens}
+    return {"tok_s": tokens / took, "prefill_tok_s": prefill, "cpu_ms": 1e3 * cpu / max(tokens, 1)}
 
 
 def same_process(store: str, blocks: int, block: int, prompt: int, threads: int, mode: str) -> None:

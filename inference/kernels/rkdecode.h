@@ -19,6 +19,8 @@
  * (inference/kernels/_lib.py names the same fields: DECODE_HEADER, DECODE_LAYER). A layer's K (and V)
  * cache is [n_kv, cap, head_dim], row `pos` of each head written here; kpos [cap] the position each row
  * holds (-1: empty), row p holding position p.
+ *
+ * rkmoedecode.h, the MoE architectures' step, shares the helpers below (norm, RoPE, linear, K/V + attention).
  */
 #ifndef RKDECODE_H
 #define RKDECODE_H

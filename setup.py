@@ -39,6 +39,7 @@ def kernel_builds() -> list[Extension]:
                 "inference/kernels/rkpython.h",
                 "inference/kernels/rkattention.h",
                 "inference/kernels/rkdecode.h",
+                "inference/kernels/rkmoedecode.h",
             ],
             extra_compile_args=["-O3", "-fopenmp", "-std=c11", *arch_flags(), f"-DRK_MODULE={name}", *flags],
             extra_link_args=["-fopenmp"],

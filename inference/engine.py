@@ -85,8 +85,8 @@ class EngineConfig:
     )
     activations: str | None = option(
         help="activations of the 4- and 8-bit matmuls: f32 (exact), q8 (int8 dot "
-        "products, as llama.cpp), experts (int8 in the MoE experts only), decode (and in a dense "
-        "model's decode of generated tokens); default: $RKMOJO_ACTIVATIONS, else decode",
+        "products, as llama.cpp), experts (int8 in the MoE experts only), decode (and in the "
+        "attention and dense matmuls of generated tokens); default: $RKMOJO_ACTIVATIONS, else decode",
         choices=kernels.ACTIVATIONS,
     )
 

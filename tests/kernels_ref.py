@@ -111,6 +111,9 @@ _DRIVER_C = r"""
 #include <string.h>
 int rk_linear(int, int64_t, int64_t, int64_t, const float *, float *, const void *, const void *, const void *);
 int rk_llama_decode(const int64_t *);
+int rk_moe_decode_layer(const int64_t *, int64_t);
+int rk_moe_experts(int, int64_t, int64_t, int64_t, const float *, const int64_t *, float *);
+void rk_moe_combine(int64_t, int64_t, const float *, const float *, float *);
 void rk_set_threads(int);
 const char *rk_backend(void);
 static void *slurp(int64_t n) {
@@ -120,8 +123,10 @@ static void *slurp(int64_t n) {
 }
 /* "decode": header (threads, descriptor length, blobs, relocations), the descriptor, each blob as its
  * length then its bytes, relocations (descriptor index, blob index: that field becomes the blob's
- * address); runs rk_llama_decode and writes every blob back, in order. */
-static int decode(void) {
+ * address); runs rk_llama_decode and writes every blob back, in order. "moe_layer L": the same with
+ * rk_moe_decode_layer(desc, L); "moe_experts": the descriptor is (n, H, I, flag, x, y, w, h, K, then the
+ * n experts' fields): rk_moe_experts, then rk_moe_combine. */
+static int decode(int mode, int64_t layer) {
     int64_t h[4];
     if (fread(h, 8, 4, stdin) != 4) return 2;
     rk_set_threads((int)h[0]);
@@ -133,14 +138,25 @@ static int decode(void) {
     }
     int64_t *rel = slurp(16 * h[3]);
     for (int64_t r = 0; r < h[3]; r++) desc[rel[2 * r]] = (int64_t)(intptr_t)blob[rel[2 * r + 1]];
-    int rc = rk_llama_decode(desc);
+    int rc;
+    if (mode == 0)
+        rc = rk_llama_decode(desc);
+    else if (mode == 1)
+        rc = rk_moe_decode_layer(desc, layer);
+    else {
+        float *x = (float *)(intptr_t)desc[4], *y = (float *)(intptr_t)desc[5];
+        rc = rk_moe_experts((int)desc[0], desc[1], desc[2], desc[3], x, desc + 9, y);
+        if (!rc) rk_moe_combine(desc[8], desc[1], y, (const float *)(intptr_t)desc[6], (float *)(intptr_t)desc[7]);
+    }
     if (rc) return 10 + rc;
     for (int64_t b = 0; b < h[2]; b++) fwrite(blob[b], 1, len[b], stdout);
     return 0;
 }
 int main(int argc, char **argv) {
     int64_t h[8];
-    if (argc > 1 && !strcmp(argv[1], "decode")) return decode();
+    if (argc > 1 && !strcmp(argv[1], "decode")) return decode(0, 0);
+    if (argc > 2 && !strcmp(argv[1], "moe_layer")) return decode(1, atoll(argv[2]));
+    if (argc > 1 && !strcmp(argv[1], "moe_experts")) return decode(2, 0);
     if (argc > 1) { puts(rk_backend()); return 0; }
     if (fread(h, 8, 8, stdin) != 8) return 2;
     rk_set_threads((int)h[1]);
@@ -207,12 +223,16 @@ class NeonRunner:
     def llama_decode(self, desc: np.ndarray, blobs: list[np.ndarray], relocs: list[tuple[int, int]], threads: int = 2):
         """rk_llama_decode on `desc` whose fields `relocs` (descriptor index, blob index) are replaced by
         the addresses of `blobs` in the emulated process; returns the blobs as the call left them."""
+        return self.call(["decode"], desc, blobs, relocs, threads)
+
+    def call(self, args: list[str], desc: np.ndarray, blobs: list[np.ndarray], relocs, threads: int = 2):
+        """The driver's decode-like call `args` ("decode", "moe_layer L", "moe_experts") as llama_decode."""
         blobs = [np.ascontiguousarray(b) for b in blobs]
         msg = [struct.pack("<4q", threads, len(desc), len(blobs), len(relocs)), desc.astype("<i8").tobytes()]
         for b in blobs:
             msg += [struct.pack("<q", b.nbytes), b.tobytes()]
         msg.append(np.array(relocs, dtype="<i8").reshape(-1).tobytes())
-        run = subprocess.run([self.qemu, str(self.exe), "decode"], input=b"".join(msg), capture_output=True, check=True)
+        run = subprocess.run([self.qemu, str(self.exe), *args], input=b"".join(msg), capture_output=True, check=True)
         out, at = [], 0
         for b in blobs:
             out.append(np.frombuffer(run.stdout[at : at + b.nbytes], b.dtype).reshape(b.shape).copy())

@@ -4,8 +4,9 @@ Every weight kind of `inference.quant` is multiplied in its stored form: each bl
 dequantized into registers and applied to up to 6 activation rows, never to a dense copy. Activations
 are float32 ("f32", the exact path), or for q4, q4_0, q4_1 and q8_0 weights quantized to int8 per block
 of 32 and multiplied by integer dot products ("q8", as llama.cpp does), or int8 only in the grouped
-calls of MoE experts ("experts"), or there and in the one-token decode step of dense models
-(`llama_decode`; "decode", the default: prompts, even one row, stay on the float path; `set_activations`).
+calls of MoE experts ("experts"), or there and in the one-token decode steps (`llama_decode`, and the
+attention and dense matrices of `moe_decode_layer`, its router staying float; "decode", the default:
+prompts, even one row, stay on the float path; `set_activations`).
 Results are deterministic in every mode: the same inputs give bit-identical outputs whatever the thread
 count and whatever other rows share the batch (`llama_decode` is its own computation: see rkdecode.h).
 
@@ -33,6 +34,10 @@ from ._lib import (
     DECODE_MAT_FIELDS,
     DECODE_MATRICES,
     DEFAULT_ACTIVATIONS,
+    MOE_EXPERT_FIELDS,
+    MOE_HEADER,
+    MOE_LAYER,
+    MOE_MATRICES,
     KernelLib,
     load_build,
 )
@@ -45,6 +50,10 @@ __all__ = [
     "DECODE_MATRICES",
     "DECODE_MAT_FIELDS",
     "DOT",
+    "MOE_EXPERT_FIELDS",
+    "MOE_HEADER",
+    "MOE_LAYER",
+    "MOE_MATRICES",
     "attention",
     "embed_rows",
     "get_activations",
@@ -55,6 +64,10 @@ __all__ = [
     "linear_many",
     "llama_decode",
     "matrix_fields",
+    "moe_combine",
+    "moe_decode_flags",
+    "moe_decode_layer",
+    "moe_experts",
     "pool_stats",
     "set_activations",
     "set_threads",
@@ -157,6 +170,47 @@ def llama_decode(model: np.ndarray) -> None:
         ValueError: the kernel rejected a shape or kind, or ran out of memory.
     """
     _LIB.llama_decode(model)
+
+
+def moe_decode_flags(model: np.ndarray) -> int:
+    """Sets an MoE decode descriptor's activation flags (rkmoedecode.h) for this thread's activation mode:
+    q/k/v/o as `llama_decode`'s, the router as `linear`'s. Returns the experts' flag for `moe_experts`
+    (int8 unless "f32", as `linear_grouped`)."""
+    return _LIB.moe_decode_flags(model)
+
+
+def moe_decode_layer(model: np.ndarray, layer: int) -> None:
+    """The attention half of one MoE layer for one token (rkmoedecode.h): the T = 1 case of
+    `inference.models.qwen3_moe`'s layer up to the routing, or a dense layer whole.
+
+    Args:
+        model: the int64 descriptor: MOE_HEADER fields, then per layer MOE_LAYER fields and the
+            MOE_MATRICES' `matrix_fields`. Its `h` is updated in place (h + attention; a dense layer's
+            output), as are the layer's K/V rows at `pos`; a routed layer writes its `x` (the normed MLP
+            input), `ids` and `wts` (the top-k experts and their weights).
+        layer: the layer's index.
+
+    Raises:
+        ValueError: the kernel rejected a shape, kind or layer, or ran out of memory.
+    """
+    _LIB.moe_decode_layer(model, layer)
+
+
+def moe_experts(desc: np.ndarray, hidden: int, inter: int, flag: int, x: np.ndarray, y: np.ndarray) -> None:
+    """y[slot] = down(silu(gate(x)) × up(x)) for the experts of `desc` [n, MOE_EXPERT_FIELDS] (the row
+    of y, then `matrix_fields` of gate, up, down), as `moe.experts_mlp` in two grouped calls; each row
+    has the same bits whichever experts share the call. x [hidden], y [K, hidden], float32, contiguous.
+
+    Raises:
+        ValueError: the kernel rejected a shape or kind, or ran out of memory.
+    """
+    _LIB.moe_experts(desc, hidden, inter, flag, x, y)
+
+
+def moe_combine(y: np.ndarray, w: np.ndarray, h: np.ndarray) -> None:
+    """h += Σ_k w[k] · y[k], the products added in slot order as `moe.mixture` does (y [K, H], w [K],
+    h [H]: float32, contiguous; h in place)."""
+    _LIB.moe_combine(y, w, h)
 
 
 def matrix_fields(w: QTensor) -> tuple[int, int, int, int]:

@@ -34,7 +34,7 @@ _ERRORS = {1: "invalid kind or shape", 2: "out of memory for the activation scra
 Q8A = 16  # RK_Q8A in rkkernels.c: a kind code's flag for int8 activations
 # float activations (the exact path); int8 per block of 32 (q4, q4_0, q4_1, q8_0 weights) everywhere; int8
 # only in the MoE experts' grouped calls (linear_grouped), the bulk of an MoE model's compute; or there and
-# in a dense model's compiled one-token decode step (llama_decode) too
+# in the compiled one-token decode steps' dense matrices (llama_decode; moe_decode_layer but its router) too
 ACTIVATIONS = ("f32", "q8", "experts", "decode")
 _F32 = np.dtype(np.float32)
 _F16 = np.dtype(np.float16)
@@ -47,6 +47,13 @@ DECODE_LAYER = ("attn_norm", "mlp_norm", "k", "v", "kpos")
 DECODE_MATRICES = ("q", "k", "v", "o", "gate", "up", "down")
 DECODE_MAT_FIELDS = 4
 DM_Q8A = DECODE_HEADER.index("q8a")
+# the MoE decode step's descriptor (rkmoedecode.h): DECODE_HEADER then its own fields, per layer DECODE_LAYER
+# then its own fields and the MOE_MATRICES; MOE_EXPERT_FIELDS per expert of an rk_moe_experts call
+MOE_HEADER = DECODE_HEADER + "experts top_k norm_topk qk_whole clip_on clip router_q8a x ids wts".split()
+MOE_LAYER = DECODE_LAYER + ("q_norm", "k_norm", "routed")
+MOE_MATRICES = DECODE_MATRICES + ("router",)
+MOE_EXPERT_FIELDS = 13
+MM_ROUTER_Q8A = MOE_HEADER.index("router_q8a")
 
 # An ndarray's data pointer sits right after the object header (PyArrayObject: PyObject_HEAD, then
 # `char *data`, numpy's stable C ABI). Reading it there takes 0.1 µs where `.ctypes.data` takes 1.2 µs,
@@ -236,6 +243,12 @@ class KernelLib:
         lib.rk_pool_stats.restype = None
         lib.rk_llama_decode.argtypes = [vp]
         lib.rk_llama_decode.restype = ctypes.c_int
+        lib.rk_moe_decode_layer.argtypes = [vp, i64]
+        lib.rk_moe_decode_layer.restype = ctypes.c_int
+        lib.rk_moe_experts.argtypes = [ctypes.c_int, i64, i64, i64, vp, vp, vp]
+        lib.rk_moe_experts.restype = ctypes.c_int
+        lib.rk_moe_combine.argtypes = [i64, i64, vp, vp, vp]
+        lib.rk_moe_combine.restype = None
         lib.rk_f16_round.argtypes = [i64, vp, vp]
         lib.rk_f16_round.restype = None
         self._lib = lib
@@ -474,6 +487,41 @@ class KernelLib:
         rc = self._lib.rk_llama_decode(_data(model))
         if rc:
             raise ValueError(f"llama_decode: the kernel rejected the step: {_ERRORS.get(rc, rc)}")
+
+    def moe_decode_flags(self, model: np.ndarray) -> int:
+        """Sets the activation flags of an MoE decode descriptor (rkmoedecode.h) for this thread's mode: the
+        dense matrices as llama_decode's, the router as `linear`'s; returns the experts' kind-code flag
+        (linear_grouped's), to pass to `moe_experts`."""
+        _, flag, group_flag, decode_flag = self._modes
+        model[DM_Q8A] = int(decode_flag == Q8A)
+        model[MM_ROUTER_Q8A] = int(flag == Q8A)
+        return group_flag
+
+    def moe_decode_layer(self, model: np.ndarray, layer: int) -> None:
+        """The attention half of `layer` (and a dense layer's MLP) for the token the descriptor describes;
+        call `moe_decode_flags` first.
+
+        Raises:
+            ValueError: the kernel rejected a shape, kind or layer, or ran out of memory.
+        """
+        rc = self._lib.rk_moe_decode_layer(_data(model), layer)
+        if rc:
+            raise ValueError(f"moe_decode_layer: the kernel rejected layer {layer}: {_ERRORS.get(rc, rc)}")
+
+    def moe_experts(self, desc: np.ndarray, hidden: int, inter: int, flag: int, x: np.ndarray, y: np.ndarray) -> None:
+        """y[slot] = expert(x) for each expert row of `desc` [n, MOE_EXPERT_FIELDS] (slot, then the kind
+        code and parts of gate, up and down), x [hidden] float32, y [K, hidden] float32.
+
+        Raises:
+            ValueError: the kernel rejected a shape or kind, or ran out of memory.
+        """
+        rc = self._lib.rk_moe_experts(len(desc), hidden, inter, flag, _data(x), _data(desc), _data(y))
+        if rc:
+            raise ValueError(f"moe_experts: the kernel rejected {len(desc)} experts: {_ERRORS.get(rc, rc)}")
+
+    def moe_combine(self, y: np.ndarray, w: np.ndarray, h: np.ndarray) -> None:
+        """h += sum_k w[k] y[k] in slot order, as moe.mixture (y [K, H], w [K], h [H], float32, contiguous)."""
+        self._lib.rk_moe_combine(len(w), y.shape[1], _data(y), _data(w), _data(h))
 
     def f16_round(self, x: np.ndarray) -> np.ndarray:
         """x as the IEEE halves the decode step stores K/V in (round to nearest even, as numpy)."""

@@ -13,8 +13,9 @@ the store's matrix (an mmap the kernels then stop touching), so the weights are 
 LM head is the one exception (the embedding keeps the store's rows for its lookups).
 
 Which matrices: those whose one-row products use int8 activations in the engine's mode (`_lib.ACTIVATIONS`):
-"q8", every resident dense q4 matrix; "decode", the layers of a dense model's compiled decode step
-(`llama_decode`), whose other calls (prompts) are float; "f32" and "experts", none.
+"q8", every resident dense q4 matrix; "decode", the layers of a model with a compiled decode step
+(`llama_decode`, `moe_decode_layer`: their attention and dense MLP matrices), whose other calls (prompts)
+are float; "f32" and "experts", none.
 
 Kill switch: RKMOJO_REPACK=0 keeps the store layout everywhere (the old kernel), e.g. to time both.
 """
@@ -54,11 +55,8 @@ def repack_model(model, mode: str) -> int:
     layers = getattr(model, "layers", None)
     if not isinstance(layers, list) or not all(isinstance(L, dict) for L in layers):
         return 0
-    if mode == "decode":
-        from ..models import llama
-
-        if not (isinstance(model, llama.Model) and model.fused_decode):
-            return 0  # no int8 one-row dense products in this mode
+    if mode == "decode" and not getattr(model, "fused_decode", False):
+        return 0  # no compiled decode step (llama_decode, moe_decode_layer): no int8 one-row dense products
     embed = getattr(model, "embed", None)
     done: dict[int, QTensor] = {}  # id of a matrix -> its repacked one (a matrix held twice is repacked once)
 

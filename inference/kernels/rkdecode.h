@@ -19,6 +19,8 @@
  * (inference/kernels/_lib.py names the same fields: DECODE_HEADER, DECODE_LAYER). A layer's K (and V)
  * cache is [n_kv, cap, head_dim], row `pos` of each head written here; kpos [cap] the position each row
  * holds (-1: empty), row p holding position p.
+ *
+ * rkmoedecode.h, the MoE architectures' step, shares the helpers below (norm, RoPE, linear, K/V + attention).
  */
 #ifndef RKDECODE_H
 #define RKDECODE_H
@@ -117,13 +119,13 @@ static void dec_rope(float *x, int64_t n, int64_t D, int64_t r, const float *c, 
     }
 }
 
-/* One rk_linear_many of `n` matrices of the layer (starting at matrix m0) on x [in]. */
-static int dec_linear(const int64_t *L, int m0, int n, int64_t flag, int64_t in, const float *x, float *const *y,
+/* One rk_linear_many of `n` matrices of a layer (its matrix fields at `mats`, from matrix m0) on x [in]. */
+static int dec_linear(const int64_t *mats, int m0, int n, int64_t flag, int64_t in, const float *x, float *const *y,
                       const int64_t *outs)
 {
     int64_t desc[6 * 3];
     for (int j = 0; j < n; j++) {
-        const int64_t *m = L + DL_MATS + (m0 + j) * DL_MAT_FIELDS;
+        const int64_t *m = mats + (m0 + j) * DL_MAT_FIELDS;
         int64_t *d = desc + 6 * j;
         d[0] = m[0] | flag;
         d[1] = outs[j];
@@ -133,6 +135,33 @@ static int dec_linear(const int64_t *L, int m0, int n, int64_t flag, int64_t in,
         d[5] = m[3];
     }
     return rk_linear_many(n, 1, in, x, desc);
+}
+
+/* Appends k, v [n_kv, D] as row `pos` of each head of the cache K, V [n_kv, cap, D] (f32, or halves when
+ * f16), marks kpos[pos] = pos, and attends q [nh, D] to rows 0..pos (S = pos + 1, as kv.view(pos) in
+ * Python) into att [nh, D]. Returns RK_OK or RK_ENOMEM. */
+static int dec_attend(int64_t Kp, int64_t Vp, int64_t kposp, const float *q, const float *k, const float *v,
+                      int64_t nh, int64_t nkv, int64_t D, int64_t cap, int64_t pos, int f16, float scale, float *att)
+{
+    uint8_t *K = (uint8_t *)(intptr_t)Kp, *V = (uint8_t *)(intptr_t)Vp;
+    const int64_t esz = f16 ? 2 : 4;
+    for (int64_t hd = 0; hd < nkv; hd++) {
+        uint8_t *kr = K + ((hd * cap + pos) * D) * esz, *vr = V + ((hd * cap + pos) * D) * esz;
+        if (f16)
+            for (int64_t d = 0; d < D; d++) {
+                ((uint16_t *)kr)[d] = f32_to_f16(k[hd * D + d]);
+                ((uint16_t *)vr)[d] = f32_to_f16(v[hd * D + d]);
+            }
+        else {
+            memcpy(kr, k + hd * D, sizeof(float) * D);
+            memcpy(vr, v + hd * D, sizeof(float) * D);
+        }
+    }
+    int64_t *kpos = (int64_t *)(intptr_t)kposp;
+    kpos[pos] = pos;
+    att_job aj = {1, nh, nkv, D, D, pos + 1, cap * D, cap * D, 0, f16, q, K, V, kpos, &pos, scale, att, 0};
+    pool_run(att_task, &aj, nkv, threads_for(nh * (pos + 1) * 2 * D));
+    return aj.failed ? RK_ENOMEM : RK_OK;
 }
 
 /* Runs one decode step as described above. Returns RK_OK, RK_EINVAL (shapes or kinds) or RK_ENOMEM;
@@ -160,46 +189,24 @@ RK_API int rk_llama_decode(const int64_t *model)
         dec_rms_norm(h, (const float *)(intptr_t)L[DL_ATTN_NORM], H, eps, x);
         float *qkv[3] = {q, k, v};
         const int64_t qkv_out[3] = {QD, KD, KD};
-        if ((rc = dec_linear(L, MAT_Q, 3, flag, H, x, qkv, qkv_out))) break;
+        if ((rc = dec_linear(L + DL_MATS, MAT_Q, 3, flag, H, x, qkv, qkv_out))) break;
         dec_rope(q, nh, D, r, cs, sn);
         dec_rope(k, nkv, D, r, cs, sn);
 
-        /* K/V row `pos` of each head; S = pos + 1 rows are attended to, as kv.view(pos) in Python */
-        uint8_t *K = (uint8_t *)(intptr_t)L[DL_K], *V = (uint8_t *)(intptr_t)L[DL_V];
-        const int64_t esz = f16 ? 2 : 4;
-        for (int64_t hd = 0; hd < nkv; hd++) {
-            uint8_t *kr = K + ((hd * cap + pos) * D) * esz, *vr = V + ((hd * cap + pos) * D) * esz;
-            if (f16)
-                for (int64_t d = 0; d < D; d++) {
-                    ((uint16_t *)kr)[d] = f32_to_f16(k[hd * D + d]);
-                    ((uint16_t *)vr)[d] = f32_to_f16(v[hd * D + d]);
-                }
-            else {
-                memcpy(kr, k + hd * D, sizeof(float) * D);
-                memcpy(vr, v + hd * D, sizeof(float) * D);
-            }
-        }
-        int64_t *kpos = (int64_t *)(intptr_t)L[DL_KPOS];
-        kpos[pos] = pos;
-        att_job aj = {1, nh, nkv, D, D, pos + 1, cap * D, cap * D, 0, f16, q, K, V, kpos, &pos, scale, att, 0};
-        pool_run(att_task, &aj, nkv, threads_for(nh * (pos + 1) * 2 * D));
-        if (aj.failed) {
-            rc = RK_ENOMEM;
-            break;
-        }
+        if ((rc = dec_attend(L[DL_K], L[DL_V], L[DL_KPOS], q, k, v, nh, nkv, D, cap, pos, f16, scale, att))) break;
 
         float *oy[1] = {o};
         const int64_t o_out[1] = {H};
-        if ((rc = dec_linear(L, MAT_O, 1, flag, QD, att, oy, o_out))) break;
+        if ((rc = dec_linear(L + DL_MATS, MAT_O, 1, flag, QD, att, oy, o_out))) break;
         for (int64_t i = 0; i < H; i++) h[i] = h[i] + o[i];
         dec_rms_norm(h, (const float *)(intptr_t)L[DL_MLP_NORM], H, eps, x);
         float *gu[2] = {g, u};
         const int64_t gu_out[2] = {I, I};
-        if ((rc = dec_linear(L, MAT_GATE, 2, flag, H, x, gu, gu_out))) break;
+        if ((rc = dec_linear(L + DL_MATS, MAT_GATE, 2, flag, H, x, gu, gu_out))) break;
         for (int64_t i = 0; i < I; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
         float *dy[1] = {o};
         const int64_t d_out[1] = {H};
-        if ((rc = dec_linear(L, MAT_DOWN, 1, flag, I, g, dy, d_out))) break;
+        if ((rc = dec_linear(L + DL_MATS, MAT_DOWN, 1, flag, I, g, dy, d_out))) break;
         for (int64_t i = 0; i < H; i++) h[i] = h[i] + o[i];
     }
     free(buf);

@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 
 from ..backends import CPU
-from ..kernels import linear, linear_grouped, linear_many
+from ..kernels import linear, linear_grouped, linear_many, matrix_fields, moe_combine, moe_experts
 from ..quant import QTensor
 
 
@@ -92,6 +92,53 @@ def mixture(
     for k in range(1, K):  # fixed order: the result never depends on which expert arrived first
         out += y[:, k]
     return out, extra
+
+
+def expert_fields(w: dict[str, QTensor], memo: dict | None = None) -> list[int]:
+    """The kernel fields (`matrix_fields`) of an expert's gate, up and down. `memo`: id(weights) → (the
+    weights, their fields), for sources that hand over the same weight objects each time (resident
+    experts); an entry holds its weights, so no other object can take their id meanwhile."""
+    got = memo.get(id(w)) if memo is not None else None
+    if got is not None and got[0] is w:
+        return got[1]
+    fields = [f for n in ("gate", "up", "down") for f in matrix_fields(w[n])]
+    if memo is not None:
+        memo[id(w)] = (w, fields)
+    return fields
+
+
+def mixture_row(
+    x: np.ndarray,
+    ids: np.ndarray,
+    weights: np.ndarray,
+    layer: int,
+    source,
+    h: np.ndarray,
+    y: np.ndarray,
+    inter: int,
+    flag: int,
+    memo: dict | None = None,
+) -> None:
+    """`mixture` of one row (decode) with silu experts, added to h in place: h += Σ_k weights[k] ·
+    expert_{ids[k]}(x), the products summed in slot order as `mixture` does, through the compiled
+    kernels (rkmoedecode.h) without mixture's per-row index arrays.
+
+    x [H], ids [K] int64 (distinct), weights [K], h [H], y [K, H] scratch (all contiguous, float32 but
+    ids); `inter` the experts' width; `flag` the experts' kind-code flag (`kernels.moe_decode_flags`);
+    `memo`: see `expert_fields` (None: a source whose weight objects are new each time, as streaming).
+    `source` decides when each expert's weights are at hand, as for `mixture`; each expert's result
+    has the same bits in whatever batch it arrives.
+    """
+    order = ids.tolist()
+    slot = {e: k for k, e in enumerate(order)}
+    H = x.shape[0]
+
+    def compute(batch: list[tuple[int, dict[str, QTensor]]]) -> None:
+        desc = np.array([[slot[e], *expert_fields(w, memo)] for e, w in batch], np.int64)
+        moe_experts(desc, H, inter, flag, x, y)
+
+    source.run(layer, sorted(order), compute)  # in id order, as mixture's np.unique
+    moe_combine(y, weights, h)
 
 
 def lookahead(model, i: int, router_input: Callable[[int], np.ndarray]) -> None:

@@ -33,6 +33,8 @@ def expected_shapes(a: Args) -> dict[str, tuple]:
 
 
 class Model(qwen3_moe.Model):
+    qk_norm_whole = True
+
     def attn(self, i: int, x: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:
         """Self-attention with q/k RMSNorm over the whole projection and optional clipping → [T, Hq·D],
         before the o projection (`o`)."""

@@ -1,0 +1,236 @@
+/* The one-token decode step (T = 1) of the MoE architectures, Qwen3-MoE and OLMoE (included by
+ * rkkernels.c after rkdecode.h, whose helpers it shares). The Python layer code
+ * (inference/models/qwen3_moe.py, olmoe.py, moe.py) is the reference and runs prompts; these are its
+ * one-row case for generated tokens, where the numpy steps around the kernels took 10-19 % of a token
+ * (benchmarks/README.md).
+ *
+ * A layer cannot be one call as in rk_llama_decode: its routed experts come from an expert source that
+ * decides when each expert's weights are at hand (streaming reads them from disk while others compute).
+ * So a layer is three calls, Python's expert source in between:
+ *
+ *   rk_moe_decode_layer, the attention half, in the order of qwen3_moe.py:
+ *     x = rms_norm(h) * attn_norm;  q, k, v = x @ Wq.T, Wk.T, Wv.T (one rk_linear_many)
+ *     q, k = rms_norm per head (Qwen3: weights [D]) or over the whole projection (OLMoE: [nh D], [nkv D])
+ *     OLMoE's optional clip of q, k, v to [-c, c];  q, k = rope(q), rope(k);  K/V row `pos` = k, v
+ *     h += attention(q, K, V) @ Wo.T;  x = rms_norm(h) * mlp_norm
+ *     routed layer: p = softmax(x @ Wrouter.T); ids, w = the top-k of p, largest first, ties to the lower
+ *     index (moe.top_k); w /= sum(w) when norm_topk_prob. x, ids, w go back to the caller.
+ *     dense layer (Qwen3's mlp_only_layers): h += (silu(x @ Wgate.T) * (x @ Wup.T)) @ Wdown.T, as Llama.
+ *   rk_moe_experts, for each batch of experts the source hands over: y[slot] = expert(x), that is
+ *     (silu(x @ Wgate.T) * (x @ Wup.T)) @ Wdown.T as moe.experts_mlp, gates and ups as one grouped call
+ *     and the downs as another (rk_linear_grouped: each result has the bits it has alone, so a result
+ *     does not depend on which experts share its batch, and streamed experts give the resident bits).
+ *   rk_moe_combine: h += sum_k w_k y_k, the products summed in slot order as moe.mixture does.
+ *
+ * Numerics: the kernels are the Python path's; elementwise steps give numpy's bits except the RMS norm's
+ * sum (vector lanes; numpy: pairwise), softmax's and silu's expf (libm) and its sums (in order), so the
+ * step agrees with the Python layers within float rounding. A router tie within that rounding may pick
+ * the other expert, as it may between numpy builds. The dense matrices (q, k, v, o, a dense layer's MLP)
+ * take int8 activations when DM_Q8A says so (the `decode` mode, as in rk_llama_decode);
+ * the router takes its own flag (MM_ROUTER_Q8A: the Python router's `linear`, float unless q8), the
+ * experts the caller's (linear_grouped's).
+ *
+ * The model is one int64 array: rkdecode.h's DM_FIELDS header fields (DM_INTER: a dense layer's MLP
+ * width), then MM_* fields, then ML_FIELDS per layer. The first five layer fields are rkdecode.h's DL_*;
+ * the matrices are its MAT_* then the router.
+ */
+#ifndef RKMOEDECODE_H
+#define RKMOEDECODE_H
+
+enum {
+    MM_EXPERTS = DM_FIELDS, /* E: routed experts per layer */
+    MM_TOP_K,               /* K: experts per token */
+    MM_NORM_TOPK,           /* 1: renormalise the top-k weights */
+    MM_QK_WHOLE,            /* 1: q/k RMS norm over the whole projection (OLMoE), 0: per head (Qwen3) */
+    MM_CLIP_ON,             /* 1: clip q, k, v to [-MM_CLIP, MM_CLIP] after the norms (OLMoE's clip_qkv) */
+    MM_CLIP,                /* float32 bits */
+    MM_ROUTER_Q8A,          /* 1: int8 activations for the router */
+    MM_X,                   /* float [H]: out, the normed MLP input */
+    MM_IDS,                 /* int64 [K]: out, the chosen experts, largest weight first */
+    MM_WTS,                 /* float [K]: out, their weights */
+    MM_FIELDS
+};
+enum { MAT_ROUTER = MAT_COUNT, MOE_MAT_COUNT };
+enum {
+    ML_Q_NORM = DL_MATS, /* float [D] (per head) or [nh D] (whole) */
+    ML_K_NORM,           /* float [D] or [nkv D] */
+    ML_ROUTED,           /* 1: an MoE layer (router), 0: a dense MLP (gate, up, down) */
+    ML_MATS,
+    ML_FIELDS = ML_MATS + MOE_MAT_COUNT * DL_MAT_FIELDS
+};
+
+/* q/k RMS norm of n heads of D in place: per head with w [D], or over all n D with w [n D] */
+static void moe_qk_norm(float *x, int64_t n, int64_t D, int whole, const float *w, float eps)
+{
+    if (whole)
+        dec_rms_norm(x, w, n * D, eps, x);
+    else
+        for (int64_t h = 0; h < n; h++) dec_rms_norm(x + h * D, w, D, eps, x + h * D);
+}
+
+/* np.clip(x, -c, c) */
+static void moe_clip(float *x, int64_t n, float c)
+{
+    for (int64_t i = 0; i < n; i++) x[i] = x[i] < -c ? -c : (x[i] > c ? c : x[i]);
+}
+
+/* The attention half of layer l for the token at DM_POS (see above). Returns RK_OK, RK_EINVAL (shapes,
+ * kinds, a layer out of range) or RK_ENOMEM; on an error h and the cache may hold a partial step. */
+RK_API int rk_moe_decode_layer(const int64_t *model, int64_t l)
+{
+    const int64_t nl = model[DM_LAYERS], H = model[DM_HIDDEN], nh = model[DM_HEADS], nkv = model[DM_KV_HEADS];
+    const int64_t D = model[DM_HEAD_DIM], I = model[DM_INTER], r = model[DM_ROT_HALF], cap = model[DM_KV_CAP];
+    const int64_t pos = model[DM_POS], E = model[MM_EXPERTS], K = model[MM_TOP_K];
+    const int f16 = model[DM_KV_F16] != 0, whole = model[MM_QK_WHOLE] != 0;
+    const int64_t flag = model[DM_Q8A] ? RK_Q8A : 0, rflag = model[MM_ROUTER_Q8A] ? RK_Q8A : 0;
+    const float eps = bits_f32(model[DM_EPS]), scale = bits_f32(model[DM_SCALE]), clip = bits_f32(model[MM_CLIP]);
+    float *h = (float *)(intptr_t)model[DM_H], *xo = (float *)(intptr_t)model[MM_X];
+    const float *cs = (const float *)(intptr_t)model[DM_COS], *sn = (const float *)(intptr_t)model[DM_SIN];
+    const int64_t *L = model + MM_FIELDS + l * ML_FIELDS;
+    if (l < 0 || l >= nl || H < 1 || nh < 1 || nkv < 1 || nh % nkv || D < 1 || r < 0 || 2 * r > D || pos < 0 ||
+        pos >= cap)
+        return RK_EINVAL;
+    const int routed = L[ML_ROUTED] != 0;
+    if (routed ? (E < 1 || K < 1 || K > E) : I < 1) return RK_EINVAL;
+    const int64_t QD = nh * D, KD = nkv * D, W = routed ? E : 2 * I;
+    float *buf = malloc(sizeof(float) * (size_t)(H + QD + 2 * KD + QD + H + W));
+    if (!buf) return RK_ENOMEM;
+    float *x = buf, *q = x + H, *k = q + QD, *v = k + KD, *att = v + KD, *o = att + QD, *wide = o + H;
+    int rc = RK_OK;
+    do {
+        dec_rms_norm(h, (const float *)(intptr_t)L[DL_ATTN_NORM], H, eps, x);
+        float *qkv[3] = {q, k, v};
+        const int64_t qkv_out[3] = {QD, KD, KD};
+        if ((rc = dec_linear(L + ML_MATS, MAT_Q, 3, flag, H, x, qkv, qkv_out))) break;
+        moe_qk_norm(q, nh, D, whole, (const float *)(intptr_t)L[ML_Q_NORM], eps);
+        moe_qk_norm(k, nkv, D, whole, (const float *)(intptr_t)L[ML_K_NORM], eps);
+        if (model[MM_CLIP_ON]) {
+            moe_clip(q, QD, clip);
+            moe_clip(k, KD, clip);
+            moe_clip(v, KD, clip);
+        }
+        dec_rope(q, nh, D, r, cs, sn);
+        dec_rope(k, nkv, D, r, cs, sn);
+        if ((rc = dec_attend(L[DL_K], L[DL_V], L[DL_KPOS], q, k, v, nh, nkv, D, cap, pos, f16, scale, att))) break;
+
+        float *oy[1] = {o};
+        const int64_t o_out[1] = {H};
+        if ((rc = dec_linear(L + ML_MATS, MAT_O, 1, flag, QD, att, oy, o_out))) break;
+        for (int64_t i = 0; i < H; i++) h[i] = h[i] + o[i];
+        dec_rms_norm(h, (const float *)(intptr_t)L[DL_MLP_NORM], H, eps, x);
+
+        if (!routed) { /* a dense MLP, as rk_llama_decode's */
+            float *g = wide, *u = wide + I;
+            float *gu[2] = {g, u};
+            const int64_t gu_out[2] = {I, I};
+            if ((rc = dec_linear(L + ML_MATS, MAT_GATE, 2, flag, H, x, gu, gu_out))) break;
+            for (int64_t i = 0; i < I; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+            float *dy[1] = {o};
+            const int64_t d_out[1] = {H};
+            if ((rc = dec_linear(L + ML_MATS, MAT_DOWN, 1, flag, I, g, dy, d_out))) break;
+            for (int64_t i = 0; i < H; i++) h[i] = h[i] + o[i];
+            break;
+        }
+
+        /* router: softmax (moe.softmax: minus the max, exp, over the sum) → top-k → renormalise */
+        float *p = wide;
+        float *py[1] = {p};
+        const int64_t r_out[1] = {E};
+        if ((rc = dec_linear(L + ML_MATS, MAT_ROUTER, 1, rflag, H, x, py, r_out))) break;
+        float mx = p[0];
+        for (int64_t e = 1; e < E; e++) mx = p[e] > mx ? p[e] : mx;
+        float sum = 0.0f;
+        for (int64_t e = 0; e < E; e++) {
+            p[e] = expf(p[e] - mx);
+            sum += p[e];
+        }
+        for (int64_t e = 0; e < E; e++) p[e] = p[e] / sum;
+        int64_t *ids = (int64_t *)(intptr_t)model[MM_IDS];
+        float *wts = (float *)(intptr_t)model[MM_WTS];
+        float wsum = 0.0f;
+        for (int64_t j = 0; j < K; j++) { /* the largest left; ties: the lower index (a stable sort's order) */
+            int64_t best = -1;
+            for (int64_t e = 0; e < E; e++) {
+                int taken = 0;
+                for (int64_t i = 0; i < j && !taken; i++) taken = ids[i] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            ids[j] = best;
+            wts[j] = p[best];
+            wsum += wts[j];
+        }
+        if (model[MM_NORM_TOPK])
+            for (int64_t j = 0; j < K; j++) wts[j] = wts[j] / wsum;
+        memcpy(xo, x, sizeof(float) * H);
+    } while (0);
+    free(buf);
+    return rc;
+}
+
+#define MOE_EXPERT_FIELDS 13 /* slot, then gate, up, down: kind code and 3 parts each */
+#define MOE_BATCH (MAX_GROUPED / 2)
+
+/* y[slot_j] = (silu(x @ Gj.T) * (x @ Uj.T)) @ Dj.T for the n experts of `desc` (MOE_EXPERT_FIELDS each:
+ * the row of y, then each matrix's kind code and parts as in rk_linear_many), x [H], experts of width I,
+ * `flag` (RK_Q8A or 0) on every kind code. Returns RK_OK, RK_EINVAL or RK_ENOMEM. */
+RK_API int rk_moe_experts(int n, int64_t H, int64_t I, int64_t flag, const float *x, const int64_t *desc, float *y)
+{
+    if (n < 0 || H < 1 || I < 1) return RK_EINVAL;
+    const int nb = n < MOE_BATCH ? n : MOE_BATCH;
+    float *g = malloc(sizeof(float) * (size_t)(2 * nb * I + 1));
+    if (!g) return RK_ENOMEM;
+    float *u = g + nb * I;
+    int64_t gd[8 * MAX_GROUPED];
+    int rc = RK_OK;
+    for (int j0 = 0; j0 < n && rc == RK_OK; j0 += MOE_BATCH) {
+        const int m = n - j0 < MOE_BATCH ? n - j0 : MOE_BATCH;
+        for (int j = 0; j < m; j++) { /* gate and up of every expert, all on x */
+            const int64_t *e = desc + (j0 + j) * MOE_EXPERT_FIELDS;
+            for (int w = 0; w < 2; w++) {
+                int64_t *d = gd + 8 * (2 * j + w);
+                const int64_t *mat = e + 1 + 4 * w;
+                d[0] = mat[0] | flag;
+                d[1] = I;
+                d[2] = (int64_t)(intptr_t)((w ? u : g) + j * I);
+                d[3] = mat[1];
+                d[4] = mat[2];
+                d[5] = mat[3];
+                d[6] = (int64_t)(intptr_t)x;
+                d[7] = 1;
+            }
+        }
+        if ((rc = rk_linear_grouped(2 * m, H, gd))) break;
+        for (int64_t i = 0; i < m * I; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        for (int j = 0; j < m; j++) { /* every down on its own expert's activations */
+            const int64_t *e = desc + (j0 + j) * MOE_EXPERT_FIELDS, *mat = e + 9;
+            int64_t *d = gd + 8 * j;
+            d[0] = mat[0] | flag;
+            d[1] = H;
+            d[2] = (int64_t)(intptr_t)(y + e[0] * H);
+            d[3] = mat[1];
+            d[4] = mat[2];
+            d[5] = mat[3];
+            d[6] = (int64_t)(intptr_t)(g + j * I);
+            d[7] = 1;
+        }
+        rc = rk_linear_grouped(m, I, gd);
+    }
+    free(g);
+    return rc;
+}
+
+/* h[0:H] += sum_k w[k] y[k] for the K rows of y [K, H]: each product rounded, then added in slot order
+ * (moe.mixture's y *= weights, then out = y[:, 0] + y[:, 1] + ...), then added to h. */
+RK_API void rk_moe_combine(int64_t K, int64_t H, const float *y, const float *w, float *h)
+{
+    for (int64_t i = 0; i < H; i++) {
+        float o = y[i] * w[0];
+        for (int64_t k = 1; k < K; k++) {
+            const float t = y[k * H + i] * w[k];
+            o = o + t;
+        }
+        h[i] = h[i] + o;
+    }
+}
+
+#endif /* RKMOEDECODE_H */

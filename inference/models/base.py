@@ -262,7 +262,11 @@ class Transformer:
         passes of up to `prefill_pass` rows (`pass_forward`), so each layer's experts are read once per
         pass, not once per chunk."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        if len(ids) > self.chunk and self.prefill_pass > self.chunk and getattr(self.experts, "streams", False):
+        if (
+            len(ids) > self.chunk
+            and self.prefill_pass > self.chunk
+            and getattr(getattr(self, "experts", None), "streams", False)
+        ):
             return self.pass_forward(ids, cache, progress)
         outs = []
         for s in range(0, len(ids), self.chunk):

@@ -33,12 +33,14 @@ def corpus() -> str:
 
 def logits_by_mode(store, ids: np.ndarray, chunk: int = 128, decode: bool = False) -> dict[str, np.ndarray]:
     out = {}
-    for mode in ("f32", "q8"):
+    for mode in ("f32", "decode" if decode else "q8"):  # decode: the default mode, as a user gets it
         kernels.set_activations(mode)
         m = load_model(store, chunk=chunk)
         cache = m.new_cache()
         if decode:
-            out[mode] = np.concatenate([m.forward(ids[i : i + 1], cache) for i in range(len(ids))])
+            out["q8" if mode == "decode" else mode] = np.concatenate(
+                [m.forward(ids[i : i + 1], cache) for i in range(len(ids))]
+            )
         else:
             out[mode] = m.forward(ids, cache)
     kernels.set_activations("f32")

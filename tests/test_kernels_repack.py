@@ -249,8 +249,8 @@ def test_the_engine_repacks_on_the_cpu_unless_switched_off(moe_store, monkeypatc
     resident = Engine.open(moe_store, activations="q8")
     assert kinds(resident) == {"q4r"}  # new arrays: the store file's map is read-only
     assert not np.shares_memory(resident.model.layers[0]["q"].parts["q"], resident.store._dense())
-    decode = Engine.open(moe_store, activations="decode")  # the MoE decode step: q/k/v/o int8, the head float
-    assert (decode.model.layers[0]["q"].kind, decode.model.lm_head.kind) == ("q4r", "q4")
+    decode = Engine.open(moe_store, activations="decode")  # the MoE decode step and its head: int8
+    assert (decode.model.layers[0]["q"].kind, decode.model.lm_head.kind) == ("q4r", "q4r")
     streamed = Engine.open(moe_store, activations="q8", expert_slots=4)  # dense.bin read into memory
     assert kinds(streamed) == {"q4r"}
     assert np.shares_memory(streamed.model.layers[0]["q"].parts["q"], streamed.store._dense())  # in place

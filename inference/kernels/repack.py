@@ -14,8 +14,8 @@ LM head is the one exception (the embedding keeps the store's rows for its looku
 
 Which matrices: those whose one-row products use int8 activations in the engine's mode (`_lib.ACTIVATIONS`):
 "q8", every resident dense q4 matrix; "decode", the layers of a model with a compiled decode step
-(`llama_decode`, `moe_decode_layer`: their attention and dense MLP matrices), whose other calls (prompts)
-are float; "f32" and "experts", none.
+(`llama_decode`, `moe_decode_layer`: their attention and dense MLP matrices) and its LM head (int8 for a
+generated token, `Transformer.forward`), whose other calls (prompts) are float; "f32" and "experts", none.
 
 Kill switch: RKMOJO_REPACK=0 keeps the store layout everywhere (the old kernel), e.g. to time both.
 """
@@ -74,6 +74,6 @@ def repack_model(model, mode: str) -> int:
 
     for L in layers:
         walk(L)
-    if mode == "q8" and isinstance(getattr(model, "lm_head", None), QTensor):
+    if isinstance(getattr(model, "lm_head", None), QTensor):  # "decode": a generated token's head is int8
         model.lm_head = one(model.lm_head)
     return sum(new.nbytes for new in done.values() if new.kind == REPACKED_Q4)

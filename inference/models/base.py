@@ -15,7 +15,7 @@ import numpy as np
 
 from ..backends import CPU
 from ..kernels import attention as kernel_attention
-from ..kernels import embed_rows, linear
+from ..kernels import configured, embed_rows, get_activations, get_threads, linear
 from ..quant import QTensor
 
 
@@ -319,4 +319,10 @@ class Transformer:
         """Logits [T, vocab] (or [1, vocab] with `last_only`) for the new token ids `ids` (`progress`,
         `prompt`: as `hidden`)."""
         h = self.hidden(ids, cache, progress=progress, prompt=prompt)
-        return self.logits(h[-1:] if last_only else h)
+        one = not prompt and len(h) == 1  # a generated token (as `layers_forward` tells them)
+        h = h[-1:] if last_only else h
+        if one and getattr(self, "fused_decode", False) and get_activations() == "decode":
+            # a generated token of a model with a compiled decode step: its LM head takes int8 too
+            with configured(get_threads(), "q8"):
+                return self.logits(h)
+        return self.logits(h)

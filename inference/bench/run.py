@@ -172,6 +172,7 @@ def child_compute(store: Path, o: BenchOptions) -> dict:
     from ..store import Store
     from .bounds import warm
     from .cgroup import meminfo
+    from .measure import timed_prefill
 
     need = Store(store).total_bytes() + GiB
     avail = meminfo()["MemAvailable"]
@@ -193,13 +194,21 @@ def child_compute(store: Path, o: BenchOptions) -> dict:
     )
     majflt = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
     r = run_workload(engine, w)
+    # a TTFT bound is the best the resident engine did: its prefills as many times as the streamed
+    # prompt's (one run of a long prompt varied by 3 %, and the streamed one then "beat" it)
+    best = {n: p["ttft_s"] for n, p in r["prefill"].items()}
+    prompt = w.prompt(engine.args.vocab_size)
+    for _ in range(o.workload.runs - 1):
+        for n in w.prefill_tokens:
+            best[str(n)] = min(best[str(n)], timed_prefill(engine, prompt[:n])["ttft_s"])
+    engine.reset()
     return {
         "mode": "resident",
         "tok_s": r["decode"]["tok_s"],
         "tokens": o.compute_tokens,
         "prefill_tok_s": r["prefill"][str(w.prompt_tokens)]["tok_s"],
         "warm_s": warm_s,
-        "prefill_ttft_s": {n: p["ttft_s"] for n, p in r["prefill"].items()},
+        "prefill_ttft_s": best,  # the fastest of the runs
         "others_cpu": r["decode"]["others_cpu_max"],
         "major_faults": resource.getrusage(resource.RUSAGE_SELF).ru_majflt - majflt,
     }
@@ -462,7 +471,7 @@ def table(r: dict) -> list[str]:
             )
             out.append(
                 f"{'TTFT bound ' + n:<14} {t['bound_s']:.2f} s = max(read every expert once at the disk's best "
-                f"rate: {read}, the same prefill all-resident: {res}); {verdict}"
+                f"rate: {read}, the same prefill all-resident, its fastest run: {res}); {verdict}"
             )
     c = b["compute"] or {}
     if c.get("mode") == "resident":

@@ -145,23 +145,9 @@ class DecodeStep:
             mixture_row(self.x, self.ids, self.wts, i, experts, row, self.y, inter, flag, memo)
         return h
 
-    def prepare(self, h, cache: KVCache, pos: int, cos, sin) -> tuple[np.ndarray, tuple]:
-        """`desc` for this token: the (new) h array the calls update, and the arrays to keep alive meanwhile."""
-        for kv in cache.layers:
-            kv.reserve(pos + 1)
-        held = [arr for kv in cache.layers for arr in (kv.k, kv.v, kv.pos)]
-        if len(held) != len(self._kv) or any(x is not y for x, y in zip(held, self._kv)):
-            for i, kv in enumerate(cache.layers):
-                base = self.h0 + i * self.nl
-                self.desc[base + 2 : base + 5] = (kv.k.ctypes.data, kv.v.ctypes.data, kv.pos.ctypes.data)
-            self.desc[self.field["kv_f16"]] = int(cache.layers[0].k.dtype == np.float16)
-            self.desc[self.field["kv_cap"]] = cache.layers[0].cap
-            self._kv = held
-        h = np.array(h, dtype=np.float32, order="C")
-        cos, sin = np.ascontiguousarray(cos, np.float32), np.ascontiguousarray(sin, np.float32)
-        f, d = self.field, self.desc
-        d[f["pos"]], d[f["h"]], d[f["cos"]], d[f["sin"]] = pos, h.ctypes.data, cos.ctypes.data, sin.ctypes.data
-        return h, (cos, sin)
+    # `desc` for this token (the K/V arrays, position, h, cos/sin): the same fields, at the same places,
+    # as the Llama step's descriptor
+    prepare = llama.DecodeStep.prepare
 
 
 class Model(Transformer):

@@ -56,7 +56,7 @@ class EngineConfig:
     prefill_pass: int = option(
         1024,
         help="prompt rows that go layer by layer when experts stream, so each layer's experts are read once "
-        "per pass, not once per chunk (whole chunks; at most the chunk: chunk by chunk)",
+        "per pass, not once per chunk (rounded down to whole chunks; one chunk or less: chunk by chunk)",
         ge=1,
     )
     backend: str = option(

@@ -17,25 +17,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 
 import numpy as np
 
 from inference import kernels
 from inference.quant import QTensor, quantize, repack_q4
+from kernels_bench import best_time  # this directory: the scripts run as `python benchmarks/X.py`
 
 SHAPES = ("2048x2048", "4096x2048", "512x2048", "2048x4096", "151936x2048")
-
-
-def burst(fn, min_time: float) -> float:
-    """Best seconds per call over calls lasting at least `min_time` in all."""
-    best, spent = float("inf"), 0.0
-    while spent < min_time:
-        t = time.perf_counter()
-        fn()
-        dt = time.perf_counter() - t
-        best, spent = min(best, dt), spent + dt
-    return best
 
 
 def main() -> None:
@@ -73,7 +62,7 @@ def main() -> None:
                 for name in ("old", "new") if r % 2 == 0 else ("new", "old"):
                     ws = olds if name == "old" else news
                     times[name].append(
-                        burst(lambda ws=ws, x=x, turn=turn: kernels.linear(x, ws[next(turn) % len(ws)]), args.burst)
+                        best_time(lambda ws=ws, x=x, turn=turn: kernels.linear(x, ws[next(turn) % len(ws)]), args.burst)
                     )
             t_old, t_new = statistics.median(times["old"]), statistics.median(times["new"])
             gb = w.nbytes / 1e9

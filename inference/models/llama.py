@@ -72,6 +72,11 @@ def expected_shapes(a: Args) -> dict[str, tuple]:
     return shapes
 
 
+def f32_bits(v: float) -> int:
+    """v as float32, its bits as an int (a descriptor's float fields)."""
+    return int(np.float32(v).view(np.int32))
+
+
 class DecodeStep:
     """The descriptor of `kernels.llama_decode` for a model's layers: weights fixed at build, the K/V
     cache's arrays re-read when they change (a new cache, or one grown), the token's fields per call."""
@@ -79,11 +84,7 @@ class DecodeStep:
     def __init__(self, model: Model):
         a = model.args
         hdr, lay = kernels.DECODE_HEADER, kernels.DECODE_LAYER
-        self.nl = len(lay) + len(kernels.DECODE_MATRICES) * kernels.DECODE_MAT_FIELDS
-        self.h0 = len(hdr)
-        self.desc = np.zeros(len(hdr) + a.num_hidden_layers * self.nl, np.int64)
-        self.field = {name: j for j, name in enumerate(hdr)}
-        f32_bits = lambda v: int(np.float32(v).view(np.int32))  # noqa: E731
+        self.skeleton(hdr, lay, kernels.DECODE_MATRICES, a.num_hidden_layers)
         for name, value in {
             "layers": a.num_hidden_layers,
             "hidden": a.hidden_size,
@@ -103,6 +104,14 @@ class DecodeStep:
             row[len(lay) :] = [f for w in mats for f in kernels.matrix_fields(w)]
         self._norms = [(L["attn_norm"], L["mlp_norm"]) for L in model.layers]  # the addresses above
         self._kv: list = []  # the cache arrays the descriptor points at
+
+    def skeleton(self, header, layer_fields, matrices, n_layers: int) -> None:
+        """The zeroed descriptor: the header's fields, then per layer its fields and its matrices' (shared
+        with the MoE step, whose header and layer fields extend these)."""
+        self.nl = len(layer_fields) + len(matrices) * kernels.DECODE_MAT_FIELDS
+        self.h0 = len(header)
+        self.desc = np.zeros(len(header) + n_layers * self.nl, np.int64)
+        self.field = {name: j for j, name in enumerate(header)}
 
     def __call__(self, h: np.ndarray, cache: KVCache, pos: int, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
         """h [1, H] at position `pos` through every layer, appending to `cache`; a new [1, H]."""

@@ -80,11 +80,8 @@ class DecodeStep:
     def __init__(self, model: Model):
         a = model.args
         hdr, lay = kernels.MOE_HEADER, kernels.MOE_LAYER
-        self.nl = len(lay) + len(kernels.MOE_MATRICES) * kernels.DECODE_MAT_FIELDS
-        self.h0 = len(hdr)
-        self.desc = np.zeros(len(hdr) + a.num_hidden_layers * self.nl, np.int64)
-        self.field = {name: j for j, name in enumerate(hdr)}
-        f32_bits = lambda v: int(np.float32(v).view(np.int32))  # noqa: E731
+        llama.DecodeStep.skeleton(self, hdr, lay, kernels.MOE_MATRICES, a.num_hidden_layers)
+        f32_bits = llama.f32_bits
         clip = getattr(a, "clip_qkv", None)
         H, K = a.hidden_size, a.num_experts_per_tok
         self.x = np.zeros(H, np.float32)  # the routed layers' outputs: normed MLP input, top-k ids, weights

@@ -10,9 +10,9 @@ A `QTensor` is a 2-D weight `[out, in]` kept in one of these kinds:
 - ``q4_0``, ``q4_1``, ``q8_0``: GGUF blocks of 32 kept byte for byte; part ``blocks`` uint8
   ``[out, in/32 × block bytes]``.
 
-A resident dense ``q4`` matrix may be held repacked at load (``q4r``, `repack_q4`: 16 rows side by side
-for the kernels' one-row int8 path; see "repacked q4" in inference/kernels/rkkernels.c). Stores never
-hold ``q4r``, so it is not one of `KINDS`.
+A ``q4`` matrix may be held repacked in memory (``q4r``, `repack_q4`: 16 rows side by side for the
+kernels' int8 path; see "repacked q4" in inference/kernels/rkkernels.c): resident dense ones from load,
+experts from when they land in a cache slot. Stores never hold ``q4r``, so it is not one of `KINDS`.
 
 The runtime half (fused dequantize-and-multiply) lives in `inference.kernels`; `dequantize` here is
 the reference the kernels are tested against.

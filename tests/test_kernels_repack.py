@@ -1,6 +1,6 @@
-"""Repacked q4 ("q4r", rows in lanes): the one-row int8 kernel against the row-major one and the float64
-reference on every backend, row counts that do not fill a panel, thread counts, and every other call on
-a repacked matrix giving the store matrix's own bits."""
+"""Repacked q4 ("q4r", rows in lanes): the int8 kernel against the row-major one and the float64 reference
+on every backend, row counts that do not fill a panel, thread counts, every activation row with the bits
+it has alone, float calls with the store matrix's own bits, and experts repacked where they land."""
 
 from __future__ import annotations
 
@@ -95,18 +95,37 @@ def test_the_thread_count_and_call_company_do_not_change_the_bits(rng):
         assert np.array_equal(ys[0], kernels.linear(x, others[0]))
 
 
-@pytest.mark.parametrize("mode", ["f32", "q8"])
-def test_other_calls_on_a_repacked_matrix_give_the_store_matrix_bits(mode, rng):
-    """Prompts (T > 1) in both modes and one float row unpack the panels and run the row-major kernels."""
-    kernels.set_activations(mode)
+def test_float_calls_on_a_repacked_matrix_give_the_store_matrix_bits(rng):
+    """Float activations (prompts in decode mode, one float row) unpack the panels and run the row-major kernels."""
+    kernels.set_activations("f32")
     for out, inn in ((7, 192), (203, 2112)):
         w = random_weight("q4", out, inn, rng)
         r = repack_q4(w)
-        for T in (1, 6, 17, 130) if mode == "f32" else (2, 6, 130):
+        for T in (1, 6, 17, 130):
             x = rng.standard_normal((T, inn), dtype=np.float32)
             for threads in (1, 2):
                 kernels.set_threads(threads)
                 assert np.array_equal(kernels.linear(x, r), kernels.linear(x, w)), (out, inn, T, threads)
+
+
+def each_row_alone(lin, x, w):
+    return np.concatenate([lin(x[t : t + 1], w) for t in range(len(x))])
+
+
+def test_int8_rows_on_a_repacked_matrix_have_the_bits_they_have_alone(rng):
+    """Several activation rows (prompts, an expert's rows) run in lanes too, RP_T of them per pass over a
+    panel: each row's sums are its one-row sums, whatever T, the thread count or the call."""
+    kernels.set_activations("q8")
+    for out, inn in ((7, 192), (203, 2112)):
+        w = random_weight("q4", out, inn, rng)
+        r = repack_q4(w)
+        for T in (2, 3, 5, 6, 130):
+            x = rng.standard_normal((T, inn), dtype=np.float32)
+            alone = each_row_alone(kernels.linear, x, r)
+            for threads in (1, 2):
+                kernels.set_threads(threads)
+                assert np.array_equal(kernels.linear(x, r), alone), (out, inn, T, threads)
+            close_to_row_major(alone, kernels.linear(x, w), x, w)
 
 
 def test_the_compiled_decode_step_uses_repacked_matrices():
@@ -115,10 +134,35 @@ def test_the_compiled_decode_step_uses_repacked_matrices():
     assert kernels.matrix_fields(w)[0] == 3 | 32
 
 
-def test_grouped_calls_keep_the_store_layout(rng):
-    r = repack_q4(random_weight("q4", 16, 128, rng))
-    with pytest.raises(ValueError, match="rejected"):
-        kernels.linear_grouped([(np.ones((1, 128), np.float32), r)])
+def test_grouped_calls_take_repacked_experts(rng):
+    """An MoE layer's experts run repacked in grouped calls (int8 in every mode but f32): each matrix's
+    result is the one `linear` gives it, whichever matrices share the call."""
+    kernels.set_activations("experts")
+    ws = [repack_q4(random_weight("q4", out, 128, rng)) for out in (16, 48, 16)]
+    xs = [rng.standard_normal((t, 128), dtype=np.float32) for t in (1, 5, 3)]
+    ys = kernels.linear_grouped(list(zip(xs, ws)))
+    kernels.set_activations("q8")
+    for x, w, y in zip(xs, ws, ys):
+        assert np.array_equal(y, kernels.linear(x, w))
+
+
+def test_the_compiled_repacking_is_quant_repack_q4(rng):
+    for out, inn in ((16, 64), (48, 1152), (512, 2048)):
+        w = random_weight("q4", out, inn, rng)
+        want = repack_q4(w)
+        got = kernels.repack_q4(w)
+        own = w.__class__(w.kind, w.shape, {n: p.copy() for n, p in w.parts.items()})
+        in_place = kernels.repack_q4(own, in_place=True)
+        for r in (got, in_place):
+            assert r.kind == REPACKED_Q4
+            assert all(np.array_equal(r.parts[n], want.parts[n]) for n in want.parts)
+        assert np.shares_memory(in_place.parts["q"], own.parts["q"])
+    with pytest.raises(ValueError, match="rows a multiple of 16"):
+        kernels.repack_q4(random_weight("q4", 20, 64, rng))
+    with pytest.raises(ValueError, match="writable"):
+        ro = random_weight("q4", 16, 64, rng)
+        ro.parts["q"].flags.writeable = False
+        kernels.repack_q4(ro, in_place=True)
 
 
 def test_the_other_c_backends_match(other_build, rng):
@@ -131,16 +175,18 @@ def test_the_other_c_backends_match(other_build, rng):
     other_build.set_activations("q8")  # a shared build: back to f32 before any assertion
     try:
         y_rp, y_old, prompt = other_build.linear(x, r), other_build.linear(x, w), other_build.linear(xs, r)
-        prompt_old = other_build.linear(xs, w)
+        prompt_alone = each_row_alone(other_build.linear, xs, r)
         other_build.set_threads(1)
         y_rp1 = other_build.linear(x, r)
     finally:
         other_build.set_activations("f32")
+    float_prompt = (other_build.linear(xs, r), other_build.linear(xs, w))
     assert other_build.rp_kernel in ("maddubs8x2", "scalar")
     assert_close(y_rp, int8_activations(x), w)
     close_to_row_major(y_rp, y_old, x, w)
     assert np.array_equal(y_rp1, y_rp)
-    assert np.array_equal(prompt, prompt_old)
+    assert np.array_equal(prompt, prompt_alone)
+    assert np.array_equal(*float_prompt)
 
 
 @pytest.mark.parametrize("build", ["neon", "neon_v80"])
@@ -155,7 +201,9 @@ def test_the_neon_backends_match_under_qemu(build, rng, request):
         close_to_row_major(y_rp, neon.linear(x, w, threads=2, activations="q8"), x, w)
         assert np.array_equal(neon.linear(x, r, threads=1, activations="q8"), y_rp)
         xs = rng.standard_normal((7, inn), dtype=np.float32)
-        assert np.array_equal(neon.linear(xs, r, activations="q8"), neon.linear(xs, w, activations="q8"))
+        alone = np.concatenate([neon.linear(xs[t : t + 1], r, activations="q8") for t in range(len(xs))])
+        assert np.array_equal(neon.linear(xs, r, activations="q8"), alone)
+        assert np.array_equal(neon.linear(xs, r, activations="f32"), neon.linear(xs, w, activations="f32"))
 
 
 class _Model:
@@ -219,15 +267,18 @@ def llama_q4(tmp_path_factory):
 
 @pytest.mark.parametrize("mode", ["decode", "q8"])
 def test_a_repacked_dense_model_keeps_its_prompt_bits_and_decodes_as_closely_as_int8_allows(llama_q4, mode):
-    """Prompts (float in decode mode, int8 in q8) run unpacked panels: the same bits. Generated tokens
-    (the compiled step's int8 products, and q8's head) differ by summation order; as in
-    test_llama_decode, a last-bit change can move an int8 rounding, so the bound is "closer to the
-    row-major int8 run than the float run is"."""
+    """Float prompts (decode mode) run unpacked panels: the same bits. Int8 products (q8's prompts, the
+    compiled step's generated tokens, q8's head) differ by summation order; as in test_llama_decode, a
+    last-bit change can move an int8 rounding, so the bound is "closer to the row-major int8 run than the
+    float run is"."""
     ids = [int(t) for t in np.random.default_rng(7).integers(0, 512, 14)]
     p_old, d_old = _run(llama_q4, mode, False, ids, 8)
     p_new, d_new = _run(llama_q4, mode, True, ids, 8)
-    _, d_f32 = _run(llama_q4, "f32", False, ids, 8)
-    assert np.array_equal(p_new, p_old)
+    p_f32, d_f32 = _run(llama_q4, "f32", False, ids, 8)
+    if mode == "decode":
+        assert np.array_equal(p_new, p_old)
+    else:
+        assert _worst(p_new, p_old) < _worst(p_f32, p_old)
     assert _worst(d_new, d_old) < _worst(d_f32, d_old)
 
 
@@ -235,8 +286,8 @@ def test_a_repacked_moe_model_in_q8_mode(moe_store):
     ids = [int(t) for t in np.random.default_rng(8).integers(0, 256, 12)]
     p_old, d_old = _run(moe_store, "q8", False, ids, 6)
     p_new, d_new = _run(moe_store, "q8", True, ids, 6)
-    _, d_f32 = _run(moe_store, "f32", False, ids, 6)
-    assert np.array_equal(p_new, p_old)
+    p_f32, d_f32 = _run(moe_store, "f32", False, ids, 6)
+    assert _worst(p_new, p_old) < _worst(p_f32, p_old)
     assert _worst(d_new, d_old) < _worst(d_f32, d_old)
 
 
@@ -256,3 +307,38 @@ def test_the_engine_repacks_on_the_cpu_unless_switched_off(moe_store, monkeypatc
     assert np.shares_memory(streamed.model.layers[0]["q"].parts["q"], streamed.store._dense())  # in place
     monkeypatch.setenv(repack.ENV, "0")
     assert kinds(Engine.open(moe_store, activations="q8")) == {"q4"}
+
+
+def test_experts_are_repacked_where_they_land_and_stream_with_the_resident_bits(moe_store, monkeypatch):
+    """Every mode with int8 experts holds them repacked: an all-resident engine in copies made at first
+    use, a streaming one in its slots as each read lands (demand, prefetch, a warm start): the same
+    layout, so the same bits; f32 and the kill switch keep the store's layout."""
+    from inference.engine import Engine
+
+    def expert_kinds(e):
+        src = e.model.experts
+        if hasattr(src, "caches"):
+            views = [src._view(layer, c.pool.view(s)) for layer, c in src.caches.items() for s in c.where.values()]
+        else:
+            views = list(src._views.values())
+        assert views
+        return {w.kind for v in views for w in v.values()}
+
+    ids = [int(t) for t in np.random.default_rng(9).integers(0, 256, 20)]
+    for mode in ("decode", "experts", "f32"):
+        resident = Engine.open(moe_store, chunk=8, activations=mode)
+        want = resident.forward(ids, last_only=False)
+        streamed = Engine.open(moe_store, chunk=8, activations=mode, expert_slots=3, prefetch=2)
+        assert np.array_equal(streamed.forward(ids, last_only=False), want), mode
+        kind = "q4" if mode == "f32" else "q4r"
+        assert expert_kinds(resident) == expert_kinds(streamed) == {kind}, mode
+    warm = Engine.open(moe_store, chunk=8, expert_slots=3)
+    assert warm.model.experts.warm({0: np.arange(16)[::-1], 1: np.arange(16)}) > 0
+    assert expert_kinds(warm) == {"q4r"}
+    assert np.array_equal(
+        warm.forward(ids, last_only=False), Engine.open(moe_store, chunk=8).forward(ids, last_only=False)
+    )
+    monkeypatch.setenv(repack.ENV, "0")
+    off = Engine.open(moe_store, chunk=8)
+    off.forward(ids[:4])
+    assert expert_kinds(off) == {"q4"}

@@ -20,6 +20,7 @@ from ..errors import ModelFormatError
 from ..options import OptionError
 from ..store.format import digest_bytes
 from .cache import PAGE, CacheSnapshot, LayerCache, LayerStats, SlotPool
+from ..kernels.repack import as_repacked, repack_expert
 from .io import LayerFiles, ReadRequest, ThreadReader, open_reader
 
 VERIFY_MODES = ("off", "first", "always")
@@ -34,6 +35,13 @@ class ResidentExperts:
     def __init__(self, store):
         self.store = store
         self._views: dict[tuple[int, int], dict] = {}  # (layer, expert) → its tensors, made on first use
+        self.repacked = False
+
+    def repack_experts(self) -> None:
+        """From now on each expert is a repacked copy made at its first use (`kernels.repack`); the
+        store's pages it was copied from are the kernel's to drop. Call before the first forward."""
+        self.repacked = True
+        self._views.clear()
 
     def run(self, layer: int, experts, compute: Callable, during_io: Callable | None = None):
         extra = during_io() if during_io else None
@@ -42,7 +50,8 @@ class ResidentExperts:
             e = int(e)
             w = self._views.get((layer, e))
             if w is None:
-                w = self._views[(layer, e)] = self.store.expert(layer, e)
+                w = self.store.expert(layer, e)
+                w = self._views[(layer, e)] = repack_expert(w, in_place=False) if self.repacked else w
             batch.append((e, w))
         compute(batch)  # all at hand: one batch
         return extra
@@ -90,6 +99,7 @@ class StreamingExperts:
             self.caches[layer] = LayerCache(lay.n_experts, pool, policy)
         self.reader = open_reader(store, io, direct=direct)
         self.verified: set[tuple[int, int]] = set()
+        self.repacked = False  # experts repacked in their slots as they land (`repack_experts`)
         # gate-lookahead prefetch: its own slots per layer and its own reader threads, so a
         # prefetch never takes a demand read's slot or waits in front of it in a queue
         # Only the next layer prefetches at a time, so the prefetch slots (`prefetch` per layer, as the
@@ -109,6 +119,27 @@ class StreamingExperts:
             for k, layer in enumerate(order):
                 self.pf_pools[layer] = shared[k % len(shared)]
                 self.pf_pending[layer] = {}
+
+    def repack_experts(self) -> None:
+        """From now on each expert read is repacked in its slot as it lands, after its digest check
+        (`kernels.repack`; same layout as `ResidentExperts.repack_experts`, so the same bits). Call
+        before the first forward: slots filled before hold the store's layout and are emptied."""
+        self.repacked = True
+        for cache in self.caches.values():
+            cache.slot_expert[:] = -1
+            cache.where.clear()
+
+    def _view(self, layer: int, buf: np.ndarray) -> dict:
+        """The expert in slot memory `buf` (landed: see `_land`)."""
+        w = self.layouts[layer].view(buf)
+        return as_repacked(w) if self.repacked else w
+
+    def _land(self, r: ReadRequest, buf: np.ndarray) -> dict:
+        """A completed read into `buf`: its digest check, then (`repacked`) its repacking in place; the
+        expert's views."""
+        self._check(r)
+        w = self.layouts[r.layer].view(buf)
+        return repack_expert(w, in_place=True) if self.repacked else w
 
     @property
     def wants_prefetch(self) -> bool:
@@ -164,7 +195,7 @@ class StreamingExperts:
         pending = self.pf_pending.get(layer)
         if not pending:
             return misses
-        lay, stats, rest = self.layouts[layer], self.caches[layer].stats, []
+        stats, rest = self.caches[layer].stats, []
         for e in misses:
             if e not in pending:
                 rest.append(e)
@@ -174,10 +205,10 @@ class StreamingExperts:
             for _ in batch.completed():
                 pass
             stats.read_seconds += time.perf_counter() - t
-            self._check(r)
+            w = self._land(r, self.pf_pools[layer].view(r.slot))
             stats.bytes_read += r.length
             stats.prefetch_hits += 1
-            compute([(e, lay.view(self.pf_pools[layer].view(r.slot)))])
+            compute([(e, w)])
         self._settle_prefetch(layer)
         return rest
 
@@ -225,15 +256,15 @@ class StreamingExperts:
     def _drain(self, layer: int, batch, compute: Callable, queue: list[int]) -> None:
         """Compute each expert of `batch` as its read lands; the slot it leaves takes the next miss in
         `queue` at once, so the disk never waits for a tile of computations to end."""
-        lay, cache = self.layouts[layer], self.caches[layer]
+        cache = self.caches[layer]
         stats = cache.stats
         t = time.perf_counter()
         for r in batch.completed():
             stats.read_seconds += time.perf_counter() - t
-            self._check(r)
+            w = self._land(r, cache.pool.view(r.slot))
             cache.fill(r.expert, r.slot)
             stats.bytes_read += r.length
-            compute([(r.expert, lay.view(cache.pool.view(r.slot)))])
+            compute([(r.expert, w)])
             cache.pinned.discard(r.slot)  # computed: this layer needs it no more
             self._top_up(layer, batch, queue)
             t = time.perf_counter()
@@ -245,7 +276,7 @@ class StreamingExperts:
         A layer that wants more experts than it has slots (a prefill) streams them through its slots:
         each slot whose expert has been computed takes the next read at once, so reads stay in flight
         the whole time. Which experts stay cached at the end does not change any result."""
-        cache, lay = self.caches[layer], self.layouts[layer]
+        cache = self.caches[layer]
         hits, misses = cache.request(experts)
         cache.pin(hits.values())
         batch = None
@@ -255,7 +286,7 @@ class StreamingExperts:
             batch = self._top_up(layer, None, queue)
             extra = during_io() if during_io else None
             if hits:
-                compute([(e, lay.view(cache.pool.view(s))) for e, s in hits.items()])
+                compute([(e, self._view(layer, cache.pool.view(s))) for e, s in hits.items()])
             cache.pinned.difference_update(hits.values())
             self._take_prefetched(layer, [e for e in misses if e in prefetched], compute)
             batch = self._top_up(layer, batch, queue)
@@ -321,7 +352,7 @@ class StreamingExperts:
             batch = self.reader.submit(self._requests(layer, want))
             try:
                 for r in batch.completed():
-                    self._check(r)
+                    self._land(r, cache.pool.view(r.slot))
                     cache.fill(r.expert, r.slot)
                     cache.stats.warmed += 1
             except BaseException:

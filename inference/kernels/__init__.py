@@ -12,8 +12,8 @@ count and whatever other rows share the batch (`llama_decode` is its own computa
 
 Environment: RKMOJO_KERNELS picks the build (native, the default; avx2 or scalar, built beside it on
 x86 so one machine times each path); RKMOJO_ACTIVATIONS the starting activation mode; RKMOJO_REPACK=0
-keeps resident dense q4 matrices in the store layout (the engine otherwise repacks them at load for its
-one-row int8 products: `inference.kernels.repack`).
+keeps q4 matrices in the store layout (the engine otherwise repacks resident dense ones at load and
+experts where they land, for its int8 products: `inference.kernels.repack`).
 
 Raises:
     ImportError: at import, when the compiled library has not been built (`pip install -e .`).
@@ -65,6 +65,7 @@ __all__ = [
     "llama_decode",
     "matrix_fields",
     "moe_combine",
+    "repack_q4",
     "moe_decode_flags",
     "moe_decode_layer",
     "moe_experts",
@@ -211,6 +212,16 @@ def moe_combine(y: np.ndarray, w: np.ndarray, h: np.ndarray) -> None:
     """h += Σ_k w[k] · y[k], the products added in slot order as `moe.mixture` does (y [K, H], w [K],
     h [H]: float32, contiguous; h in place)."""
     _LIB.moe_combine(y, w, h)
+
+
+def repack_q4(t: QTensor, in_place: bool = False) -> QTensor:
+    """`t` (q4, rows a multiple of 16) repacked (q4r) by the compiled copy of `quant.repack_q4`, fast enough
+    for weights that land at run time (an expert read into a cache slot); `in_place` rewrites `t`'s memory.
+
+    Raises:
+        ValueError: not such a matrix, or read-only parts with `in_place`.
+    """
+    return _LIB.repack_q4(t, in_place)
 
 
 def matrix_fields(w: QTensor) -> tuple[int, int, int, int]:

@@ -251,6 +251,8 @@ class KernelLib:
         lib.rk_moe_combine.restype = None
         lib.rk_f16_round.argtypes = [i64, vp, vp]
         lib.rk_f16_round.restype = None
+        lib.rk_repack_q4.argtypes = [i64, i64, vp, vp, vp, vp, vp, vp]
+        lib.rk_repack_q4.restype = ctypes.c_int
         self._lib = lib
         self._fast = getattr(module, "linear_many", None)
         self.path = Path(path)
@@ -529,6 +531,29 @@ class KernelLib:
         out = np.empty(x.shape, np.float16)
         self._lib.rk_f16_round(x.size, _data(x), _data(out))
         return out
+
+    def repack_q4(self, t: QTensor, in_place: bool = False) -> QTensor:
+        """`t` (q4, rows a multiple of 16) as q4r, the bytes of `quant.repack_q4` (which pads other row
+        counts); `in_place`: rewritten in `t`'s own memory (writable, C-contiguous; `t` is then stale).
+
+        Raises:
+            ValueError: not a q4 matrix with rows a multiple of 16, or read-only parts for `in_place`.
+        """
+        out, inn = t.shape if len(t.shape) == 2 else (0, 0)
+        if t.kind != "q4" or out % 16 or not out:
+            raise ValueError(f"repack_q4: needs a q4 matrix of rows a multiple of 16, got {t.kind} {t.shape}")
+        src = _part_pointers(t)[1:]
+        if in_place:
+            if not all(p.flags.writeable for p in t.parts.values()):
+                raise ValueError("repack_q4: in_place needs writable parts (a read-only memory map is not)")
+            parts = dict(t.parts)
+        else:
+            parts = {name: np.empty_like(p, order="C") for name, p in t.parts.items()}
+        dst = [_data(parts[name]) for name in ("q", "scales", "biases")]
+        rc = self._lib.rk_repack_q4(out, inn, *src, *dst)
+        if rc:
+            raise ValueError(f"repack_q4: the kernel rejected {t.kind} {t.shape}: {_ERRORS.get(rc, rc)}")
+        return QTensor(REPACKED_Q4, (out, inn), parts)
 
     @staticmethod
     def _explain(e: Exception, x: np.ndarray, ws: tuple):

@@ -1,21 +1,30 @@
-"""Repacking of resident dense q4 matrices at model load, for the kernels' one-row int8 path.
+"""Repacking of q4 matrices for the kernels' int8 path: resident dense ones at model load, experts where
+they land.
 
-A q4 matrix repacked (`inference.quant.repack_q4`, kind "q4r") holds 16 output rows side by side, so the
-one-activation-row int8 product (decode) computes 16 rows per vector instruction with no horizontal sums
-("repacked q4" in rkkernels.c). Every other call on it (prompts, float activations) unpacks 16 rows at a
-time into the store layout and gets the bits the store's matrix gives; the int8 one-row results agree
-with the row-major kernel within float rounding.
+A q4 matrix repacked (`inference.quant.repack_q4`, kind "q4r") holds 16 output rows side by side, so an
+int8 product computes 16 rows per vector instruction with no horizontal sums, each activation row with
+the bits it has alone ("repacked q4" in rkkernels.c). Float calls on it (prompts in the decode mode)
+unpack 16 rows at a time into the store layout and get the bits the store's matrix gives; the int8
+results agree with the row-major kernel within float rounding.
 
-Only resident dense matrices are repacked (attention, a dense layer's MLP, the router, the LM head):
-routed experts stream into cache slots in the store layout and keep the row-major kernel, so streamed
-output stays bit-identical to all-resident output. The repacked copy replaces the model's reference to
-the store's matrix (an mmap the kernels then stop touching), so the weights are not held twice; a tied
-LM head is the one exception (the embedding keeps the store's rows for its lookups).
+Routed experts are repacked wherever they are held, since their grouped calls take int8 activations in
+every mode but "f32", prompts included (`repack_experts`): an expert read into a cache slot is repacked
+in place as it lands (the compiled `kernels.repack_q4`, ~0.1 ms per 768x2048 matrix), an all-resident
+expert into a copy at its first use. Both hold the same layout, so streamed output stays bit-identical
+to all-resident output. Int8 calls on a repacked matrix run in lanes for any number of activation rows
+(a row's bits are those it has alone), 2.5-3.6x faster than the row-major int8 kernel at 8 and at 128
+rows (benchmarks/README.md, repack_bench.py --tokens).
 
-Which matrices: those whose one-row products use int8 activations in the engine's mode (`_lib.ACTIVATIONS`):
+Dense matrices: the repacked copy replaces the model's reference to the store's matrix (an mmap the
+kernels then stop touching), so the weights are not held twice; a tied LM head is the one exception
+(the embedding keeps the store's rows for its lookups).
+
+Which dense matrices: those whose one-row products use int8 activations in the engine's mode (`_lib.ACTIVATIONS`):
 "q8", every resident dense q4 matrix; "decode", the layers of a model with a compiled decode step
 (`llama_decode`, `moe_decode_layer`: their attention and dense MLP matrices) and its LM head (int8 for a
 generated token, `Transformer.forward`), whose other calls (prompts) are float; "f32" and "experts", none.
+
+Experts: in "q8", "experts" and "decode" (their grouped calls' int8), matrices whose rows fill whole panels.
 
 Kill switch: RKMOJO_REPACK=0 keeps the store layout everywhere (the old kernel), e.g. to time both.
 """
@@ -24,7 +33,7 @@ from __future__ import annotations
 
 import os
 
-from ..quant import REPACKED_Q4, QTensor, repack_q4
+from ..quant import REPACKED_Q4, RP, QTensor, repack_q4
 
 ENV = "RKMOJO_REPACK"
 
@@ -42,6 +51,24 @@ def repack(w, in_place: bool = False):
     return w
 
 
+def expert_repackable(w) -> bool:
+    """Whether an expert matrix is repacked: q4 whose rows fill whole panels (in place, no padding)."""
+    return isinstance(w, QTensor) and w.kind == "q4" and len(w.shape) == 2 and w.shape[0] % RP == 0
+
+
+def repack_expert(weights: dict, in_place: bool) -> dict:
+    """One expert's matrices ({name: QTensor}) with the repackable ones repacked (`in_place`: in their own
+    memory, e.g. a cache slot just read; else new arrays)."""
+    from . import repack_q4 as compiled  # the package imports this module's users; import late
+
+    return {n: compiled(w, in_place) if expert_repackable(w) else w for n, w in weights.items()}
+
+
+def as_repacked(weights: dict) -> dict:
+    """The views of an expert whose memory `repack_expert` already rewrote (a cache hit), as q4r."""
+    return {n: QTensor(REPACKED_Q4, w.shape, w.parts) if expert_repackable(w) else w for n, w in weights.items()}
+
+
 def repack_model(model, mode: str) -> int:
     """Repacks `model`'s resident dense q4 matrices in place for activation mode `mode` (see above); the
     bytes repacked (0 when switched off or nothing applies). Call before the first forward.
@@ -50,7 +77,12 @@ def repack_model(model, mode: str) -> int:
     place, matrix by matrix, so the weights stay one copy; the memory-mapped store file is read-only, so
     there the repacked arrays are new and the file's pages, no longer touched, are the kernel's to drop.
     The model's matrices must be its own (an engine's store): in place, the store's views become stale."""
-    if not enabled() or mode not in ("q8", "decode"):
+    if not enabled():
+        return 0
+    experts = getattr(model, "experts", None)
+    if mode in ("q8", "experts", "decode") and hasattr(experts, "repack_experts"):
+        experts.repack_experts()  # the grouped calls' int8: every expert, as it lands or at first use
+    if mode not in ("q8", "decode"):
         return 0
     layers = getattr(model, "layers", None)
     if not isinstance(layers, list) or not all(isinstance(L, dict) for L in layers):

@@ -27,9 +27,9 @@
  * with dot exact in int32 (VNNI, AVX2 maddubs, NEON sdot or widening multiplies, scalar C: the same
  * integers) and the float steps in a fixed order, so the determinism above holds in this mode too.
  *
- * Repacked q4 (a q4 kind code | RK_RP): resident dense matrices the engine repacked at load, 16 output rows
- * side by side, so that one-row int8 products (decode) take 16 rows per vector instruction; every other
- * call unpacks them back to the store layout and gets its bits. See "repacked q4" below.
+ * Repacked q4 (a q4 kind code | RK_RP): matrices the engine repacked (dense ones at load, experts where
+ * they land), 16 output rows side by side, so that int8 products take 16 rows per vector instruction;
+ * float calls unpack them back to the store layout and get its bits. See "repacked q4" below.
  */
 #ifndef RK_NO_PYTHON
 #define PY_SSIZE_T_CLEAN
@@ -471,14 +471,19 @@ RK_INLINE void run_rows_q8a(const int kind, const wmat *w, const acts *a, int64_
 
 RK_INLINE int64_t rp_rows(int64_t out) { return (out + RP - 1) / RP * RP; }
 
-/* The 16 outputs of panel p for the one activation row of `a` (T = 1, q8a, q4 order). */
-static void rp_panel_q8a(const wmat *w, const acts *a, int64_t p, float *y16)
+#define RP_T 4 /* activation rows per pass over a panel (int8 on repacked q4) */
+
+/* The outputs of panel p for the NT activation rows t .. t + NT - 1 of `a` (q8a, q4 order) into y, of the
+ * panel's rows those below `out`. The NT rows share each line load; each row's sums are those it has alone
+ * (the same operations in the same order), so a row's bits do not depend on T or on its neighbours. */
+RK_INLINE void rp_panel_q8a(const wmat *w, const acts *a, int64_t p, int64_t t, const int NT)
 {
-    const int64_t ng = w->ng;
-    const uint8_t *q = w->p0 + p * RP * (w->in / 2);
+    const int64_t ng = w->ng, in = w->in, nb = in / 32;
+    const uint8_t *q = w->p0 + p * RP * (in / 2);
     const uint16_t *sc = (const uint16_t *)w->p1 + p * RP * ng, *bi = (const uint16_t *)w->p2 + p * RP * ng;
-    vf acc[RP / VL], bacc[RP / VL];
-    for (int k = 0; k < RP / VL; k++) acc[k] = bacc[k] = vf_zero();
+    vf acc[RP_T][RP / VL], bacc[RP_T][RP / VL];
+    for (int j = 0; j < NT; j++)
+        for (int k = 0; k < RP / VL; k++) acc[j][k] = bacc[j][k] = vf_zero();
     for (int64_t g = 0; g < ng; g++) {
         vf s[RP / VL], m[RP / VL];
         for (int u = 0; u < RP / DU; u++) {
@@ -489,15 +494,24 @@ static void rp_panel_q8a(const wmat *w, const acts *a, int64_t p, float *y16)
             const int64_t b = 2 * g + h;
             const uint8_t *qb = q + 512 * g + 256 * h;
             for (int c = 0; c < 4; c++) prefetch_ahead(qb + 64 * c);
-            vf d[RP / VL];
-            rp_block(qb, a->xq + 32 * b, d);
-            const vf db = vf_set1(a->dx[b]);
-            for (int k = 0; k < RP / VL; k++) acc[k] = vf_fma(d[k], vf_mul(s[k], db), acc[k]);
+            for (int j = 0; j < NT; j++) {
+                vf d[RP / VL];
+                rp_block(qb, a->xq + (t + j) * in + 32 * b, d);
+                const vf db = vf_set1(a->dx[(t + j) * nb + b]);
+                for (int k = 0; k < RP / VL; k++) acc[j][k] = vf_fma(d[k], vf_mul(s[k], db), acc[j][k]);
+            }
         }
-        const vf xg = vf_set1(a->xs[g]);
-        for (int k = 0; k < RP / VL; k++) bacc[k] = vf_fma(m[k], xg, bacc[k]);
+        for (int j = 0; j < NT; j++) {
+            const vf xg = vf_set1(a->xs[(t + j) * w->ngp + g]);
+            for (int k = 0; k < RP / VL; k++) bacc[j][k] = vf_fma(m[k], xg, bacc[j][k]);
+        }
     }
-    for (int k = 0; k < RP / VL; k++) vf_store(y16 + VL * k, vf_add(acc[k], bacc[k]));
+    const int64_t o = p * RP, n = w->out - o < RP ? w->out - o : RP;
+    for (int j = 0; j < NT; j++) {
+        float y16[RP];
+        for (int k = 0; k < RP / VL; k++) vf_store(y16 + VL * k, vf_add(acc[j][k], bacc[j][k]));
+        memcpy(a->y + (t + j) * w->out + o, y16, sizeof(float) * (size_t)n);
+    }
 }
 
 /* Panel p's rows in the store layout: nibbles [RP, in / 2], then scales and biases f16 [RP, ng]. */
@@ -515,6 +529,36 @@ static void rp_unpack(const wmat *w, int64_t p, uint8_t *buf)
             ds[r * ng + g] = s[RP * g + r];
             dm[r * ng + g] = m[RP * g + r];
         }
+}
+
+/* q4 [out, in] from the store layout (q, s, m) into the repacked one (dq, ds, dm): quant.repack_q4 in C, for
+ * the expert weights that land in cache slots at run time. out a multiple of RP (no padding); dst may be
+ * src (in place: each panel goes through a scratch copy). Returns RK_OK, RK_EINVAL or RK_ENOMEM. */
+RK_API int rk_repack_q4(int64_t out, int64_t in, const uint8_t *q, const uint16_t *s, const uint16_t *m, uint8_t *dq,
+                        uint16_t *ds, uint16_t *dm)
+{
+    if (out < 0 || out % RP || in < 64 || in % 64) return RK_EINVAL;
+    const int64_t half = in / 2, ng = in / 64;
+    uint8_t *buf = malloc((size_t)(RP * half + 4 * RP * ng));
+    if (!buf) return RK_ENOMEM;
+    uint16_t *bs = (uint16_t *)(buf + RP * half), *bm = bs + RP * ng;
+    for (int64_t p = 0; p < out / RP; p++) {
+        memcpy(buf, q + p * RP * half, (size_t)(RP * half));
+        memcpy(bs, s + p * RP * ng, sizeof(uint16_t) * (size_t)(RP * ng));
+        memcpy(bm, m + p * RP * ng, sizeof(uint16_t) * (size_t)(RP * ng));
+        uint8_t *oq = dq + p * RP * half;
+        uint16_t *os = ds + p * RP * ng, *om = dm + p * RP * ng;
+        for (int64_t g = 0; g < ng; g++) {
+            for (int c = 0; c < 8; c++)
+                for (int r = 0; r < RP; r++) memcpy(oq + 512 * g + 64 * c + 4 * r, buf + r * half + 32 * g + 4 * c, 4);
+            for (int r = 0; r < RP; r++) {
+                os[RP * g + r] = bs[r * ng + g];
+                om[RP * g + r] = bm[r * ng + g];
+            }
+        }
+    }
+    free(buf);
+    return RK_OK;
 }
 
 /* ------------------------------------------------------------------ tiling */
@@ -596,16 +640,21 @@ RUNNER_Q8A(run_q8a_q8_0, K_Q8_0)
 /* q8a runners by kind; NULL: the kind has no int8 path and runs its float one */
 static const runner_fn RUNNERS_Q8A[K_COUNT] = {NULL, NULL, NULL, run_q8a_q4, run_q8a_q4_0, run_q8a_q4_1, run_q8a_q8_0};
 
-/* Output rows [o0, o1) of a repacked q4 matrix (o0 at a panel's start): T = 1 with int8 activations in
- * lanes, anything else through the row-major kernels on each panel unpacked (see "repacked q4"). */
+/* Output rows [o0, o1) of a repacked q4 matrix (whole panels, o1 a panel's end or `out`): int8 activations
+ * in lanes, RP_T activation rows per pass over a panel; float ones through the row-major kernels on each
+ * panel unpacked (see "repacked q4"). */
 static void run_rows_rp(int q8a, const wmat *w, const acts *a, int64_t o0, int64_t o1)
 {
-    if (q8a && a->T == 1) {
-        for (int64_t o = o0; o < o1; o += RP) {
-            float y16[RP];
-            rp_panel_q8a(w, a, o / RP, y16);
-            memcpy(a->y + o, y16, sizeof(float) * (size_t)(o1 - o < RP ? o1 - o : RP));
-        }
+    if (q8a) {
+        for (int64_t o = o0; o < o1; o += RP)
+            for (int64_t t = 0; t < a->T; t += RP_T) {
+                switch (a->T - t < RP_T ? a->T - t : RP_T) { /* NT a constant in each: the loops unroll */
+                case 1: rp_panel_q8a(w, a, o / RP, t, 1); break;
+                case 2: rp_panel_q8a(w, a, o / RP, t, 2); break;
+                case 3: rp_panel_q8a(w, a, o / RP, t, 3); break;
+                default: rp_panel_q8a(w, a, o / RP, t, RP_T); break;
+                }
+            }
         return;
     }
     const int64_t half = w->in / 2;
@@ -931,11 +980,12 @@ RK_API int rk_linear_grouped(int n, int64_t in, const int64_t *desc)
         const int64_t *d = desc + 8 * j;
         part *p = &parts[j];
         scratch[j] = NULL;
-        p->kind = (int)(d[0] & ~(int64_t)RK_Q8A);
+        p->kind = (int)(d[0] & ~(int64_t)(RK_Q8A | RK_RP));
         const int64_t T = d[7];
         if (T < 0 || T > TILE_T) rc = RK_EINVAL;
         if (rc || (rc = wmat_init(&p->w, p->kind, d[1], in, (const void *)(intptr_t)d[3],
-                                  (const void *)(intptr_t)d[4], (const void *)(intptr_t)d[5]))) {
+                                  (const void *)(intptr_t)d[4], (const void *)(intptr_t)d[5])) ||
+            ((p->w.rp = (d[0] & RK_RP) != 0) && p->kind != K_Q4 && (rc = RK_EINVAL))) {
             n = j;
             break;
         }

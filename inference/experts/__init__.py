@@ -28,7 +28,8 @@ PREFETCH_WORKERS = 16  # reader threads of the prefetch (the demand reads have t
 
 
 class ResidentExperts:
-    """All experts memory-mapped from the store (no cache, no IO of our own)."""
+    """All experts memory-mapped from the store, or held as repacked copies (`repack_experts`); no cache,
+    no IO of our own."""
 
     streams = False
 
@@ -38,10 +39,16 @@ class ResidentExperts:
         self.repacked = False
 
     def repack_experts(self) -> None:
-        """From now on each expert is a repacked copy made at its first use (`kernels.repack`); the
-        store's pages it was copied from are the kernel's to drop. Call before the first forward."""
+        """Hold every expert as a repacked copy (`kernels.repack`), made now, as llama.cpp repacks at load:
+        this reads every expert once (the first tokens would otherwise pay for it), into anonymous memory,
+        and unmaps the layer files (their pages become the page cache's to drop). Call before the first
+        forward."""
         self.repacked = True
         self._views.clear()
+        for layer, lay in self.store.expert_layers.items():
+            for e in range(lay.n_experts):
+                self._views[(layer, e)] = repack_expert(self.store.expert(layer, e), in_place=False)
+            self.store.drop_expert_map(layer)
 
     def run(self, layer: int, experts, compute: Callable, during_io: Callable | None = None):
         extra = during_io() if during_io else None
@@ -50,8 +57,7 @@ class ResidentExperts:
             e = int(e)
             w = self._views.get((layer, e))
             if w is None:
-                w = self.store.expert(layer, e)
-                w = self._views[(layer, e)] = repack_expert(w, in_place=False) if self.repacked else w
+                w = self._views[(layer, e)] = self.store.expert(layer, e)
             batch.append((e, w))
         compute(batch)  # all at hand: one batch
         return extra

@@ -162,6 +162,11 @@ class Store:
             self._expert_maps[layer] = np.memmap(lay.path, dtype=np.uint8, mode="r")
         return self._expert_maps[layer]
 
+    def drop_expert_map(self, layer: int) -> None:
+        """Unmap the layer file (its views must be gone: e.g. every expert copied out); a later
+        `expert_map` maps it again."""
+        self._expert_maps.pop(layer, None)
+
     def expert(self, layer: int, e: int) -> dict[str, QTensor]:
         lay = self.expert_layers[layer]
         m = self.expert_map(layer)

@@ -446,9 +446,9 @@ RK_INLINE void run_rows_q8a(const int kind, const wmat *w, const acts *a, int64_
 /* Decode (T = 1) with int8 activations reads each q4 weight once, so it runs at the speed of its own
  * instructions: per group of 64 weights of ONE row the row-major kernel above unpacks 32 bytes, makes a
  * dot, converts and scales it, and every row ends in horizontal sums. Resident dense q4 matrices
- * (attention, a dense model's MLP, the LM head; never routed experts, which stream into cache slots in
- * the store's layout) can be repacked once at load (inference/kernels/repack.py) so that RP = 16 output
- * rows lie side by side, one row per 32-bit lane:
+ * (attention, a dense model's MLP, the LM head) are repacked once at load, and routed experts as they
+ * land in a cache slot or at an all-resident engine's load (inference/kernels/repack.py; rk_repack_q4
+ * below), so that RP = 16 output rows lie side by side, one row per 32-bit lane:
  *   q       panel p (rows 16p .. 16p+15), group g, line c (0..7): 64 bytes at (p ng + g) 512 + 64 c,
  *           bytes 4c..4c+3 of row r's 32 bytes of group g at + 4 r (line c < 4: the group's first block
  *           of 32 weights, c >= 4 the second)
@@ -460,14 +460,17 @@ RK_INLINE void run_rows_q8a(const int kind, const wmat *w, const acts *a, int64_
  *   y_r = sum_b float(dot_rb) * (s_rg dx_b)  +  sum_g m_rg xs_g     (per lane, in group/block order)
  * the q8a formula of q8a_tile with the sums in another order: results agree with it within float
  * rounding, not bit for bit. Each row is one lane of one panel, whatever the task split (tasks are whole
- * panels), so the thread count does not change the bits.
+ * panels), so the thread count does not change the bits. Several activation rows (a prompt, an expert's
+ * rows of a prompt) run RP_T at a time over each panel, sharing its line loads, each row with the sums it
+ * has alone: a row's bits depend neither on T nor on its neighbours. At 8 and at 128 rows this ran
+ * 2.5-3.6x faster than the row-major int8 tiles (benchmarks/README.md, repack_bench.py --tokens).
  * One layout for every backend: a 64-byte line is one AVX-512 vector (vpdpbusd, 16 rows), two AVX2 ones
  * (maddubs, 8 rows each) and four NEON ones (sdot by lane, 4 rows each): each backend reads it with full
- * vector loads, and one repacking (numpy, at load) serves them all; 16 rows also give the narrower
- * backends independent chains to overlap.
- * Every other call on a repacked matrix (prompts, T > 1; float activations) unpacks each panel's rows
- * back into the store layout in a scratch buffer and runs the row-major kernels on it: the same bits as
- * on the store's own matrix, at the cost of one copy per panel and activation tile. */
+ * vector loads, and one repacking serves them all; 16 rows also give the narrower backends independent
+ * chains to overlap.
+ * Float calls on a repacked matrix (prompts in the decode mode, any T) unpack each panel's rows back into
+ * the store layout in a scratch buffer and run the row-major kernels on it: the same bits as on the
+ * store's own matrix, at the cost of one copy per panel and activation tile. */
 
 RK_INLINE int64_t rp_rows(int64_t out) { return (out + RP - 1) / RP * RP; }
 

@@ -365,14 +365,9 @@ def describe_model(m) -> dict:
 
 
 def _mem_total() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 8 * 2**30
+    from inference.sysmem import meminfo
+
+    return meminfo().get("MemTotal", 8 * 2**30)
 
 
 def _config() -> dict:

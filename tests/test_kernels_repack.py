@@ -342,3 +342,18 @@ def test_experts_are_repacked_where_they_land_and_stream_with_the_resident_bits(
     off = Engine.open(moe_store, chunk=8)
     off.forward(ids[:4])
     assert expert_kinds(off) == {"q4"}
+
+
+def test_resident_experts_that_would_not_fit_in_memory_stay_mapped(moe_store, monkeypatch):
+    """Copies of a model larger than the available memory could not be paged out: the engine keeps the
+    memory map (store layout) and says why, and still answers."""
+    import inference.experts as experts
+    from inference.engine import Engine
+
+    monkeypatch.setattr(experts, "meminfo", lambda: {"MemAvailable": 64 * 1024})
+    e = Engine.open(moe_store, chunk=8)
+    src = e.model.experts
+    assert not src.repacked and "available" in src.not_repacked and "memory budget" in src.not_repacked
+    e.forward([1, 2, 3])
+    assert {w.kind for v in src._views.values() for w in v.values()} == {"q4"}
+    assert e.model.layers[0]["q"].kind == "q4r"  # the dense matrices are repacked as before

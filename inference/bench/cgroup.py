@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..engine import parse_size
 from ..errors import RkmojoError
+from ..sysmem import meminfo
 
 ROOT = Path("/sys/fs/cgroup/memory")
 # below this Python and numpy do not even start; a limit like that is a typo (4M for 4G)
@@ -32,16 +33,6 @@ MIN_LIMIT = 128 * 2**20
 def mem_total() -> int:
     """Physical RAM in bytes (MemTotal)."""
     return meminfo()["MemTotal"]
-
-
-def meminfo() -> dict[str, int]:
-    """/proc/meminfo in bytes."""
-    out = {}
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        k, v = line.split(":", 1)
-        parts = v.split()
-        out[k] = int(parts[0]) * (1024 if len(parts) > 1 else 1)
-    return out
 
 
 def check_limit(size: str | int) -> int:

@@ -11,6 +11,7 @@ bits as the all-resident run.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from typing import Callable
 
@@ -19,11 +20,15 @@ import numpy as np
 from ..errors import ModelFormatError
 from ..options import OptionError
 from ..store.format import digest_bytes
+from ..sysmem import meminfo
 from .cache import PAGE, CacheSnapshot, LayerCache, LayerStats, SlotPool
 from ..kernels.repack import as_repacked, repack_expert
 from .io import LayerFiles, ReadRequest, ThreadReader, open_reader
 
+log = logging.getLogger(__name__)
+
 VERIFY_MODES = ("off", "first", "always")
+RESIDENT_COPY_SHARE = 0.8  # repacked resident experts may take this share of the available memory
 PREFETCH_WORKERS = 16  # reader threads of the prefetch (the demand reads have their own reader); a prompt fills a pool
 
 
@@ -37,12 +42,25 @@ class ResidentExperts:
         self.store = store
         self._views: dict[tuple[int, int], dict] = {}  # (layer, expert) → its tensors, made on first use
         self.repacked = False
+        self.not_repacked = ""  # why `repack_experts` kept the store layout
 
     def repack_experts(self) -> None:
         """Hold every expert as a repacked copy (`kernels.repack`), made now, as llama.cpp repacks at load:
         this reads every expert once (the first tokens would otherwise pay for it), into anonymous memory,
         and unmaps the layer files (their pages become the page cache's to drop). Call before the first
-        forward."""
+        forward. Where the copies would take more than RESIDENT_COPY_SHARE of the available memory, the
+        experts stay memory-mapped in the store layout, as without repacking (`not_repacked` says so):
+        an all-resident run of a model larger than RAM pages, where copies could not be paged out."""
+        need = sum(lay.stride * lay.n_experts for lay in self.store.expert_layers.values())
+        avail = meminfo().get("MemAvailable")
+        if avail is not None and need > RESIDENT_COPY_SHARE * avail:
+            # copies would not fit where the memory map still runs (paged in and out by the kernel)
+            self.not_repacked = (
+                f"{need / 2**30:.1f} GiB of experts, {avail / 2**30:.1f} GiB available: kept memory-mapped in the "
+                "store layout (a memory budget streams them, repacked, through cache slots)"
+            )
+            log.warning("experts not repacked: %s", self.not_repacked)
+            return
         self.repacked = True
         self._views.clear()
         for layer, lay in self.store.expert_layers.items():

@@ -114,6 +114,8 @@ int rk_llama_decode(const int64_t *);
 int rk_moe_decode_layer(const int64_t *, int64_t);
 int rk_moe_experts(int, int64_t, int64_t, int64_t, const float *, const int64_t *, float *);
 void rk_moe_combine(int64_t, int64_t, const float *, const float *, float *);
+int rk_repack_q4(int64_t, int64_t, const uint8_t *, const uint16_t *, const uint16_t *, uint8_t *, uint16_t *,
+                 uint16_t *);
 void rk_set_threads(int);
 const char *rk_backend(void);
 static void *slurp(int64_t n) {
@@ -152,8 +154,23 @@ static int decode(int mode, int64_t layer) {
     for (int64_t b = 0; b < h[2]; b++) fwrite(blob[b], 1, len[b], stdout);
     return 0;
 }
+/* "repack": header (out, in), then the q4 parts q, scales, biases; rk_repack_q4 in place, the parts back. */
+static int repack(void) {
+    int64_t h[2];
+    if (fread(h, 8, 2, stdin) != 2) return 2;
+    int64_t nq = h[0] * h[1] / 2, ns = h[0] * (h[1] / 64) * 2;
+    uint8_t *q = slurp(nq);
+    uint16_t *s = slurp(ns), *m = slurp(ns);
+    int rc = rk_repack_q4(h[0], h[1], q, s, m, q, s, m);
+    if (rc) return 10 + rc;
+    fwrite(q, 1, nq, stdout);
+    fwrite(s, 1, ns, stdout);
+    fwrite(m, 1, ns, stdout);
+    return 0;
+}
 int main(int argc, char **argv) {
     int64_t h[8];
+    if (argc > 1 && !strcmp(argv[1], "repack")) return repack();
     if (argc > 1 && !strcmp(argv[1], "decode")) return decode(0, 0);
     if (argc > 2 && !strcmp(argv[1], "moe_layer")) return decode(1, atoll(argv[2]));
     if (argc > 1 && !strcmp(argv[1], "moe_experts")) return decode(2, 0);
@@ -219,6 +236,23 @@ class NeonRunner:
             check=True,
         )
         return np.frombuffer(run.stdout, np.float32).reshape(x.shape[0], out)
+
+    def repack_q4(self, w):
+        """rk_repack_q4 in place on q4 matrix `w` (rows a multiple of 16): the repacked parts (q, scales,
+        biases) as the emulated call left them."""
+        out, inn = w.shape
+        parts = [np.ascontiguousarray(w.parts[n]) for n in ("q", "scales", "biases")]
+        run = subprocess.run(
+            [self.qemu, str(self.exe), "repack"],
+            input=struct.pack("<2q", out, inn) + b"".join(p.tobytes() for p in parts),
+            capture_output=True,
+            check=True,
+        )
+        got, at = {}, 0
+        for name, p in zip(("q", "scales", "biases"), parts):
+            got[name] = np.frombuffer(run.stdout[at : at + p.nbytes], p.dtype).copy()
+            at += p.nbytes
+        return got
 
     def llama_decode(self, desc: np.ndarray, blobs: list[np.ndarray], relocs: list[tuple[int, int]], threads: int = 2):
         """rk_llama_decode on `desc` whose fields `relocs` (descriptor index, blob index) are replaced by

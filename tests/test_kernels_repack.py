@@ -187,6 +187,9 @@ def test_the_other_c_backends_match(other_build, rng):
     assert np.array_equal(y_rp1, y_rp)
     assert np.array_equal(prompt, prompt_alone)
     assert np.array_equal(*float_prompt)
+    w16 = random_weight("q4", 48, inn, rng)  # the compiled repacking: this build's transposes
+    got, want = other_build.repack_q4(w16), repack_q4(w16)
+    assert all(np.array_equal(got.parts[n], want.parts[n]) for n in want.parts)
 
 
 @pytest.mark.parametrize("build", ["neon", "neon_v80"])
@@ -204,6 +207,10 @@ def test_the_neon_backends_match_under_qemu(build, rng, request):
         alone = np.concatenate([neon.linear(xs[t : t + 1], r, activations="q8") for t in range(len(xs))])
         assert np.array_equal(neon.linear(xs, r, activations="q8"), alone)
         assert np.array_equal(neon.linear(xs, r, activations="f32"), neon.linear(xs, w, activations="f32"))
+    for out, inn in ((16, 64), (48, 1152), (32, 2816)):  # the compiled repacking (its NEON transposes)
+        w = random_weight("q4", out, inn, rng)
+        got, want = neon.repack_q4(w), repack_q4(w)
+        assert all(np.array_equal(got[n], want.parts[n].reshape(-1)) for n in got)
 
 
 class _Model:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -57,6 +58,7 @@ REQUIRED_FIELDS = (
     "decode.hit_rate",
     "decode.expert_mb_per_token",
     "decode.io_wait_ms_per_token",
+    "decode.land_ms_per_token",
     "peak_rss_bytes",
     "bounds.read_bandwidth_bytes_per_s",
     "bounds.read",
@@ -349,6 +351,11 @@ def combine(st, o: BenchOptions, s: dict, c: dict | None, calls: list[Call], use
     return r
 
 
+def _median(prefill: dict, key: str) -> float:
+    """The median over a prefill's runs of one of its counters (0 where an older report lacks it)."""
+    return statistics.median(x.get(key, 0.0) for x in prefill["runs"])
+
+
 def ttft_bounds(st, prefill: dict, bw: float | None, c: dict | None) -> dict:
     """Per prompt length: the streamed first token's bound, the larger of reading every expert once at
     the disk's best rate and the same prefill with every expert resident, and the measured TTFT / bound.
@@ -421,11 +428,17 @@ def table(r: dict) -> list[str]:
         out.append(
             f"{'prefill ' + n:<14}time to first token {p['ttft_s']:.2f} s (median of {len(p['runs'])}: {each} s)"
             f" = {p['tok_s']:.1f} tok/s"
+            + (
+                f" · IO wait {_median(p, 'read_seconds'):.2f} s, landing {_median(p, 'land_seconds'):.2f} s"
+                if e["slots"]
+                else ""
+            )
         )
     if e["slots"]:
         out.append(
             f"{'experts':<14}hit rate {_pct(d['hit_rate']).strip()} · {d['expert_mb_per_token']:.0f} MB read "
-            f"per token · IO wait {d['io_wait_ms_per_token']:.0f} ms per token"
+            f"per token · IO wait {d['io_wait_ms_per_token']:.0f} ms per token · landing (digest check, "
+            f"repack) {d.get('land_ms_per_token', 0):.1f} ms per token"
         )
     mem = f"peak RSS {r['peak_rss_bytes'] / GiB:.2f} GiB"
     if r["cgroup"]:

@@ -161,9 +161,12 @@ class StreamingExperts:
     def _land(self, r: ReadRequest, buf: np.ndarray) -> dict:
         """A completed read into `buf`: its digest check, then (`repacked`) its repacking in place; the
         expert's views."""
+        t = time.perf_counter()
         self._check(r)
         w = self.layouts[r.layer].view(buf)
-        return repack_expert(w, in_place=True) if self.repacked else w
+        w = repack_expert(w, in_place=True) if self.repacked else w
+        self.caches[r.layer].stats.land_seconds += time.perf_counter() - t
+        return w
 
     @property
     def wants_prefetch(self) -> bool:

@@ -27,7 +27,8 @@ class LayerStats:
     hits: int = 0
     misses: int = 0
     bytes_read: int = 0
-    read_seconds: float = 0.0
+    read_seconds: float = 0.0  # the engine waiting for reads to land
+    land_seconds: float = 0.0  # the engine checking and repacking landed reads (`StreamingExperts._land`)
     evictions: int = 0
     prefetched: int = 0
     prefetch_hits: int = 0

@@ -517,14 +517,61 @@ RK_INLINE void rp_panel_q8a(const wmat *w, const acts *a, int64_t p, int64_t t, 
     }
 }
 
+/* The transpose of an 8 x 8 block of 32-bit words: the 32 bytes at s + i ss (i = 0..7) hold row i; word i of
+ * row j goes to word j of the 32 bytes at d + i ds. Between a group's 16 rows (32 bytes each) and its 8
+ * lines (64 bytes: word r = row r) that is two such blocks, rows 0-7 and 8-15, either way round. */
+#if RK_SIMD_X86
+static inline void rp_tr8(const uint8_t *s, int64_t ss, uint8_t *d, int64_t ds)
+{
+    __m256i r[8], t[8], u[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_si256((const __m256i *)(s + i * ss));
+    for (int i = 0; i < 8; i += 2) { /* pairs of rows, words interleaved within 128-bit lanes */
+        t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);     /* words 0, 1 | 4, 5 of rows i, i+1 */
+        t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]); /* words 2, 3 | 6, 7 */
+    }
+    for (int i = 0; i < 8; i += 4) { /* quads of rows: one word of 4 rows per 128-bit lane */
+        u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);         /* word 0 | 4 */
+        u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);     /* word 1 | 5 */
+        u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]); /* word 2 | 6 */
+        u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]); /* word 3 | 7 */
+    }
+    for (int c = 0; c < 4; c++) { /* rows 0-3 and 4-7 of word c (low lanes) and c + 4 (high lanes) */
+        _mm256_storeu_si256((__m256i *)(d + c * ds), _mm256_permute2x128_si256(u[c], u[c + 4], 0x20));
+        _mm256_storeu_si256((__m256i *)(d + (c + 4) * ds), _mm256_permute2x128_si256(u[c], u[c + 4], 0x31));
+    }
+}
+#elif RK_SIMD_NEON
+static inline void rp_tr8(const uint8_t *s, int64_t ss, uint8_t *d, int64_t ds)
+{
+    for (int bi = 0; bi < 8; bi += 4)
+        for (int bj = 0; bj < 8; bj += 4) { /* the 4 x 4 block of rows bi.., words bj.. */
+            const uint8_t *sb = s + bi * ss + 4 * bj;
+            uint32x4_t a0 = vld1q_u32((const uint32_t *)sb), a1 = vld1q_u32((const uint32_t *)(sb + ss));
+            uint32x4_t a2 = vld1q_u32((const uint32_t *)(sb + 2 * ss)), a3 = vld1q_u32((const uint32_t *)(sb + 3 * ss));
+            uint64x2_t t0 = vreinterpretq_u64_u32(vtrn1q_u32(a0, a1)), t1 = vreinterpretq_u64_u32(vtrn2q_u32(a0, a1));
+            uint64x2_t t2 = vreinterpretq_u64_u32(vtrn1q_u32(a2, a3)), t3 = vreinterpretq_u64_u32(vtrn2q_u32(a2, a3));
+            uint8_t *db = d + bj * ds + 4 * bi;
+            vst1q_u32((uint32_t *)db, vreinterpretq_u32_u64(vtrn1q_u64(t0, t2)));
+            vst1q_u32((uint32_t *)(db + ds), vreinterpretq_u32_u64(vtrn1q_u64(t1, t3)));
+            vst1q_u32((uint32_t *)(db + 2 * ds), vreinterpretq_u32_u64(vtrn2q_u64(t0, t2)));
+            vst1q_u32((uint32_t *)(db + 3 * ds), vreinterpretq_u32_u64(vtrn2q_u64(t1, t3)));
+        }
+}
+#else
+static inline void rp_tr8(const uint8_t *s, int64_t ss, uint8_t *d, int64_t ds)
+{
+    for (int i = 0; i < 8; i++)
+        for (int j = 0; j < 8; j++) memcpy(d + j * ds + 4 * i, s + i * ss + 4 * j, 4);
+}
+#endif
+
 /* Panel p's rows in the store layout: nibbles [RP, in / 2], then scales and biases f16 [RP, ng]. */
 static void rp_unpack(const wmat *w, int64_t p, uint8_t *buf)
 {
     const int64_t half = w->in / 2, ng = w->ng;
     const uint8_t *q = w->p0 + p * RP * half;
     for (int64_t g = 0; g < ng; g++)
-        for (int c = 0; c < 8; c++)
-            for (int r = 0; r < RP; r++) memcpy(buf + r * half + 32 * g + 4 * c, q + 512 * g + 64 * c + 4 * r, 4);
+        for (int h = 0; h < RP; h += 8) rp_tr8(q + 512 * g + 4 * h, 64, buf + h * half + 32 * g, half);
     const uint16_t *s = (const uint16_t *)w->p1 + p * RP * ng, *m = (const uint16_t *)w->p2 + p * RP * ng;
     uint16_t *ds = (uint16_t *)(buf + RP * half), *dm = ds + RP * ng;
     for (int64_t g = 0; g < ng; g++)
@@ -552,8 +599,7 @@ RK_API int rk_repack_q4(int64_t out, int64_t in, const uint8_t *q, const uint16_
         uint8_t *oq = dq + p * RP * half;
         uint16_t *os = ds + p * RP * ng, *om = dm + p * RP * ng;
         for (int64_t g = 0; g < ng; g++) {
-            for (int c = 0; c < 8; c++)
-                for (int r = 0; r < RP; r++) memcpy(oq + 512 * g + 64 * c + 4 * r, buf + r * half + 32 * g + 4 * c, 4);
+            for (int h = 0; h < RP; h += 8) rp_tr8(buf + h * half + 32 * g, half, oq + 512 * g + 4 * h, 64);
             for (int r = 0; r < RP; r++) {
                 os[RP * g + r] = bs[r * ng + g];
                 om[RP * g + r] = bm[r * ng + g];

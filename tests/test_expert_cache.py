@@ -173,7 +173,8 @@ def test_popularity_of_another_store_is_ignored_and_a_broken_file_is_named(moe_s
 
 def test_a_layer_wanting_more_experts_than_slots_keeps_every_slot_reading(tmp_path):
     """A prefill's layer streams its experts through its slots: each computed expert's slot takes the
-    next read at once, not when a whole tile of slots has been computed."""
+    next read at once, not when a whole tile of slots has been computed (experts landed together are
+    computed in one call)."""
     from inference.experts import StreamingExperts
     from inference.store import Store
     from inference.synth import synth_store
@@ -185,17 +186,20 @@ def test_a_layer_wanting_more_experts_than_slots_keeps_every_slot_reading(tmp_pa
         submitted = []
         real = src._requests
         src._requests = lambda layer, experts: submitted.extend(experts) or real(layer, experts)  # noqa: E731
-        seen = []  # per compute call: (experts computed so far, reads submitted so far)
+        seen = []  # per compute call: (experts computed before it, reads submitted so far)
+        computed = []
 
         def compute(batch):
-            seen.append((len(seen) + 1, len(submitted)))
+            seen.append((len(computed), len(submitted)))
+            computed.extend(e for e, _ in batch)
 
         want = list(range(10))
         src.run(layer, want, compute)
-        assert sorted(submitted) == want and len(seen) == 10  # every expert read once, computed once
-        # at the 2nd computation the slot the 1st left already took a 4th read (a tile would wait for 3)
-        assert seen[1][1] == 4
-        assert all(n_read == min(10, 3 + done - 1) for done, n_read in seen)
+        assert sorted(submitted) == want and sorted(computed) == want  # every expert read once, computed once
+        # each slot an earlier call left has taken the next read before the next call (a tile would wait
+        # until all 3 slots were computed)
+        assert len(seen) > 1 and seen[1][1] > 3
+        assert all(n_read == min(10, 3 + before) for before, n_read in seen)
         assert len(src.caches[layer].pinned) == 0 and len(src.caches[layer].where) == 3
     finally:
         src.close()
@@ -234,7 +238,7 @@ def test_a_prompts_prefetch_for_the_next_layer_follows_the_current_layers_reads(
         log = []  # ("demand" | "prefetch", layer) in submission order
         demand, pf = ex._requests, ex.pf_reader.submit
         ex._requests = lambda layer, experts: log.extend([("demand", layer)] * len(experts)) or demand(layer, experts)  # noqa: E731
-        ex.pf_reader.submit = lambda reqs: log.extend(("prefetch", r.layer) for r in reqs) or pf(reqs)  # noqa: E731
+        ex.pf_reader.submit = lambda reqs, then=None: log.extend(("prefetch", r.layer) for r in reqs) or pf(reqs, then)  # noqa: E731
         e.forward(np.arange(1, 13))
         layers = sorted(ex.pf_pools)
         for prev, nxt in zip(layers, layers[1:]):

@@ -2,17 +2,23 @@
 
 `StreamingExperts.run` is the layer's expert phase: count the request, submit the misses, do the
 work that needs no missing expert (the shared expert, the cached experts) while the reads land,
-then each remaining expert as its read completes. When a layer wants more experts at once than it
-has slots (prefill, or tiny caches), it works in tiles. The math is the caller's (`moe.mixture`);
-its results do not depend on the order experts arrive in, so every cache setting gives the same
-bits as the all-resident run.
+then the remaining experts as their reads land. A landed read is checked (digest) and repacked on
+a lander thread (a prefetch: on its reader thread) while the engine computes the experts landed
+before it; experts landed by the time the engine gets to them are computed in one call. When a
+layer wants more experts at once than it has slots (prefill, or tiny caches), it streams them
+through its slots: each computed expert's slot takes the next read. The math is the caller's
+(`moe.mixture`); its results do not depend on the order experts arrive in or on how they are
+grouped, so every cache setting gives the same bits as the all-resident run.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import functools
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Callable
 
 import numpy as np
@@ -28,6 +34,7 @@ from .io import LayerFiles, ReadRequest, ThreadReader, open_reader
 log = logging.getLogger(__name__)
 
 VERIFY_MODES = ("off", "first", "always")
+LAND_WORKERS = 2  # threads that check and repack demand reads as they land
 RESIDENT_COPY_SHARE = 0.8  # repacked resident experts may take this share of the available memory
 PREFETCH_WORKERS = 16  # reader threads of the prefetch (the demand reads have their own reader); a prompt fills a pool
 
@@ -130,6 +137,9 @@ class StreamingExperts:
         # memory plan counts them) form two pools that alternate between the layers: one token's
         # lookahead takes `prefetch` of them, a prompt's (every expert wanted) a whole pool.
         self.prefetch_slots = prefetch
+        # landing (digest check, repack) off the engine's thread: a demand read's on these threads, while
+        # the engine computes the experts landed before it; a prefetch's on its reader thread
+        self.lander = ThreadPoolExecutor(max_workers=LAND_WORKERS, thread_name_prefix="rkmojo-land")
         self.pf_pools: dict[int, SlotPool] = {}
         self.pf_pending: dict[int, dict[int, tuple]] = {}
         self.pf_running: dict[int, list] = {}  # per pool: unused prefetch reads still landing in its slots
@@ -160,13 +170,14 @@ class StreamingExperts:
 
     def _land(self, r: ReadRequest, buf: np.ndarray) -> dict:
         """A completed read into `buf`: its digest check, then (`repacked`) its repacking in place; the
-        expert's views."""
-        t = time.perf_counter()
+        expert's views. Runs on any thread (a lander, a prefetch reader): it touches only `buf` and adds
+        to `verified`."""
         self._check(r)
         w = self.layouts[r.layer].view(buf)
-        w = repack_expert(w, in_place=True) if self.repacked else w
-        self.caches[r.layer].stats.land_seconds += time.perf_counter() - t
-        return w
+        return repack_expert(w, in_place=True) if self.repacked else w
+
+    def _landed(self, buf: np.ndarray, r: ReadRequest) -> tuple[ReadRequest, dict]:
+        return r, self._land(r, buf)
 
     @property
     def wants_prefetch(self) -> bool:
@@ -194,7 +205,8 @@ class StreamingExperts:
         todo = [int(e) for e in dict.fromkeys(experts) if int(e) not in cache.where][:n]
         for s, e in enumerate(todo):
             r = ReadRequest(layer, e, s, pool.memoryview(s), e * lay.stride, length)
-            self.pf_pending[layer][e] = (r, self.pf_reader.submit([r]))
+            land = functools.partial(self._landed, pool.view(s))  # lands in its reader thread
+            self.pf_pending[layer][e] = (r, self.pf_reader.submit([r], then=land))
             cache.stats.prefetched += 1
 
     def _start_deferred(self) -> None:
@@ -218,24 +230,29 @@ class StreamingExperts:
             running.clear()
 
     def _take_prefetched(self, layer: int, misses: list[int], compute: Callable) -> list[int]:
-        """Compute the misses that a prefetch already read; returns the misses still to read."""
+        """Compute the misses that a prefetch already read (landed in its reader thread), those landed
+        by now together in one call, then the others as they land; returns the misses still to read."""
         pending = self.pf_pending.get(layer)
         if not pending:
             return misses
-        stats, rest = self.caches[layer].stats, []
+        stats, rest, todo = self.caches[layer].stats, [], {}
         for e in misses:
-            if e not in pending:
+            if e in pending:
+                todo[e] = pending.pop(e)
+            else:
                 rest.append(e)
-                continue
-            r, batch = pending.pop(e)
-            t = time.perf_counter()
-            for _ in batch.completed():
-                pass
-            stats.read_seconds += time.perf_counter() - t
-            w = self._land(r, self.pf_pools[layer].view(r.slot))
-            stats.bytes_read += r.length
-            stats.prefetch_hits += 1
-            compute([(e, w)])
+        while todo:
+            done = [(e, got) for e, (_, batch) in todo.items() for got in batch.ready()]
+            if not done:  # none landed yet: wait for the first
+                e, (_, batch) = next(iter(todo.items()))
+                t = time.perf_counter()
+                done = [(e, got) for got in batch.wait_one()]
+                stats.read_seconds += time.perf_counter() - t
+            for e, (r, _) in done:  # read and landed (`_start_prefetch`)
+                del todo[e]
+                stats.bytes_read += r.length
+                stats.prefetch_hits += 1
+            compute([(e, w) for e, (_, w) in done])
         self._settle_prefetch(layer)
         return rest
 
@@ -282,19 +299,42 @@ class StreamingExperts:
 
     def _drain(self, layer: int, batch, compute: Callable, queue: list[int]) -> None:
         """Compute each expert of `batch` as its read lands; the slot it leaves takes the next miss in
-        `queue` at once, so the disk never waits for a tile of computations to end."""
+        `queue` at once, so the disk never waits for a tile of computations to end. Landed reads are
+        checked and repacked on the lander threads (`_land`) while the engine computes the experts
+        landed before them, in the order their reads landed."""
         cache = self.caches[layer]
         stats = cache.stats
-        t = time.perf_counter()
-        for r in batch.completed():
-            stats.read_seconds += time.perf_counter() - t
-            w = self._land(r, cache.pool.view(r.slot))
-            cache.fill(r.expert, r.slot)
-            stats.bytes_read += r.length
-            compute([(r.expert, w)])
-            cache.pinned.discard(r.slot)  # computed: this layer needs it no more
-            self._top_up(layer, batch, queue)
-            t = time.perf_counter()
+        landing: collections.deque = collections.deque()  # (request, its landing's future), read order
+
+        def land(reqs) -> None:
+            for r in reqs:
+                landing.append((r, self.lander.submit(self._land, r, cache.pool.view(r.slot))))
+
+        try:
+            while True:
+                land(batch.ready())
+                if landing:  # the oldest landing, and with it every later one already landed: one call
+                    r, fut = landing.popleft()
+                    t = time.perf_counter()
+                    done = [(r, fut.result())]
+                    stats.land_seconds += time.perf_counter() - t
+                    while landing and landing[0][1].done():
+                        r, fut = landing.popleft()
+                        done.append((r, fut.result()))
+                    compute([(r.expert, w) for r, w in done])
+                    for r, _ in done:  # one by one, as `cachesim.serve` replays them
+                        cache.fill(r.expert, r.slot)
+                        stats.bytes_read += r.length
+                        cache.pinned.discard(r.slot)  # computed: this layer needs it no more
+                        self._top_up(layer, batch, queue)
+                elif batch.pending:
+                    t = time.perf_counter()
+                    land(batch.wait_one())
+                    stats.read_seconds += time.perf_counter() - t
+                else:
+                    return
+        finally:  # an error: landings still running write into slots that are about to be handed out
+            wait([fut for _, fut in landing])
 
     def run(self, layer: int, experts, compute: Callable, during_io: Callable | None = None):
         """Call compute([(e, weights), ...]) so that every expert in `experts` is in exactly one batch (the
@@ -404,6 +444,7 @@ class StreamingExperts:
         self._deferred = None
         for layer in self.pf_pending:
             self._settle_prefetch(layer, wait=True)
+        self.lander.shutdown(wait=True)
         for r in [self.reader] + ([self.pf_reader] if self.prefetch_slots else []):
             r.close()
             r.files.close()

@@ -28,7 +28,7 @@ class LayerStats:
     misses: int = 0
     bytes_read: int = 0
     read_seconds: float = 0.0  # the engine waiting for reads to land
-    land_seconds: float = 0.0  # the engine checking and repacking landed reads (`StreamingExperts._land`)
+    land_seconds: float = 0.0  # the engine waiting for a demand read's landing (digest check, repack)
     evictions: int = 0
     prefetched: int = 0
     prefetch_hits: int = 0

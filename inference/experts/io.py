@@ -20,6 +20,7 @@ import subprocess
 import sys
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from typing import Callable
 
 from ..options import OptionError
 from ..errors import RkmojoError
@@ -94,35 +95,47 @@ class ThreadReader:
         self.files = files
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rkmojo-io")
 
-    def _one(self, r: ReadRequest) -> ReadRequest:
+    def _one(self, r: ReadRequest, then: Callable | None = None):
         n = os.preadv(self.files.fds[r.layer], [r.dest[: r.length]], r.offset)
         if n < r.length:
             read_rest(self.files, r, max(n, 0))
         after_read(self.files, r)
-        return r
+        return then(r) if then else r
 
-    def submit(self, reqs: list[ReadRequest]) -> "ThreadBatch":
-        return ThreadBatch(self, [self.pool.submit(self._one, r) for r in reqs])
+    def submit(self, reqs: list[ReadRequest], then: Callable | None = None) -> "ThreadBatch":
+        """Reads `reqs`; with `then`, each read's worker calls then(request) once it has landed, and the
+        batch yields what that returns (work done off the caller's thread)."""
+        return ThreadBatch(self, [self.pool.submit(self._one, r, then) for r in reqs], then)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
 
 
 class ThreadBatch:
-    def __init__(self, reader: ThreadReader, futures):
+    def __init__(self, reader: ThreadReader, futures, then: Callable | None = None):
         self.reader = reader
         self.pending = set(futures)
+        self.then = then
 
     def add(self, reqs: list[ReadRequest]) -> None:
         """More reads into this batch, also while `completed()` is being iterated (they are yielded too)."""
-        self.pending.update(self.reader.pool.submit(self.reader._one, r) for r in reqs)
+        self.pending.update(self.reader.pool.submit(self.reader._one, r, self.then) for r in reqs)
 
     def completed(self):
         """Yield each request as its read lands (completion order)."""
         while self.pending:
-            done, self.pending = wait(self.pending, return_when=FIRST_COMPLETED)
-            for f in done:
-                yield f.result()
+            yield from self.wait_one()
+
+    def ready(self) -> list:
+        """The requests whose reads have landed by now and were not handed out yet (no waiting)."""
+        done = {f for f in self.pending if f.done()}
+        self.pending -= done
+        return [f.result() for f in done]
+
+    def wait_one(self) -> list:
+        """Waits until at least one read lands; the requests landed and not handed out yet."""
+        done, self.pending = wait(self.pending, return_when=FIRST_COMPLETED)
+        return [f.result() for f in done]
 
     def abandon(self) -> None:
         """Wait for the reads still in flight, ignoring their results."""
@@ -192,22 +205,50 @@ class UringBatch:
         self.queue.extend(reqs)
         self._fill()
 
+    @property
+    def pending(self) -> bool:
+        """Whether reads of this batch are still to land."""
+        return bool(self.mine or self.queue)
+
+    def _reap(self) -> ReadRequest:
+        """The read of the completion queue's head (a completion must be there)."""
+        r, L = self.reader, self.reader.L
+        rid = L.io_uring_cqe_get_data64(r.cqe[0])
+        res = r.cqe[0].res
+        L.io_uring_cqe_seen(r.ring, r.cqe[0])
+        req, _ = r.inflight.pop(rid)
+        self.mine.discard(rid)
+        if res < 0:
+            raise RkmojoError(f"layer {req.layer} expert {req.expert}: read failed ({os.strerror(-res)})")
+        if res < req.length:
+            read_rest(r.files, req, res)
+        after_read(r.files, req)
+        self._fill()
+        return req
+
     def completed(self):
         r, L = self.reader, self.reader.L
         while self.mine:
             L.io_uring_wait_cqe(r.ring, r.cqe)
-            rid = L.io_uring_cqe_get_data64(r.cqe[0])
-            res = r.cqe[0].res
-            L.io_uring_cqe_seen(r.ring, r.cqe[0])
-            req, _ = r.inflight.pop(rid)
-            self.mine.discard(rid)
-            if res < 0:
-                raise RkmojoError(f"layer {req.layer} expert {req.expert}: read failed ({os.strerror(-res)})")
-            if res < req.length:
-                read_rest(r.files, req, res)
-            after_read(r.files, req)
-            self._fill()
-            yield req
+            yield self._reap()
+
+    def ready(self) -> list[ReadRequest]:
+        """The requests whose reads have landed by now (no waiting)."""
+        r, L, out = self.reader, self.reader.L, []
+        while self.mine:
+            try:
+                L.io_uring_peek_cqe(r.ring, r.cqe)
+            except BlockingIOError:
+                break
+            out.append(self._reap())
+        return out
+
+    def wait_one(self) -> list[ReadRequest]:
+        """Waits until at least one read lands; the requests landed by then."""
+        if not self.mine:
+            return []
+        self.reader.L.io_uring_wait_cqe(self.reader.ring, self.reader.cqe)
+        return [self._reap(), *self.ready()]
 
     def abandon(self) -> None:
         """Wait for the reads still in flight (and drop the queued ones), ignoring their results."""

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 VERIFY_MODES = ("off", "first", "always")
 LAND_WORKERS = 2  # threads that check and repack demand reads as they land
+GROUP_MAX = 8  # experts landed together computed in one call, at most (a call's temporaries grow with it)
 RESIDENT_COPY_SHARE = 0.8  # repacked resident experts may take this share of the available memory
 PREFETCH_WORKERS = 16  # reader threads of the prefetch (the demand reads have their own reader); a prompt fills a pool
 
@@ -241,18 +242,29 @@ class StreamingExperts:
                 todo[e] = pending.pop(e)
             else:
                 rest.append(e)
-        while todo:
-            done = [(e, got) for e, (_, batch) in todo.items() for got in batch.ready()]
-            if not done:  # none landed yet: wait for the first
-                e, (_, batch) = next(iter(todo.items()))
-                t = time.perf_counter()
-                done = [(e, got) for got in batch.wait_one()]
-                stats.read_seconds += time.perf_counter() - t
-            for e, (r, _) in done:  # read and landed (`_start_prefetch`)
-                del todo[e]
-                stats.bytes_read += r.length
-                stats.prefetch_hits += 1
-            compute([(e, w) for e, (_, w) in done])
+        landed: dict[int, tuple] = {}  # expert -> (request, weights): read and landed, not computed yet
+        try:
+            while todo or landed:
+                for e, (_, batch) in list(todo.items()):
+                    for got in batch.ready():
+                        landed[e] = got
+                        del todo[e]
+                if not landed:  # none landed yet: wait for the first
+                    e, (_, batch) = next(iter(todo.items()))
+                    t = time.perf_counter()
+                    for got in batch.wait_one():
+                        landed[e] = got
+                    del todo[e]
+                    stats.read_seconds += time.perf_counter() - t
+                group = list(landed.items())[:GROUP_MAX]
+                for e, (r, _) in group:  # read and landed (`_start_prefetch`)
+                    del landed[e]
+                    stats.bytes_read += r.length
+                    stats.prefetch_hits += 1
+                compute([(e, w) for e, (_, w) in group])
+        finally:  # an error: reads still landing in the pool's slots must end before the slots are reused
+            for _, batch in todo.values():
+                batch.abandon()
         self._settle_prefetch(layer)
         return rest
 
@@ -318,7 +330,7 @@ class StreamingExperts:
                     t = time.perf_counter()
                     done = [(r, fut.result())]
                     stats.land_seconds += time.perf_counter() - t
-                    while landing and landing[0][1].done():
+                    while landing and landing[0][1].done() and len(done) < GROUP_MAX:
                         r, fut = landing.popleft()
                         done.append((r, fut.result()))
                     compute([(r.expert, w) for r, w in done])

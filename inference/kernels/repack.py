@@ -9,7 +9,7 @@ results agree with the row-major kernel within float rounding.
 
 Routed experts are repacked wherever they are held, since their grouped calls take int8 activations in
 every mode but "f32", prompts included (`repack_experts`): an expert read into a cache slot is repacked
-in place as it lands (the compiled `kernels.repack_q4`, ~0.05 ms per 768x2048 matrix), an all-resident
+in place as it lands (the compiled `kernels.repack_q4`, ~0.15 ms per 768x2048 matrix just read), an all-resident
 expert into a copy at load. Both hold the same layout, so streamed output stays bit-identical to
 all-resident output; an all-resident engine whose copies would not fit in the available memory keeps
 its experts memory-mapped in the store layout (`ResidentExperts.not_repacked`), and its bits then are

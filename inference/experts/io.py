@@ -1,6 +1,7 @@
 """Reading expert blobs into cache slots: many reads in flight, completions handed back as they land.
 
-Two paths with one interface (`submit` → `Batch.completed()`):
+Two paths with one interface (`submit`, then the batch's `completed()` to iterate, or `ready()` (no
+waiting) and `wait_one()` for a caller that has other work between completions):
 - io_uring through the `liburing` package (python-liburing), where the package imports and the
   kernel lets us set up a ring (tried once per process in a child process: some wheels of it crash
   CPUs without AVX-512);

@@ -1,0 +1,121 @@
+"""What the disk does during a streamed prompt: the store's block device sampled every few
+milliseconds (its in-flight count and bytes read, `/sys/dev/block/M:m/stat`) beside the engine's layer
+boundaries, in one process with no memory cgroup.
+
+    .venv/bin/python benchmarks/disk_timeline.py /work/stores/gemma4-26b-a4b-uniform \\
+        --expert-slots 16 --prefetch 6 --tokens 128
+
+Prints the prefill's wall time, the bytes the device read and their rate, the share of the time with no
+read in flight, the time spent at each depth, and per layer: when the engine entered it, how long it
+stayed, and what the disk read meanwhile. A first 128-token prompt runs untimed first (it verifies the
+digests of the experts it reads), as in `rkmojo bench`, whose later prompts find its last experts in the
+slots. Reads are O_DIRECT, so the page cache plays no part.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+import time
+
+import numpy as np
+
+
+def stat_path(path: str) -> str:
+    st = os.stat(path)
+    return f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/stat"
+
+
+def read_stat(f) -> tuple[int, int]:
+    """(sectors read, I/Os in flight) of the device."""
+    f.seek(0)
+    v = f.read().split()
+    return int(v[2]), int(v[8])
+
+
+class Sampler(threading.Thread):
+    def __init__(self, path: str, period: float):
+        super().__init__(daemon=True)
+        self.f = open(path)  # noqa: SIM115 (closed in run)
+        self.period = period
+        self.samples: list[tuple[float, int, int]] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                self.samples.append((time.perf_counter(), *read_stat(self.f)))
+                time.sleep(self.period)
+        finally:
+            self.f.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("store")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--expert-slots", type=int, default=16)
+    ap.add_argument("--prefetch", type=int, default=6)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--period-ms", type=float, default=2.0)
+    a = ap.parse_args()
+    from inference.engine import Engine
+
+    e = Engine.open(a.store, threads=a.threads, expert_slots=a.expert_slots, prefetch=a.prefetch)
+    try:
+        ids = np.random.default_rng(0).integers(0, e.model.args.vocab_size, a.tokens)
+        e.reset()
+        e.forward(ids[:128])
+        e.reset()
+        src = e.model.experts
+        marks: list[tuple[float, float, int]] = []  # (enter, leave, layer)
+        inner = src.run
+
+        def run(layer, *args, **kw):
+            t = time.perf_counter()
+            try:
+                return inner(layer, *args, **kw)
+            finally:
+                marks.append((t, time.perf_counter(), layer))
+
+        src.run = run
+        s = Sampler(stat_path(os.path.join(a.store, "experts")), a.period_ms / 1000)
+        s.start()
+        time.sleep(0.05)
+        t0 = time.perf_counter()
+        e.forward(ids)
+        t1 = time.perf_counter()
+        time.sleep(0.05)
+        s.stop.set()
+        s.join()
+    finally:
+        e.close()
+    sm = [x for x in s.samples if t0 <= x[0] <= t1]
+    wall = t1 - t0
+    gb = (sm[-1][1] - sm[0][1]) * 512 / 1e9
+    depth = np.array([x[2] for x in sm])
+    dt = np.diff([x[0] for x in sm], append=t1)
+    idle = float(dt[depth == 0].sum())
+    print(f"prefill of {a.tokens} tokens: {wall:.2f} s; the device read {gb:.2f} GB, {gb / wall:.2f} GB/s")
+    print(f"no read in flight: {idle:.2f} s ({idle / wall:.0%}); while reading: {gb / max(wall - idle, 1e-9):.2f} GB/s")
+    edges = [0, 1, 4, 8, 16, 32, 64, 1 << 30]
+    for lo, hi in zip(edges, edges[1:], strict=False):
+        sec = float(dt[(depth >= lo) & (depth < hi)].sum())
+        if sec:
+            print(f"  in flight {lo}-{hi - 1 if hi < 1 << 30 else 'more'}: {sec:.2f} s")
+    ts = np.array([x[0] for x in sm])
+    sectors = np.array([x[1] for x in sm])
+    print("layer  enter s  in run s  GB read since the previous layer's entry  idle s")
+    prev = t0
+    for enter, leave, layer in marks:
+        m = (ts >= prev) & (ts < enter)
+        got = (np.interp(enter, ts, sectors) - np.interp(prev, ts, sectors)) * 512 / 1e9
+        print(
+            f"{layer:5d}  {enter - t0:7.2f}  {leave - enter:8.2f}  {got:6.3f}  {float(dt[m & (depth == 0)].sum()):6.3f}"
+        )
+        prev = enter
+
+
+if __name__ == "__main__":
+    main()

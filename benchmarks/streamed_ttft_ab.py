@@ -7,6 +7,10 @@ reads, as a first prompt after start does) and reports each time to first token 
 wait and landing time (the engine waiting for reads, and for their digest check and repack). The
 machine's page cache plays no part: expert reads are O_DIRECT. For the bound and the memory cgroup, use
 `rkmojo bench`; this script is for telling two versions apart on a machine whose speed drifts.
+`--baseline-store` gives the baseline another store (this checkout, unless `--baseline-src` too):
+
+    .venv/bin/python benchmarks/streamed_ttft_ab.py /work/stores/gemma4-26b-a4b-repacked \
+        --baseline-store /work/stores/gemma4-26b-a4b-uniform --prompt-tokens 128 --rounds 3
 
     .venv/bin/python benchmarks/streamed_ttft_ab.py /work/stores/gemma4-26b-a4b-uniform \\
         --baseline-src /tmp/rk-old --expert-slots 16 --prefetch 6 --prompt-tokens 128 --rounds 3
@@ -59,7 +63,8 @@ def run(variant: str, a) -> dict:
     env = dict(os.environ)
     if variant == "baseline":
         env["PYTHONPATH"] = a.baseline_src
-    cmd = [sys.executable, __file__, a.store, "--child", "--expert-slots", str(a.expert_slots)]
+    store = a.baseline_store if variant == "baseline" else a.store
+    cmd = [sys.executable, __file__, store, "--child", "--expert-slots", str(a.expert_slots)]
     cmd += ["--prefetch", str(a.prefetch), "--prompt-tokens", str(a.prompt_tokens), "--prefills", str(a.prefills)]
     cmd += ["--threads", str(a.threads)]
     out = subprocess.run(
@@ -77,6 +82,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("store")
     p.add_argument("--baseline-src", help="another checkout, built in place (setup.py build_ext --inplace)")
+    p.add_argument(
+        "--baseline-store", help="the baseline's store (default: STORE), e.g. the store before `rkmojo repack`"
+    )
     p.add_argument("--expert-slots", type=int, default=16)
     p.add_argument("--prefetch", type=int, default=6)
     p.add_argument("--prompt-tokens", type=int, default=128)
@@ -89,9 +97,10 @@ def main() -> int:
     if a.child:
         print(json.dumps(child(a)))
         return 0
-    if not a.baseline_src:
-        p.error("--baseline-src is required: the checkout to compare with")
-    a.baseline_src = str(Path(a.baseline_src).resolve())
+    if not a.baseline_src and not a.baseline_store:
+        p.error("--baseline-src or --baseline-store is required: the checkout or store to compare with")
+    a.baseline_src = str(Path(a.baseline_src or HERE.parent).resolve())
+    a.baseline_store = a.baseline_store or a.store
     results: dict[str, list[dict]] = {"baseline": [], "this": []}
     for k in range(a.rounds):
         order = ["baseline", "this"] if k % 2 == 0 else ["this", "baseline"]

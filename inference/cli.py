@@ -37,6 +37,25 @@ def cmd_verify(a) -> int:
     return 0
 
 
+def cmd_repack(a) -> int:
+    from .convert.progress import progress_bar
+    from .store import Store
+    from .store.relayout import repack_store
+
+    st = Store(resolve_model(a.store))
+    size = sum(l.n_experts * l.blob_size for l in st.expert_layers.values())
+    with progress_bar(size, f"repack {st.path.name}", not a.quiet) as bar:
+        r = repack_store(st.path, progress=bar.update)
+    if not r["layers"]:
+        print(f"{st.path}: nothing to repack ({r['already']} layers were repacked before)")
+    else:
+        print(
+            f"{st.path}: {r['experts']} experts in {r['layers']} layers repacked ({r['bytes'] / 1e9:.2f} GB in "
+            f"{r['seconds']:.1f} s); they now land ready to compute"
+        )
+    return 0
+
+
 def cmd_npu_build(a) -> int:
     from .backends.rknpu.build import build
 
@@ -282,6 +301,15 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("store")
     v.add_argument("-q", "--quiet", action="store_true")
     v.set_defaults(fn=cmd_verify)
+
+    rp = sub.add_parser(
+        "repack",
+        help="rewrite a store's q4 experts in the kernels' repacked layout, so streamed experts land ready "
+        "to compute (layer by layer; an interrupted run is finished by running it again)",
+    )
+    rp.add_argument("store", help="a model name in the models directory, or a store path")
+    rp.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    rp.set_defaults(fn=cmd_repack)
 
     r = sub.add_parser("run", help="chat with a model in the terminal, or answer one prompt with -p")
     r.add_argument("model", help="a model name in the models directory, or a store path")

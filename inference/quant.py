@@ -12,7 +12,8 @@ A `QTensor` is a 2-D weight `[out, in]` kept in one of these kinds:
 
 A ``q4`` matrix may be held repacked in memory (``q4r``, `repack_q4`: 16 rows side by side for the
 kernels' int8 path; see "repacked q4" in inference/kernels/rkkernels.c): resident dense ones from load,
-experts from when they land in a cache slot. Stores never hold ``q4r``, so it is not one of `KINDS`.
+experts from when they land in a cache slot, or on disk where `rkmojo repack` rewrote a store's experts
+(docs/store-format.md). `quantize` never makes it, so it is not one of `KINDS`.
 
 The runtime half (fused dequantize-and-multiply) lives in `inference.kernels`; `dequantize` here is
 the reference the kernels are tested against.
@@ -29,7 +30,7 @@ GGUF_BLOCK = 32
 # bytes per 32-element GGUF block
 GGUF_BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
 KINDS = ("f32", "f16", "q8", "q4", "q4_0", "q4_1", "q8_0")
-REPACKED_Q4 = "q4r"  # q4 repacked in panels of RP rows (in memory only)
+REPACKED_Q4 = "q4r"  # q4 repacked in panels of RP rows (in memory; experts also on disk, `rkmojo repack`)
 RP = 16
 QUANT_CHOICES = ("f16", "q8", "q4")
 

@@ -29,6 +29,7 @@ from ..store.format import digest_bytes
 from ..sysmem import meminfo
 from .cache import PAGE, CacheSnapshot, LayerCache, LayerStats, SlotPool
 from ..kernels.repack import as_repacked, repack_expert
+from ..quant import RP
 from .io import LayerFiles, ReadRequest, ThreadReader, open_reader
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,13 @@ LAND_WORKERS = 2  # threads that check and repack demand reads as they land
 GROUP_MAX = 8  # experts landed together computed in one call, at most (a call's temporaries grow with it)
 RESIDENT_COPY_SHARE = 0.8  # repacked resident experts may take this share of the available memory
 PREFETCH_WORKERS = 16  # reader threads of the prefetch (the demand reads have their own reader); a prompt fills a pool
+
+
+def stored_repacked(lay) -> bool:
+    """Whether a layer's experts are stored repacked (`rkmojo repack`): nothing to repack where they land."""
+    return not any(
+        spec["kind"] == "q4" and len(spec["shape"]) == 2 and spec["shape"][0] % RP == 0 for spec in lay.tensors.values()
+    )
 
 
 class ResidentExperts:
@@ -59,6 +67,9 @@ class ResidentExperts:
         forward. Where the copies would take more than RESIDENT_COPY_SHARE of the available memory, the
         experts stay memory-mapped in the store layout, as without repacking (`not_repacked` says so):
         an all-resident run of a model larger than RAM pages, where copies could not be paged out."""
+        if all(stored_repacked(lay) for lay in self.store.expert_layers.values()):
+            self.repacked = True  # `rkmojo repack`: the store's own layout, mapped as it is
+            return
         need = sum(lay.stride * lay.n_experts for lay in self.store.expert_layers.values())
         avail = meminfo().get("MemAvailable")
         if avail is not None and need > RESIDENT_COPY_SHARE * avail:

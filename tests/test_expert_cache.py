@@ -226,6 +226,27 @@ def test_prefetch_slots_are_two_pools_a_prompt_fills_one_and_a_token_takes_its_s
         e.close()
 
 
+def test_a_token_reads_its_best_few_guesses_and_a_prompt_the_whole_pool(tmp_path, monkeypatch):
+    """Prefetch slots beyond `TOKEN_PREFETCH` serve prompts: a generated token's lookahead reads only its
+    best guesses, in score order, while a prompt fills the pool."""
+    import inference.experts as experts
+    from inference.engine import Engine
+    from inference.synth import synth_store
+
+    monkeypatch.setattr(experts, "TOKEN_PREFETCH", 3)
+    e = Engine.open(synth_store(tmp_path / "s", "tiny-qwen3-moe", progress=False), expert_slots=2, prefetch=5)
+    try:
+        ex = e.model.experts
+        layers = sorted(ex.pf_pools)
+        e.forward(np.arange(1, 13))
+        assert all(ex.caches[i].stats.prefetched > 5 for i in layers[1:])
+        ex.reset_stats()
+        e.forward([5])
+        assert [ex.caches[i].stats.prefetched for i in layers[1:]] == [3] * (len(layers) - 1)
+    finally:
+        e.close()
+
+
 def test_a_prompts_prefetch_for_the_next_layer_follows_the_current_layers_reads(tmp_path):
     """A prompt's lookahead reads wait until the current layer's own reads are all submitted, so they do
     not slow the reads the current layer waits for; a generated token's start at once."""

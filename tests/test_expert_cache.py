@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from inference.experts.cache import LayerCache, SlotPool
+from inference.options import OptionError
 
 
 def cache(slots=3, policy="lfu", n=16):
@@ -227,13 +228,13 @@ def test_prefetch_slots_are_two_pools_a_prompt_fills_one_and_a_token_takes_its_s
 
 
 def test_a_token_reads_its_best_few_guesses_and_a_prompt_the_whole_pool(tmp_path, monkeypatch):
-    """Prefetch slots beyond `TOKEN_PREFETCH` serve prompts: a generated token's lookahead reads only its
+    """Prefetch slots beyond $RKMOJO_TOKEN_PREFETCH (3) serve prompts: a generated token's lookahead reads only its
     best guesses, in score order, while a prompt fills the pool."""
     import inference.experts as experts
     from inference.engine import Engine
     from inference.synth import synth_store
 
-    monkeypatch.setattr(experts, "TOKEN_PREFETCH", 3)
+    monkeypatch.setenv(experts.TOKEN_PREFETCH_ENV, "3")
     e = Engine.open(synth_store(tmp_path / "s", "tiny-qwen3-moe", progress=False), expert_slots=2, prefetch=5)
     try:
         ex = e.model.experts
@@ -245,6 +246,9 @@ def test_a_token_reads_its_best_few_guesses_and_a_prompt_the_whole_pool(tmp_path
         assert [ex.caches[i].stats.prefetched for i in layers[1:]] == [3] * (len(layers) - 1)
     finally:
         e.close()
+    monkeypatch.setenv(experts.TOKEN_PREFETCH_ENV, "lots")
+    with pytest.raises(OptionError, match="RKMOJO_TOKEN_PREFETCH.*lots.*at least 1"):
+        Engine.open(tmp_path / "s", expert_slots=2, prefetch=5)
 
 
 def test_a_prompts_prefetch_for_the_next_layer_follows_the_current_layers_reads(tmp_path):

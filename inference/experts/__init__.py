@@ -29,8 +29,7 @@ from ..options import OptionError
 from ..store.format import digest_bytes
 from ..sysmem import meminfo
 from .cache import PAGE, CacheSnapshot, LayerCache, LayerStats, SlotPool
-from ..kernels.repack import as_repacked, repack_expert
-from ..quant import RP
+from ..kernels.repack import as_repacked, repack_expert, repackable_kind
 from .io import LayerFiles, ReadRequest, ThreadReader, open_reader
 
 log = logging.getLogger(__name__)
@@ -42,15 +41,27 @@ RESIDENT_COPY_SHARE = 0.8  # repacked resident experts may take this share of th
 # a generated token's lookahead reads at most this many experts per layer (its best guesses), however many
 # prefetch slots there are: on the uniform Gemma 4 store 95 % of 2 guesses were used, 74-79 % of 6-10,
 # and the unused reads take the disk from the misses; the slots beyond it serve prompts (a whole pool)
-TOKEN_PREFETCH = int(os.environ.get("RKMOJO_TOKEN_PREFETCH", "3"))
+TOKEN_PREFETCH_ENV = "RKMOJO_TOKEN_PREFETCH"
+
+
+def token_prefetch() -> int:
+    """$RKMOJO_TOKEN_PREFETCH, default 3 (see above).
+
+    Raises:
+        OptionError: the variable is not a whole number >= 1.
+    """
+    text = os.environ.get(TOKEN_PREFETCH_ENV, "3").strip()
+    if not text.isdigit() or int(text) < 1:
+        raise OptionError(TOKEN_PREFETCH_ENV, text, "a whole number of guesses per layer, at least 1 (default 3)")
+    return int(text)
+
+
 PREFETCH_WORKERS = 16  # reader threads of the prefetch (the demand reads have their own reader); a prompt fills a pool
 
 
 def stored_repacked(lay) -> bool:
     """Whether a layer's experts are stored repacked (`rkmojo repack`): nothing to repack where they land."""
-    return not any(
-        spec["kind"] == "q4" and len(spec["shape"]) == 2 and spec["shape"][0] % RP == 0 for spec in lay.tensors.values()
-    )
+    return not any(repackable_kind(spec["kind"], spec["shape"]) for spec in lay.tensors.values())
 
 
 class ResidentExperts:
@@ -154,6 +165,7 @@ class StreamingExperts:
         # memory plan counts them) form two pools that alternate between the layers: one token's
         # lookahead takes `prefetch` of them, a prompt's (every expert wanted) a whole pool.
         self.prefetch_slots = prefetch
+        self.token_prefetch = min(prefetch, token_prefetch()) if prefetch else 0
         # landing (digest check, repack) off the engine's thread: a demand read's on these threads, while
         # the engine computes the experts landed before it; a prefetch's on its reader thread
         self.lander = ThreadPoolExecutor(max_workers=LAND_WORKERS, thread_name_prefix="rkmojo-land")
@@ -212,7 +224,7 @@ class StreamingExperts:
         if rows > 1:
             self._deferred = (layer, list(experts))
             return
-        self._start_prefetch(layer, experts, min(self.pf_pools[layer].n, self.prefetch_slots, TOKEN_PREFETCH))
+        self._start_prefetch(layer, experts, min(self.pf_pools[layer].n, self.token_prefetch))
 
     def _start_prefetch(self, layer: int, experts, n: int) -> None:
         pool = self.pf_pools[layer]

@@ -53,9 +53,15 @@ def repack(w, in_place: bool = False):
     return w
 
 
+def repackable_kind(kind: str, shape) -> bool:
+    """Whether an expert matrix of this kind and shape is repacked: q4 whose rows fill whole panels (in
+    place, no padding). Also what `rkmojo repack` rewrites on disk (`inference.store.relayout`)."""
+    return kind == "q4" and len(shape) == 2 and shape[0] % RP == 0
+
+
 def expert_repackable(w) -> bool:
-    """Whether an expert matrix is repacked: q4 whose rows fill whole panels (in place, no padding)."""
-    return isinstance(w, QTensor) and w.kind == "q4" and len(w.shape) == 2 and w.shape[0] % RP == 0
+    """Whether an expert matrix is repacked (`repackable_kind`)."""
+    return isinstance(w, QTensor) and repackable_kind(w.kind, w.shape)
 
 
 def repack_expert(weights: dict, in_place: bool) -> dict:

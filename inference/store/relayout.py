@@ -31,12 +31,6 @@ from .format import digest_bytes
 from .reader import Store
 
 
-def _repackable(spec: dict) -> bool:
-    from ..quant import RP
-
-    return spec["kind"] == "q4" and len(spec["shape"]) == 2 and spec["shape"][0] % RP == 0
-
-
 def _write_json_atomic(path: Path, obj: dict) -> None:
     tmp = path.with_name(path.name + ".part")
     with open(tmp, "wb") as f:
@@ -65,6 +59,7 @@ def repack_store(path: str | os.PathLike, progress=None) -> dict:
         is written).
     """
     from ..kernels import repack_q4
+    from ..kernels.repack import repackable_kind
 
     st = Store(path)
     root = st.path
@@ -72,7 +67,7 @@ def repack_store(path: str | os.PathLike, progress=None) -> dict:
     done = already = experts = nbytes = 0
     for layer, lay in sorted(st.expert_layers.items()):
         entry = st.manifest["experts"]["layers"][str(layer)]
-        todo = [name for name, spec in entry["tensors"].items() if _repackable(spec)]
+        todo = [name for name, spec in entry["tensors"].items() if repackable_kind(spec["kind"], spec["shape"])]
         if not todo:
             already += any(spec["kind"] == REPACKED_Q4 for spec in entry["tensors"].values())
             continue

@@ -18,7 +18,7 @@ from .options import CLI, OptionError
 def cmd_convert(a) -> int:
     from .convert import convert
 
-    out = convert(a.src, a.out, a.quant, progress=not a.quiet)
+    out = convert(a.src, a.out, a.quant, progress=not a.quiet, repack=not a.no_repack)
     print(out)
     return 0
 
@@ -121,7 +121,18 @@ def _int_list(text: str, flag: str, low: int = 1) -> list[int]:
 def cmd_synth(a) -> int:
     from .synth import synth_store
 
-    print(synth_store(a.out, a.shape, layers=a.layers, router=a.router, skew=a.skew, seed=a.seed, progress=not a.quiet))
+    print(
+        synth_store(
+            a.out,
+            a.shape,
+            layers=a.layers,
+            router=a.router,
+            skew=a.skew,
+            seed=a.seed,
+            progress=not a.quiet,
+            repack=not a.no_repack,
+        )
+    )
     return 0
 
 
@@ -281,6 +292,12 @@ def cmd_npu_calibrate(a) -> int:
     return 0
 
 
+NO_REPACK_HELP = (
+    "store q4 experts in the plain q4 layout (default: the kernels' repacked layout, q4r, which streamed "
+    "experts need no work to use; `rkmojo repack` rewrites a plain store later)"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rkmojo", description="Run MoE LLMs larger than RAM on small boards.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -294,6 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="q4",
         help="weight format for safetensors input (GGUF keeps its own types); default q4",
     )
+    c.add_argument("--no-repack", action="store_true", help=NO_REPACK_HELP)
     c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     c.set_defaults(fn=cmd_convert)
 
@@ -368,6 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"power-law exponent of the skewed router (default {DEFAULT_SKEW})",
     )
     y.add_argument("--seed", type=int, default=0)
+    y.add_argument("--no-repack", action="store_true", help=NO_REPACK_HELP)
     y.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     y.set_defaults(fn=cmd_synth)
 

@@ -274,6 +274,7 @@ def synth_store(
     skew: float = DEFAULT_SKEW,
     seed: int = 0,
     progress: bool = True,
+    repack: bool = True,
 ) -> Path:
     """Write a store of the named shape with random weights.
 
@@ -283,6 +284,8 @@ def synth_store(
         layers: override the layer count (smaller variants of a real shape).
         router: "uniform" or "skewed" (power-law expert popularity with exponent `skew`).
         seed: all values derive from it; the same arguments give the same bytes.
+        repack: experts in the kernels' repacked layout (q4r), as `rkmojo convert` writes them; False:
+            plain q4, as an older store (what `rkmojo repack` rewrites).
     Returns:
         The store path.
     Raises:
@@ -308,7 +311,7 @@ def synth_store(
     dense_bytes = sum(_nbytes(_kind(n, s), s) for n, s in shapes.items())
     expert_bytes = len(moe) * args.num_experts * sum(_nbytes("q4", s) for s in expert_shapes.values())
     with (
-        StoreWriter(out, arch_name, cfg) as w,
+        StoreWriter(out, arch_name, cfg, repack_experts=repack) as w,
         progress_bar(dense_bytes + expert_bytes, f"synth {shape}", progress) as bar,
     ):
         w.set_quantization(kinds)

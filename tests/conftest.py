@@ -73,6 +73,20 @@ def moe_store(tmp_path_factory, smollm2_store) -> Path:
 
 
 @pytest.fixture(scope="session")
+def moe_store_plain(tmp_path_factory, moe_store) -> Path:
+    """`moe_store` converted with `--no-repack`: its q4 experts in the plain layout, as an earlier release
+    stored them (they are repacked as they land). Shared: open it read-only."""
+    import shutil
+
+    from inference.convert import convert
+
+    tmp = tmp_path_factory.mktemp("moe-plain")
+    store = convert(moe_store.parent / "hf", tmp / "store", "q4", progress=False, repack=False)
+    shutil.copy(moe_store / "tokenizer.json", store / "tokenizer.json")
+    return store
+
+
+@pytest.fixture(scope="session")
 def moe_text_store(tmp_path_factory, smollm2_store) -> Path:
     """The tiny random Qwen3-MoE with the demo model's vocabulary size and tokenizer, converted to q4 once
     per session: it reads English (the NPU quality gate's text, `npu build`'s calibration texts), and its

@@ -316,10 +316,11 @@ def test_the_engine_repacks_on_the_cpu_unless_switched_off(moe_store, monkeypatc
     assert kinds(Engine.open(moe_store, activations="q8")) == {"q4"}
 
 
-def test_experts_are_repacked_where_they_land_and_stream_with_the_resident_bits(moe_store, monkeypatch):
+def test_experts_are_repacked_where_they_land_and_stream_with_the_resident_bits(moe_store_plain, monkeypatch):
     """Every mode with int8 experts holds them repacked: an all-resident engine in copies made at first
     use, a streaming one in its slots as each read lands (demand, prefetch, a warm start): the same
-    layout, so the same bits; f32 and the kill switch keep the store's layout."""
+    layout, so the same bits; f32 and the kill switch keep the store's layout. (A store converted now holds
+    them repacked on disk: `test_store_repack`.)"""
     from inference.engine import Engine
 
     def expert_kinds(e):
@@ -333,32 +334,32 @@ def test_experts_are_repacked_where_they_land_and_stream_with_the_resident_bits(
 
     ids = [int(t) for t in np.random.default_rng(9).integers(0, 256, 20)]
     for mode in ("decode", "experts", "f32"):
-        resident = Engine.open(moe_store, chunk=8, activations=mode)
+        resident = Engine.open(moe_store_plain, chunk=8, activations=mode)
         want = resident.forward(ids, last_only=False)
-        streamed = Engine.open(moe_store, chunk=8, activations=mode, expert_slots=3, prefetch=2)
+        streamed = Engine.open(moe_store_plain, chunk=8, activations=mode, expert_slots=3, prefetch=2)
         assert np.array_equal(streamed.forward(ids, last_only=False), want), mode
         kind = "q4" if mode == "f32" else "q4r"
         assert expert_kinds(resident) == expert_kinds(streamed) == {kind}, mode
-    warm = Engine.open(moe_store, chunk=8, expert_slots=3)
+    warm = Engine.open(moe_store_plain, chunk=8, expert_slots=3)
     assert warm.model.experts.warm({0: np.arange(16)[::-1], 1: np.arange(16)}) > 0
     assert expert_kinds(warm) == {"q4r"}
     assert np.array_equal(
-        warm.forward(ids, last_only=False), Engine.open(moe_store, chunk=8).forward(ids, last_only=False)
+        warm.forward(ids, last_only=False), Engine.open(moe_store_plain, chunk=8).forward(ids, last_only=False)
     )
     monkeypatch.setenv(repack.ENV, "0")
-    off = Engine.open(moe_store, chunk=8)
+    off = Engine.open(moe_store_plain, chunk=8)
     off.forward(ids[:4])
     assert expert_kinds(off) == {"q4"}
 
 
-def test_resident_experts_that_would_not_fit_in_memory_stay_mapped(moe_store, monkeypatch):
+def test_resident_experts_that_would_not_fit_in_memory_stay_mapped(moe_store_plain, monkeypatch):
     """Copies of a model larger than the available memory could not be paged out: the engine keeps the
     memory map (store layout) and says why, and still answers."""
     import inference.experts as experts
     from inference.engine import Engine
 
     monkeypatch.setattr(experts, "meminfo", lambda: {"MemAvailable": 64 * 1024})
-    e = Engine.open(moe_store, chunk=8)
+    e = Engine.open(moe_store_plain, chunk=8)
     src = e.model.experts
     assert not src.repacked and "available" in src.not_repacked and "memory budget" in src.not_repacked
     e.forward([1, 2, 3])

@@ -28,11 +28,28 @@ def stores(request, tmp_path_factory):
     """(the q4 store, a copy of it repacked)."""
     model_cls, cfg = ARCHS[request.param]()
     d = tmp_path_factory.mktemp(request.param)
-    store = convert(build_checkpoint(model_cls, cfg, d / "hf"), d / "store", "q4", progress=False)
+    store = convert(build_checkpoint(model_cls, cfg, d / "hf"), d / "store", "q4", progress=False, repack=False)
     rp = shutil.copytree(store, d / "repacked")
     r = repack_store(rp)
     assert r["layers"] == len(Store(rp).expert_layers) > 0 and r["already"] == 0
     return store, rp
+
+
+def test_convert_writes_what_repack_makes_of_a_plain_store(stores, tmp_path):
+    """The default convert stores the experts repacked: the same layout, kinds and bytes (digests) as
+    `rkmojo repack` run on the plain store, layer file names aside."""
+    plain, rp = stores
+    src = plain.parent / "hf"
+    direct = convert(src, tmp_path / "direct", "q4", progress=False)
+    got, want = Store(direct).manifest["experts"]["layers"], Store(rp).manifest["experts"]["layers"]
+    assert got.keys() == want.keys()
+    for layer in want:
+        assert {k: v for k, v in got[layer].items() if k != "file"} == {
+            k: v for k, v in want[layer].items() if k != "file"
+        }
+    assert Store(direct).manifest["dense"] == Store(plain).manifest["dense"]
+    assert repack_store(direct)["layers"] == 0  # nothing left to repack
+    Store(direct).verify()
 
 
 def kinds(store) -> set[str]:

@@ -7,17 +7,18 @@ from pathlib import Path
 from ..errors import ConvertError, DiskFullError, disk_full
 
 
-def convert(src, out, quant: str = "q4", *, progress: bool = True) -> Path:
+def convert(src, out, quant: str = "q4", *, progress: bool = True, repack: bool = True) -> Path:
     """Convert `src` (a checkpoint directory or a .gguf file) into a store at `out`.
 
-    GGUF tensors keep their own types; `quant` applies to safetensors checkpoints.
+    GGUF tensors keep their own types; `quant` applies to safetensors checkpoints, whose q4 experts are
+    stored repacked (q4r) unless `repack` is False.
     """
     src = Path(src)
     try:
         if src.is_dir():
             from .hf import convert_hf
 
-            return convert_hf(src, Path(out), quant, progress=progress)
+            return convert_hf(src, Path(out), quant, progress=progress, repack=repack)
         if src.is_file():
             from .gguf import convert_gguf
 

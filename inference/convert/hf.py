@@ -177,7 +177,14 @@ def quantize_rows(a: np.ndarray, bf16: bool, kind: str) -> QTensor:
 
 
 def convert_hf(
-    src: Path, out: Path, quant: str = "q4", *, progress: bool = True, shards=None, writer=StoreWriter
+    src: Path,
+    out: Path,
+    quant: str = "q4",
+    *,
+    progress: bool = True,
+    shards=None,
+    writer=StoreWriter,
+    repack: bool = True,
 ) -> Path:
     """Convert the checkpoint directory `src` into a store at `out`.
 
@@ -186,6 +193,8 @@ def convert_hf(
             passes remote ones); a tensor for which `shard.resumed(name)` is true was already written
             by an interrupted earlier run and is skipped.
         writer: the `StoreWriter` class (or a factory with its signature) that builds the store.
+        repack: q4 experts in the kernels' repacked layout (`StoreWriter`'s `repack_experts`); False passes
+            `repack_experts=False` to `writer`.
     Raises:
         ConvertError / ModelFormatError: one line naming the file or tensor and the fix; nothing is left at `out`.
     """
@@ -210,7 +219,7 @@ def convert_hf(
     total = sum(sum(t["data_offsets"][1] - t["data_offsets"][0] for t in s.tensors.values()) for s in shards)
     cfg = dict(cfg, model_type=models.canonical(model_type))
     with (
-        writer(out, models.canonical(model_type), cfg) as w,
+        writer(out, models.canonical(model_type), cfg, **({} if repack else {"repack_experts": False})) as w,
         progress_bar(total, f"convert {src.name}", progress) as bar,
     ):
         w.set_quantization(kinds)

@@ -201,6 +201,7 @@ def pull_repo(
                 "t": "start",
                 **source,
                 "quant": quant,
+                "experts": "q4r",  # an interrupted pull by a release that wrote plain q4 experts starts over
                 "name": out.name,
                 "size": total,
                 "headers": {s.file: s.header_digest for s in shards},

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConvertError
-from ..quant import QTensor, part_layout
+from ..quant import REPACKED_Q4, QTensor, part_layout
 from .format import (
     ALIGN,
     EXPERT_STRIDE_ALIGN,
@@ -34,6 +34,10 @@ class StoreWriter:
         out: the store directory to create; must not exist.
         architecture: the model_type the engine dispatches on (`gemma4`, `qwen3_moe`, `llama`, …).
         config: the model's full (text) config, stored as given.
+        repack_experts: store the q4 expert matrices whose rows fill whole panels in the kernels' repacked
+            layout (kind q4r, `inference.quant.repack_q4`; same parts, shapes and offsets), so a streamed
+            expert lands ready to compute and a resident engine maps it as it is (what `rkmojo repack`
+            does to an older store). False: plain q4, as the checkpoint's rows come.
     """
 
     def __init__(
@@ -44,8 +48,10 @@ class StoreWriter:
         *,
         workdir: str | os.PathLike | None = None,
         resume: "ResumePoint | None" = None,
+        repack_experts: bool = True,
     ):
         self.out = Path(out)
+        self.repack_experts = repack_experts
         if self.out.exists():
             raise ConvertError(f"{self.out}: output path exists; remove it or choose another path")
         if not self.out.parent.is_dir():
@@ -166,6 +172,8 @@ class StoreWriter:
         Every expert of the layer has the same sub-tensors; their parts are laid out back to back
         (each aligned to 64 bytes) inside one blob, and blobs sit at `e × stride`.
         """
+        from ..kernels.repack import repackable_kind
+
         layout, pos = {}, 0
         for tname, (kind, shape) in tensors.items():
             parts = {}
@@ -174,6 +182,8 @@ class StoreWriter:
                 nbytes = int(np.prod(pshape)) * np.dtype(dtype).itemsize
                 parts[pname] = {"dtype": dtype, "shape": list(pshape), "offset": pos}
                 pos += nbytes
+            if self.repack_experts and repackable_kind(kind, shape):
+                kind = REPACKED_Q4  # the same parts: rows that fill whole panels need no padding
             layout[tname] = {"kind": kind, "shape": list(shape), "parts": parts}
         blob = pos
         stride = round_up(blob, EXPERT_STRIDE_ALIGN)
@@ -199,6 +209,10 @@ class StoreWriter:
         if entry is None:
             raise ConvertError(f"layer {layer}: expert tensor before begin_expert_layer (internal error)")
         spec = entry["tensors"].get(tname)
+        if spec is not None and spec["kind"] == REPACKED_Q4 and t.kind == "q4":
+            from ..kernels import repack_q4
+
+            t = repack_q4(t)
         if spec is None or spec["kind"] != t.kind or list(t.shape) != spec["shape"]:
             raise ConvertError(
                 f"layer {layer} expert {expert} {tname}: got {t.kind}{list(t.shape)}, "

@@ -130,3 +130,13 @@ def test_the_cli_repacks_once_and_says_so(tmp_path, stores):
     assert "experts in" in out and "layers repacked" in out
     again = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     assert "nothing to repack" in again
+
+
+def test_the_cli_converts_repacked_unless_told_not_to(tmp_path, stores):
+    store, _ = stores
+    src = store.parent / "hf"
+    for flags, want in (([], {"q4r"}), (["--no-repack"], {"q4"})):
+        out = tmp_path / ("plain" if flags else "repacked")
+        cmd = [sys.executable, "-m", "inference.cli", "convert", str(src), str(out), "-q", *flags]
+        subprocess.run(cmd, capture_output=True, text=True, check=True)
+        assert kinds(out) == want

@@ -193,8 +193,7 @@ def convert_hf(
             passes remote ones); a tensor for which `shard.resumed(name)` is true was already written
             by an interrupted earlier run and is skipped.
         writer: the `StoreWriter` class (or a factory with its signature) that builds the store.
-        repack: q4 experts in the kernels' repacked layout (`StoreWriter`'s `repack_experts`); False passes
-            `repack_experts=False` to `writer`.
+        repack: q4 experts in the kernels' repacked layout (passed to `writer` as `repack_experts`).
     Raises:
         ConvertError / ModelFormatError: one line naming the file or tensor and the fix; nothing is left at `out`.
     """
@@ -219,7 +218,7 @@ def convert_hf(
     total = sum(sum(t["data_offsets"][1] - t["data_offsets"][0] for t in s.tensors.values()) for s in shards)
     cfg = dict(cfg, model_type=models.canonical(model_type))
     with (
-        writer(out, models.canonical(model_type), cfg, **({} if repack else {"repack_experts": False})) as w,
+        writer(out, models.canonical(model_type), cfg, repack_experts=repack) as w,
         progress_bar(total, f"convert {src.name}", progress) as bar,
     ):
         w.set_quantization(kinds)

@@ -127,7 +127,7 @@ class ResumableWriter(StoreWriter):
     """A `StoreWriter` working in the staging area's `store/`, kept on errors and adopted by the
     next run up to the last tensor the journal committed."""
 
-    def __init__(self, out, architecture: str, config: dict, *, state: PullState):
+    def __init__(self, out, architecture: str, config: dict, *, state: PullState, repack_experts: bool = True):
         partial = state.staging / "store"
         resume = None
         if state.done and partial.is_dir():
@@ -137,7 +137,7 @@ class ResumableWriter(StoreWriter):
                 {k: v for r in records for k, v in r["dense"].items()},
                 [tuple(x) for r in records for x in r["experts"]],
             )
-        super().__init__(out, architecture, config, workdir=partial, resume=resume)
+        super().__init__(out, architecture, config, workdir=partial, resume=resume, repack_experts=repack_experts)
         self.state = state
         state.writer = self
 
@@ -235,7 +235,7 @@ def pull_repo(
                     quant,
                     progress=False,
                     shards=shards,
-                    writer=lambda o, a, c: ResumableWriter(o, a, c, state=state),
+                    writer=lambda o, a, c, **kw: ResumableWriter(o, a, c, state=state, **kw),
                 )
                 bar.update(max(0, total - bar.n))
         finally:

@@ -19,7 +19,7 @@ import numpy as np
 
 from . import backends, kernels, options, prompt_cache
 from .errors import RkmojoError
-from .experts import VERIFY_MODES, StreamingExperts, popularity
+from .experts import VERIFY_MODES, StreamingExperts, lookahead_pools, popularity, token_prefetch
 from .experts.cache import PAGE
 from .experts.io import IO_MODES
 from .options import OptionError, option
@@ -50,7 +50,12 @@ class EngineConfig:
     verify_experts: str = option(
         "first", help="digest check of expert blobs (first: at the first load of each)", choices=VERIFY_MODES
     )
-    prefetch: int = option(0, help="gate-lookahead prefetch slots per layer (0: off)", ge=0)
+    prefetch: int = option(
+        0,
+        help="gate-lookahead prefetch slots per layer, for prompts (0: none; a generated token still reads "
+        "its best $RKMOJO_TOKEN_PREFETCH guesses, default 3, into two small pools)",
+        ge=0,
+    )
     threads: int | None = option(help="kernel threads (default: every core)", ge=1)
     chunk: int = option(128, help="prefill chunk in rows", ge=1)
     prefill_pass: int = option(
@@ -114,7 +119,12 @@ class Engine:
         if streaming:
             store.load_dense()
             self.slots = plan_slots(
-                store, kv_bytes(self.cache, cfg.context), cfg.memory_budget, cfg.expert_slots, cfg.prefetch
+                store,
+                kv_bytes(self.cache, cfg.context),
+                cfg.memory_budget,
+                cfg.expert_slots,
+                cfg.prefetch,
+                token_prefetch(),
             )
             experts["experts"] = StreamingExperts(
                 store, self.slots, policy=cfg.policy, io=cfg.io, verify=cfg.verify_experts, prefetch=cfg.prefetch
@@ -370,9 +380,16 @@ def expert_slot_bytes(store) -> int:
     return sum(-(-lay.blob_size // PAGE) * PAGE for lay in store.expert_layers.values())
 
 
-def plan_slots(store, kv: int, budget: int | None, slots: int | None, prefetch: int = 0) -> int:
+def lookahead_bytes(store, prefetch: int, guesses: int) -> int:
+    """The gate lookahead's slots (`experts.lookahead_pools`): `prefetch` per layer, or two pools of a
+    generated token's `guesses`."""
+    pools, n = lookahead_pools(prefetch, len(store.expert_layers), guesses)
+    return pools * n * max((-(-lay.blob_size // PAGE) * PAGE for lay in store.expert_layers.values()), default=0)
+
+
+def plan_slots(store, kv: int, budget: int | None, slots: int | None, prefetch: int = 0, guesses: int = 0) -> int:
     """Expert slots per layer: given, or derived from the budget after dense + KV + runtime overhead
-    (and the `prefetch` slots per layer, when gate-lookahead prefetch is on).
+    and the gate lookahead's slots (`prefetch` per layer, or two pools of a token's `guesses`).
 
     Raises:
         RkmojoError: the budget cannot hold dense + KV + 8 slots per layer (states the minimum).
@@ -381,13 +398,14 @@ def plan_slots(store, kv: int, budget: int | None, slots: int | None, prefetch: 
     per_slot = expert_slot_bytes(store)  # one slot in every MoE layer
     n_experts = max(l.n_experts for l in store.expert_layers.values())
     need = min(MIN_SLOTS, n_experts)
-    fixed = dense + kv + RUNTIME_OVERHEAD + prefetch * per_slot
+    ahead = lookahead_bytes(store, prefetch, guesses)
+    fixed = dense + kv + RUNTIME_OVERHEAD + ahead
     if budget is not None:
         fit = (budget - fixed) // per_slot
         if slots is None and fit < need:
             raise RkmojoError(
                 f"memory budget {budget / 2**30:.2f} GiB cannot hold this store's dense weights, KV cache and "
-                f"{need} expert slots per layer{f' (+ {prefetch} prefetch slots)' if prefetch else ''}; "
+                f"{need} expert slots per layer (+ {ahead / 2**20:.0f} MiB of lookahead slots); "
                 f"the minimum for {store.path.name} is "
                 f"{(fixed + need * per_slot) / 2**30:.2f} GiB"
             )

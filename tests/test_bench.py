@@ -39,7 +39,8 @@ def field(d: dict, path: str):
     return d
 
 
-def test_bench_json_has_every_field(tiny, tmp_path):
+def test_bench_json_has_every_field(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("RKMOJO_TOKEN_PREFETCH", "0")  # every miss fills a slot, as the simulator replays
     o = BenchOptions(
         engine=EngineConfig(expert_slots=5),
         workload=small_workload(),
@@ -62,9 +63,11 @@ def test_bench_json_has_every_field(tiny, tmp_path):
     assert t["fault"] == (t["ratio"] < 1.0)
     assert r["sweep"]["slots"] == [4, 8] and len(r["sweep"]["belady"]) == 2
     assert r["sweep"]["check"]["simulated"] == pytest.approx(r["sweep"]["check"]["measured"])
+    assert r["sweep"]["check"]["prefetch_hits"] == 0
 
 
-def test_the_simulator_replays_the_engines_own_hits_and_misses(tiny):
+def test_the_simulator_replays_the_engines_own_hits_and_misses(tiny, monkeypatch):
+    monkeypatch.setenv("RKMOJO_TOKEN_PREFETCH", "0")  # a miss the lookahead read stays out of the cache
     for slots, policy in [(3, "lfu"), (3, "lru"), (6, "lfu")]:  # 3 < top-4 · rows: prefill goes in tiles
         e = Engine.open(tiny, expert_slots=slots, policy=policy, chunk=8)
         rec = e.model.experts = TraceRecorder(e.model.experts)

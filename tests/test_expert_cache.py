@@ -247,20 +247,56 @@ def test_a_token_reads_its_best_few_guesses_and_a_prompt_the_whole_pool(tmp_path
     finally:
         e.close()
     monkeypatch.setenv(experts.TOKEN_PREFETCH_ENV, "lots")
-    with pytest.raises(OptionError, match="RKMOJO_TOKEN_PREFETCH.*lots.*at least 1"):
+    with pytest.raises(OptionError, match=r"RKMOJO_TOKEN_PREFETCH.*lots.*0 \(off\) or more"):
         Engine.open(tmp_path / "s", expert_slots=2, prefetch=5)
 
 
-def test_a_prompts_prefetch_for_the_next_layer_follows_the_current_layers_reads(tmp_path):
-    """A prompt's lookahead reads wait until the current layer's own reads are all submitted, so they do
-    not slow the reads the current layer waits for; a generated token's start at once."""
+def test_with_no_prefetch_slots_a_token_reads_its_guesses_into_two_small_pools(tmp_path, monkeypatch):
+    """A streaming engine without prefetch slots still reads a generated token's best guesses, into two
+    pools of that many slots (the memory plan counts them); a prompt fills such a pool too, and
+    RKMOJO_TOKEN_PREFETCH=0 turns the lookahead off."""
+    import inference.experts as experts
+    from inference.engine import Engine, lookahead_bytes
+    from inference.synth import synth_store
+
+    path = synth_store(tmp_path / "s", "tiny-qwen3-moe", progress=False)
+    monkeypatch.setenv(experts.TOKEN_PREFETCH_ENV, "2")
+    e = Engine.open(path, expert_slots=2)
+    try:
+        ex = e.model.experts
+        layers = sorted(ex.pf_pools)
+        assert len(layers) > 2 and {p.n for p in ex.pf_pools.values()} == {2}
+        assert len({id(p) for p in ex.pf_pools.values()}) == 2
+        assert ex.slot_bytes()[1] == lookahead_bytes(e.store, 0, 2) == 2 * 2 * ex.caches[layers[0]].pool.slot_bytes
+        e.forward(np.arange(1, 13))
+        assert [ex.caches[i].stats.prefetched for i in layers] == [0] + [2] * (len(layers) - 1)
+        ex.reset_stats()
+        e.forward([5])
+        st = [ex.caches[i].stats for i in layers]
+        assert [s.prefetched for s in st] == [0] + [2] * (len(layers) - 1)
+        assert sum(s.prefetch_hits for s in st) > 0
+    finally:
+        e.close()
+    monkeypatch.setenv(experts.TOKEN_PREFETCH_ENV, "0")
+    e = Engine.open(path, expert_slots=2)
+    try:
+        assert not e.model.experts.wants_prefetch and e.model.experts.slot_bytes()[1] == 0
+        e.forward([5, 6])
+    finally:
+        e.close()
+
+
+def test_the_lookahead_for_the_next_layer_follows_the_current_layers_reads(tmp_path):
+    """A prompt's lookahead reads wait until the current layer's own reads are all submitted, a generated
+    token's until they have all landed, so they do not slow the reads the current layer waits for."""
     from inference.engine import Engine
     from inference.synth import synth_store
 
-    e = Engine.open(synth_store(tmp_path / "s", "tiny-qwen3-moe", progress=False), expert_slots=2, prefetch=2)
+    path = synth_store(tmp_path / "s", "tiny-qwen3-moe", progress=False)
+    e = Engine.open(path, expert_slots=2, prefetch=2, io="threads")
     try:
         ex = e.model.experts
-        log = []  # ("demand" | "prefetch", layer) in submission order
+        log = []  # ("demand" | "prefetch", layer) in submission order, ("landed", layer) as reads land
         demand, pf = ex._requests, ex.pf_reader.submit
         ex._requests = lambda layer, experts: log.extend([("demand", layer)] * len(experts)) or demand(layer, experts)  # noqa: E731
         ex.pf_reader.submit = lambda reqs, then=None: log.extend(("prefetch", r.layer) for r in reqs) or pf(reqs, then)  # noqa: E731
@@ -271,8 +307,19 @@ def test_a_prompts_prefetch_for_the_next_layer_follows_the_current_layers_reads(
             first_pf = min(i for i, x in enumerate(log) if x == ("prefetch", nxt))
             assert last_demand < first_pf
         log.clear()
+        one = ex.reader._one  # a demand read, on a reader thread: log it once it has landed
+
+        def logged(r, then=None):
+            got = one(r, then)
+            log.append(("landed", r.layer))
+            return got
+
+        ex.reader._one = logged
         e.forward([7])
-        first = {x: i for i, x in reversed(list(enumerate(log)))}
-        assert first[("prefetch", layers[1])] < first[("demand", layers[0])]  # routed before layer 0's reads
+        for prev, nxt in zip(layers, layers[1:]):
+            if ("prefetch", nxt) in log:  # its guesses were not all cached already
+                at = log.index(("prefetch", nxt))
+                assert log[:at].count(("demand", prev)) == log[:at].count(("landed", prev)), log
+        assert ("prefetch", layers[1]) in log
     finally:
         e.close()

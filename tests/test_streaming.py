@@ -125,17 +125,22 @@ def test_a_budget_too_small_is_refused_with_the_minimum(moe_store):
     assert e.slots == 16  # everything fits: one slot per expert
 
 
-def test_prefetch_slots_come_out_of_the_budget(moe_store):
-    from inference.engine import RUNTIME_OVERHEAD, expert_slot_bytes, kv_bytes
+def test_prefetch_slots_come_out_of_the_budget(moe_store, monkeypatch):
+    from inference.engine import RUNTIME_OVERHEAD, expert_slot_bytes, kv_bytes, lookahead_bytes
 
     e = Engine.open(moe_store, expert_slots=4)
     st, per = e.store, expert_slot_bytes(e.store)
     fixed = st.manifest["dense"]["size"] + kv_bytes(e.cache, e.cfg.context) + RUNTIME_OVERHEAD
     budget = fixed + 10 * per
-    assert Engine.open(moe_store, memory_budget=budget).slots == 10
     assert Engine.open(moe_store, memory_budget=budget, prefetch=2).slots == 8
-    with pytest.raises(RkmojoError, match=r"\(\+ 3 prefetch slots\); the minimum for store is"):
+    with pytest.raises(RkmojoError, match=r"\(\+ \d+ MiB of lookahead slots\); the minimum for store is"):
         Engine.open(moe_store, memory_budget=budget, prefetch=3)
+    # with no prefetch slots, a token's 3 guesses take two pools of 3 slots (not 3 per layer)
+    guesses = lookahead_bytes(st, 0, 3)
+    assert guesses > 0 and Engine.open(moe_store, memory_budget=budget + guesses).slots == 10
+    assert Engine.open(moe_store, memory_budget=budget + guesses - 1).slots == 9
+    monkeypatch.setenv("RKMOJO_TOKEN_PREFETCH", "0")
+    assert Engine.open(moe_store, memory_budget=budget).slots == 10
 
 
 def test_a_prompt_sharing_a_prefix_only_prefills_the_rest(moe_store):

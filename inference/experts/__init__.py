@@ -174,9 +174,9 @@ class StreamingExperts:
         self.repacked = False  # experts repacked in their slots as they land (`repack_experts`)
         # gate-lookahead prefetch: its own slots per layer and its own reader threads, so a
         # prefetch never takes a demand read's slot or waits in front of it in a queue
-        # Only the next layer prefetches at a time, so the prefetch slots (`prefetch` per layer, as the
-        # memory plan counts them) form two pools that alternate between the layers: one token's
-        # lookahead takes `prefetch` of them, a prompt's (every expert wanted) a whole pool.
+        # Only the next layer prefetches at a time, so the lookahead's slots form two pools that alternate
+        # between the layers (`lookahead_pools`): one token's lookahead takes its best guesses' worth, a
+        # prompt's (every expert wanted) a whole pool.
         self.prefetch_slots = prefetch
         guesses = token_prefetch()
         self.token_prefetch = min(prefetch, guesses) if prefetch else guesses
@@ -186,7 +186,9 @@ class StreamingExperts:
         self.pf_pools: dict[int, SlotPool] = {}
         self.pf_pending: dict[int, dict[int, tuple]] = {}
         self.pf_running: dict[int, list] = {}  # per pool: unused prefetch reads still landing in its slots
-        self._deferred: tuple[int, list] | None = None  # a prompt's prefetch, started by the current `run`
+        # the lookahead `prefetch` asked for, started by the current `run`: (layer, experts, how many, only
+        # once the layer's reads have landed)
+        self._deferred: tuple[int, list, int, bool] | None = None
         order = sorted(self.layouts)
         pools, n = lookahead_pools(prefetch, len(order), guesses)
         if pools:

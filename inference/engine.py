@@ -118,16 +118,18 @@ class Engine:
         experts = {}
         if streaming:
             store.load_dense()
+            guesses = token_prefetch()  # read once: the plan and the pools must agree
             self.slots = plan_slots(
-                store,
-                kv_bytes(self.cache, cfg.context),
-                cfg.memory_budget,
-                cfg.expert_slots,
-                cfg.prefetch,
-                token_prefetch(),
+                store, kv_bytes(self.cache, cfg.context), cfg.memory_budget, cfg.expert_slots, cfg.prefetch, guesses
             )
             experts["experts"] = StreamingExperts(
-                store, self.slots, policy=cfg.policy, io=cfg.io, verify=cfg.verify_experts, prefetch=cfg.prefetch
+                store,
+                self.slots,
+                policy=cfg.policy,
+                io=cfg.io,
+                verify=cfg.verify_experts,
+                prefetch=cfg.prefetch,
+                guesses=guesses,
             )
         self.model = load_model(store, chunk=cfg.chunk, kv_dtype=cfg.kv_dtype, prefill_pass=cfg.prefill_pass, **experts)
         self.backend = backends.select(
@@ -405,7 +407,7 @@ def plan_slots(store, kv: int, budget: int | None, slots: int | None, prefetch: 
         if slots is None and fit < need:
             raise RkmojoError(
                 f"memory budget {budget / 2**30:.2f} GiB cannot hold this store's dense weights, KV cache and "
-                f"{need} expert slots per layer (+ {ahead / 2**20:.0f} MiB of lookahead slots); "
+                f"{need} expert slots per layer{f' (+ {ahead / 2**20:.0f} MiB of lookahead slots)' if ahead else ''}; "
                 f"the minimum for {store.path.name} is "
                 f"{(fixed + need * per_slot) / 2**30:.2f} GiB"
             )

@@ -144,6 +144,8 @@ class StreamingExperts:
         policy: "lfu" or "lru".
         io: "auto", "uring" or "threads".
         verify: digest check of blobs: "off", "first" (first load of each blob) or "always".
+        prefetch: the gate lookahead's slots per layer, for prompts (`lookahead_pools`).
+        guesses: a generated token's lookahead reads per layer (default: $RKMOJO_TOKEN_PREFETCH; 0: off).
     """
 
     def __init__(
@@ -156,6 +158,7 @@ class StreamingExperts:
         verify: str = "first",
         direct: bool = True,
         prefetch: int = 0,
+        guesses: int | None = None,
     ):
         self.streams = True  # reads cost: a prompt goes layer by layer (`Transformer.pass_forward`)
         if verify not in VERIFY_MODES:
@@ -178,7 +181,7 @@ class StreamingExperts:
         # between the layers (`lookahead_pools`): one token's lookahead takes its best guesses' worth, a
         # prompt's (every expert wanted) a whole pool.
         self.prefetch_slots = prefetch
-        guesses = token_prefetch()
+        guesses = token_prefetch() if guesses is None else guesses
         self.token_prefetch = min(prefetch, guesses) if prefetch else guesses
         # landing (digest check, repack) off the engine's thread: a demand read's on these threads, while
         # the engine computes the experts landed before it; a prefetch's on its reader thread

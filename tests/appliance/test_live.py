@@ -75,12 +75,13 @@ def test_a_waiting_chat_request_sees_its_place_in_the_queue_fall_before_it_start
         socks = [socket(cookie) for _ in range(3)]
         for ws in socks:
             assert (await ws.connect())[0]
-        # long enough to still be running when the third request queues behind the second, however fast
-        # decoding is (40 tokens once ended first on a busy machine: the third then only ever saw place 1)
+        # Both long enough for the third request's 250 ms polls to see each place, however fast decoding is:
+        # 40 tokens for the first once ended before the third queued (it only ever saw place 1), and 20 for
+        # the second once ran between two polls (it only ever saw place 2).
         await socks[0].send_json_to(new_chat(200))
         while (await socks[0].receive_json_from(timeout=30))["t"] != "start":
             pass
-        await socks[1].send_json_to(new_chat(20))
+        await socks[1].send_json_to(new_chat(120))
         assert (await socks[1].receive_json_from(timeout=10))["t"] == "turn"  # the page shows the user's message
         assert (await socks[1].receive_json_from(timeout=10)) == {"t": "queued", "position": 1}
         await socks[2].send_json_to(new_chat(2))

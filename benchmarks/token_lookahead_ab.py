@@ -5,8 +5,9 @@ up to 30 % between `rkmojo bench` runs minutes apart) falls on both alike.
 The engine opens the store within `--memory-budget` (the budget that `rkmojo bench --memory-budget` plans
 with, guess pools included), prefills `--prompt-tokens` random ids, then decodes `--tokens` random ids in
 pairs: two tokens with the lookahead reading its best `--guesses` per layer (once the layer's own reads
-have landed), two with it off. Only the second token of a pair is timed, so no token pays for reads the
-other mode started. For the memory cgroup, wrap it (root):
+have landed), two with it off, or reading `--against` guesses (two counts compared: the pools then need
+`RKMOJO_TOKEN_PREFETCH` at the larger of the two). Only the second token of a pair is timed, so no token
+pays for reads the other mode started. For the memory cgroup, wrap it (root):
 
     .venv/bin/python -m inference.bench.cgroup 3G -- .venv/bin/python benchmarks/token_lookahead_ab.py \\
         /work/stores/gemma4-26b-a4b-uniform --memory-budget 3G --tokens 160
@@ -31,6 +32,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=160, help="decoded tokens, both modes together")
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--guesses", type=int, default=3, help="the lookahead's guesses per layer when on")
+    ap.add_argument("--against", type=int, default=0, help="the other mode's guesses per layer (default 0: off)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
@@ -42,13 +44,18 @@ def main() -> None:
         ex = e.model.experts
         if not getattr(ex, "pf_pools", None):
             raise SystemExit("the engine has no lookahead pools: set RKMOJO_TOKEN_PREFETCH to 1 or more")
+        pool_n = next(iter(ex.pf_pools.values())).n
+        if max(a.guesses, a.against) > pool_n:
+            raise SystemExit(
+                f"the lookahead pools hold {pool_n} slots: set RKMOJO_TOKEN_PREFETCH={max(a.guesses, a.against)}"
+            )
         vocab = e.model.args.vocab_size
         rng = np.random.default_rng(a.seed)
         e.forward(rng.integers(10, vocab, a.prompt_tokens).tolist())
         seen = {"on": [], "off": []}
         for t in range(a.tokens):
             mode = ("on", "off")[(t // 2) % 2]
-            ex.token_prefetch = min(a.guesses, next(iter(ex.pf_pools.values())).n) if mode == "on" else 0
+            ex.token_prefetch = min(a.guesses if mode == "on" else a.against, pool_n)
             before = ex.stats()["total"]
             t0 = time.perf_counter()
             e.forward([int(rng.integers(10, vocab))])
@@ -56,7 +63,9 @@ def main() -> None:
             after = ex.stats()["total"]
             if t % 2:  # the second of the pair
                 seen[mode].append((dt, after["misses"] - before["misses"], after["bytes_read"] - before["bytes_read"]))
-        print(f"{e.slots} cache slots per layer · {a.tokens} tokens · lookahead {a.guesses} guesses when on")
+        print(
+            f"{e.slots} cache slots per layer · {a.tokens} tokens · lookahead {a.guesses} guesses when on, {a.against} off"
+        )
         med = {}
         for mode, rows in seen.items():
             ts = [r[0] for r in rows]

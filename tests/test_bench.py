@@ -66,6 +66,25 @@ def test_bench_json_has_every_field(tiny, tmp_path, monkeypatch):
     assert r["sweep"]["check"]["prefetch_hits"] == 0
 
 
+def test_the_prefill_line_counts_the_experts_read_into_lent_slots(tiny):
+    """With the lookahead on (the default), a timed prompt reads ahead into slots the finished layers lend,
+    and the report says how many; the JSON keeps the count per run."""
+    lines: list[str] = []
+    o = BenchOptions(
+        engine=EngineConfig(expert_slots=3),
+        workload=small_workload(),
+        sweep=(4,),
+        bandwidth_seconds=0.1,
+        compute_tokens=4,
+        drop_caches=False,
+    )
+    r = run_bench(tiny, o, echo=lines.append)
+    runs = r["prefill"]["20"]["runs"]
+    assert all(x["borrowed"] > 0 for x in runs)
+    (line,) = [x for x in lines if x.startswith("prefill 20")]
+    assert "experts read ahead into slots lent by finished layers" in line
+
+
 def test_the_simulator_replays_the_engines_own_hits_and_misses(tiny, monkeypatch):
     monkeypatch.setenv("RKMOJO_TOKEN_PREFETCH", "0")  # a miss the lookahead read stays out of the cache
     for slots, policy in [(3, "lfu"), (3, "lru"), (6, "lfu")]:  # 3 < top-4 · rows: prefill goes in tiles

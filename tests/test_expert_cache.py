@@ -206,12 +206,15 @@ def test_a_layer_wanting_more_experts_than_slots_keeps_every_slot_reading(tmp_pa
         src.close()
 
 
-def test_prefetch_slots_are_two_pools_a_prompt_fills_one_and_a_token_takes_its_share(tmp_path):
+def test_prefetch_slots_are_two_pools_a_prompt_fills_one_and_a_token_takes_its_share(tmp_path, monkeypatch):
     """`prefetch` slots per layer, as the memory plan counts them, alternate between the layers as two
-    pools: a prompt's lookahead (every expert wanted) reads a whole pool ahead, one token's `prefetch`."""
+    pools: a prompt's lookahead (every expert wanted) reads a whole pool ahead, one token's `prefetch`.
+    (The pools alone: no slots lent by finished layers, which the test after the next one covers.)"""
+    import inference.experts as experts
     from inference.engine import Engine
     from inference.synth import synth_store
 
+    monkeypatch.setenv(experts.PROMPT_LEND_ENV, "0")
     e = Engine.open(synth_store(tmp_path / "s", "tiny-qwen3-moe", progress=False), expert_slots=2, prefetch=2)
     try:
         ex = e.model.experts
@@ -261,6 +264,7 @@ def test_with_no_prefetch_slots_a_token_reads_its_guesses_into_two_small_pools(t
 
     path = synth_store(tmp_path / "s", "tiny-qwen3-moe", progress=False)
     monkeypatch.setenv(experts.TOKEN_PREFETCH_ENV, "2")
+    monkeypatch.setenv(experts.PROMPT_LEND_ENV, "0")  # the pools alone (lent slots: the next test)
     e = Engine.open(path, expert_slots=2)
     try:
         ex = e.model.experts
@@ -284,6 +288,50 @@ def test_with_no_prefetch_slots_a_token_reads_its_guesses_into_two_small_pools(t
         e.forward([5, 6])
     finally:
         e.close()
+
+
+def test_a_prompt_reads_the_next_layer_into_slots_the_finished_layers_lend(tmp_path, monkeypatch):
+    """Beyond its pool, a prompt's lookahead reads the next layer's experts into cache slots lent by the
+    layers its pass has finished, never the running layer's or the next one's; the lenders' cached experts
+    leave their cache, a lender's next run takes its slots back, and every logit is the all-resident run's."""
+    import inference.experts as experts
+    from inference.engine import Engine
+    from inference.synth import synth_store
+
+    path = synth_store(tmp_path / "s", "tiny-qwen3-moe", progress=False)
+    calls = [np.arange(1, 25), [7], [9], np.arange(30, 50), [11]]  # a prompt, tokens, a second prompt, a token
+    want = Engine.open(path)
+    want = [want.forward(ids, last_only=False) for ids in calls]
+    e = Engine.open(path, expert_slots=4)
+    try:
+        ex = e.model.experts
+        layers = sorted(ex.pf_pools)
+        assert len(layers) > 3 and ex.lend
+        got = [e.forward(calls[0], last_only=False)]
+        st = [ex.caches[i].stats for i in layers]
+        assert [s.borrowed for s in st[:2]] == [0, 0] and all(s.borrowed > 0 for s in st[2:])
+        assert sum(s.prefetched for s in st) > sum(s.borrowed for s in st) > 0 and sum(s.lent for s in st) > 0
+        place = {layer: k for k, layer in enumerate(layers)}
+        assert ex.loans and all(
+            place[borrower] >= place[lender] + 2 for lender, loans in ex.loans.items() for _, _, borrower, _ in loans
+        )
+        got.append(e.forward(calls[1], last_only=False))
+        assert not ex.loans  # each lender's run took its slots back
+        got += [e.forward(ids, last_only=False) for ids in calls[2:]]
+        for a, b in zip(want, got):
+            assert np.array_equal(a, b)
+    finally:
+        e.close()
+    monkeypatch.setenv(experts.PROMPT_LEND_ENV, "0")
+    e = Engine.open(path, expert_slots=4)
+    try:
+        e.forward(calls[0])
+        assert not e.model.experts.lend and e.expert_stats["total"]["borrowed"] == 0
+    finally:
+        e.close()
+    monkeypatch.setenv(experts.PROMPT_LEND_ENV, "yes")
+    with pytest.raises(OptionError, match=r"RKMOJO_PROMPT_LEND.*yes.*or 0 \(off\)"):
+        Engine.open(path, expert_slots=4)
 
 
 def test_the_lookahead_for_the_next_layer_follows_the_current_layers_reads(tmp_path):

@@ -29,6 +29,7 @@ COUNTERS = (
     "prefetched",
     "prefetch_hits",
     "prefetch_cancelled",
+    "borrowed",
 )
 
 

@@ -438,6 +438,11 @@ def table(r: dict) -> list[str]:
             f" = {p['tok_s']:.1f} tok/s"
             + (
                 f" · IO wait {_median(p, 'read_seconds'):.2f} s, landing {_median(p, 'land_seconds'):.2f} s"
+                + (
+                    f" · {_median(p, 'borrowed'):.0f} experts read ahead into slots lent by finished layers"
+                    if _median(p, "borrowed")
+                    else ""
+                )
                 if e["slots"]
                 else ""
             )

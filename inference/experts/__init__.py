@@ -6,9 +6,10 @@ then the remaining experts as their reads land. A landed read is checked (digest
 a lander thread (a prefetch: on its reader thread) while the engine computes the experts landed
 before it; experts landed by the time the engine gets to them are computed in one call. When a
 layer wants more experts at once than it has slots (prefill, or tiny caches), it streams them
-through its slots: each computed expert's slot takes the next read. The math is the caller's
-(`moe.mixture`); its results do not depend on the order experts arrive in or on how they are
-grouped, so every cache setting gives the same bits as the all-resident run.
+through its slots: each computed expert's slot takes the next read. A prompt's gate lookahead reads
+the next layer's experts ahead, into its pool and into the slots of layers the pass has finished.
+The math is the caller's (`moe.mixture`); its results do not depend on the order experts arrive in
+or on how they are grouped, so every cache setting gives the same bits as the all-resident run.
 """
 
 from __future__ import annotations
@@ -67,6 +68,25 @@ def lookahead_pools(prefetch: int, n_layers: int, guesses: int) -> tuple[int, in
         return 0, 0
     pools = 2 if n_layers > 1 else 1
     return pools, max(prefetch, prefetch * n_layers // 2) if prefetch else guesses
+
+
+# A prompt's lookahead reads the next layer's experts beyond its pool into cache slots lent by the layers
+# this pass has finished (their cached experts are dropped; every slot lent is empty again once the
+# borrowing layer has computed it): without them the disk idles through each layer's attention, with them
+# it reads on (benchmarks/README.md, "Slots lent to a prompt"). 0: off.
+PROMPT_LEND_ENV = "RKMOJO_PROMPT_LEND"
+
+
+def prompt_lend() -> bool:
+    """$RKMOJO_PROMPT_LEND, default 1 (see above).
+
+    Raises:
+        OptionError: the variable is neither 0 nor 1.
+    """
+    text = os.environ.get(PROMPT_LEND_ENV, "1").strip()
+    if text not in ("0", "1"):
+        raise OptionError(PROMPT_LEND_ENV, text, "1 (a prompt borrows finished layers' slots, the default) or 0 (off)")
+    return text == "1"
 
 
 PREFETCH_WORKERS = 16  # reader threads of the prefetch (the demand reads have their own reader); a prompt fills a pool
@@ -146,6 +166,8 @@ class StreamingExperts:
         verify: digest check of blobs: "off", "first" (first load of each blob) or "always".
         prefetch: the gate lookahead's slots per layer, for prompts (`lookahead_pools`).
         guesses: a generated token's lookahead reads per layer (default: $RKMOJO_TOKEN_PREFETCH; 0: off).
+        lend: a prompt's lookahead also reads into slots lent by the layers its pass has finished
+            (default: $RKMOJO_PROMPT_LEND).
     """
 
     def __init__(
@@ -159,6 +181,7 @@ class StreamingExperts:
         direct: bool = True,
         prefetch: int = 0,
         guesses: int | None = None,
+        lend: bool | None = None,
     ):
         self.streams = True  # reads cost: a prompt goes layer by layer (`Transformer.pass_forward`)
         if verify not in VERIFY_MODES:
@@ -193,6 +216,11 @@ class StreamingExperts:
         # once the layer's reads have landed)
         self._deferred: tuple[int, list, int, bool] | None = None
         order = sorted(self.layouts)
+        self.lend = prompt_lend() if lend is None else lend
+        self._place = {layer: k for k, layer in enumerate(order)}
+        self._order = order
+        # slots lent to a prompt's lookahead: lender layer -> [(slot, the read's batch, borrowing layer, expert)]
+        self.loans: dict[int, list[tuple[int, object, int, int]]] = {}
         pools, n = lookahead_pools(prefetch, len(order), guesses)
         if pools:
             self.pf_reader = ThreadReader(LayerFiles(store, direct), workers=PREFETCH_WORKERS)
@@ -235,16 +263,18 @@ class StreamingExperts:
         """Read the experts layer `layer` is predicted to miss (most likely first) into its prefetch
         slots, to keep the disk reading through the next layer's attention without slowing the reads the
         current layer waits for (`run` starts them):
-        - a prompt (`rows` > 1, whose layer wants nearly every expert): a whole pool, once the current
-          layer's own reads are all submitted, so they follow those on the disk;
+        - a prompt (`rows` > 1, whose layer wants nearly every expert): a whole pool, then (`lend`) as
+          many cache slots lent by the layers this pass has finished as its other guesses need, once
+          the current layer's own reads are all submitted, so they follow those on the disk;
         - a generated token: its best `token_prefetch` guesses, once the current layer's reads have all
           landed (started alongside them, they slowed those reads: decode 1.04x against 1.15x).
         Experts already cached are skipped."""
         if layer not in self.pf_pools:
             return
         self._deferred = None
-        if rows > 1:
-            self._deferred = (layer, list(experts), self.pf_pools[layer].n, False)
+        if rows > 1:  # the pool, then (`lend`) as many lent slots as the layer's other guesses need
+            n = self.layouts[layer].n_experts if self.lend else self.pf_pools[layer].n
+            self._deferred = (layer, list(experts), n, False)
         elif self.token_prefetch:
             self._deferred = (layer, list(experts), min(self.pf_pools[layer].n, self.token_prefetch), True)
 
@@ -254,11 +284,64 @@ class StreamingExperts:
         cache, lay = self.caches[layer], self.layouts[layer]
         length = -(-lay.blob_size // PAGE) * PAGE
         todo = [int(e) for e in dict.fromkeys(experts) if int(e) not in cache.where][:n]
-        for s, e in enumerate(todo):
-            r = ReadRequest(layer, e, s, pool.memoryview(s), e * lay.stride, length)
-            land = functools.partial(self._landed, pool.view(s))  # lands in its reader thread
-            self.pf_pending[layer][e] = (r, self.pf_reader.submit([r], then=land))
+        slots = [(pool, s, None) for s in range(min(pool.n, len(todo)))]
+        if len(todo) > len(slots):  # a prompt's guesses beyond the pool (n > pool.n only when `lend`)
+            slots += self._borrow(layer, len(todo) - len(slots), length)
+        for (buf, s, lender), e in zip(slots, todo):
+            r = ReadRequest(layer, e, s, buf.memoryview(s), e * lay.stride, length)
+            land = functools.partial(self._landed, buf.view(s))  # lands in its reader thread
+            batch = self.pf_reader.submit([r], then=land)
+            self.pf_pending[layer][e] = (r, batch)
+            if lender is not None:
+                self.loans.setdefault(lender, []).append((s, batch, layer, e))
+                cache.stats.borrowed += 1
             cache.stats.prefetched += 1
+
+    def _borrow(self, layer: int, n: int, length: int) -> list[tuple[SlotPool, int, int]]:
+        """Up to `n` cache slots, as (pool, slot, lender), lent by the layers before the one running now
+        (`layer` is the next one): this pass has finished them, so only a later pass or token needs their
+        experts. Empty slots first, then the least requested experts (LFU counts), which leave the cache.
+        A slot lent to a layer that has run since is lent again once no read is landing in it."""
+        place = self._place[layer]
+        offers = []
+        for lender in self._order[: max(place - 1, 0)]:
+            cache = self.caches[lender]
+            if cache.pool.slot_bytes < length:
+                continue
+            loans = self.loans.get(lender, [])
+            for loan in list(loans):
+                _, batch, borrower, _ = loan
+                if self._place[borrower] < place - 1:  # it has run: the slot is free once its read ended
+                    batch.cancel()
+                    if not batch.pending:
+                        loans.remove(loan)
+                        self._forget(loan)
+            lent = {s for s, *_ in loans}
+            for s in range(cache.pool.n):
+                if s not in lent:
+                    e = int(cache.slot_expert[s])
+                    offers.append((-1 if e < 0 else int(cache.counts[e]), lender, s))
+        offers.sort()
+        out = []
+        for _, lender, s in offers[:n]:
+            self.caches[lender].drop(s)
+            out.append((self.caches[lender].pool, s, lender))
+        return out
+
+    def _reclaim(self, lender: int) -> None:
+        """Take back the slots `lender` lent: reads not started are dropped, running ones waited for, and a
+        borrowing layer that has not computed its expert yet forgets it (it reads it itself)."""
+        for loan in self.loans.pop(lender, ()):
+            loan[1].cancel()
+            loan[1].abandon()
+            self._forget(loan)
+
+    def _forget(self, loan) -> None:
+        """A borrowing layer that has not computed the expert of an ended loan (its run failed) reads it itself."""
+        _, batch, layer, e = loan
+        got = self.pf_pending.get(layer, {}).get(e)
+        if got is not None and got[1] is batch:
+            del self.pf_pending[layer][e]
 
     def _start_deferred(self, landed: bool) -> None:
         """Start the lookahead `prefetch` left for this layer's `run`: a prompt's once the layer's reads
@@ -410,6 +493,8 @@ class StreamingExperts:
         each slot whose expert has been computed takes the next read at once, so reads stay in flight
         the whole time. Which experts stay cached at the end does not change any result."""
         cache = self.caches[layer]
+        if layer in self.loans:
+            self._reclaim(layer)
         hits, misses = cache.request(experts)
         cache.pin(hits.values())
         batch = None
@@ -472,6 +557,8 @@ class StreamingExperts:
         `popularity`) and let LFU start from those counts. Call while no generation runs. Returns the
         experts read; a layer whose expert count differs from `counts` is left as it is."""
         read = 0
+        for lender in list(self.loans):
+            self._reclaim(lender)
         for layer, cache in self.caches.items():
             saved = counts.get(layer)
             if saved is None or len(saved) != cache.n_experts:
@@ -508,6 +595,8 @@ class StreamingExperts:
 
     def close(self) -> None:
         self._deferred = None
+        for lender in list(self.loans):
+            self._reclaim(lender)
         for layer in self.pf_pending:
             self._settle_prefetch(layer, wait=True)
         self.lander.shutdown(wait=True)

@@ -33,6 +33,8 @@ class LayerStats:
     prefetched: int = 0
     prefetch_hits: int = 0
     prefetch_cancelled: int = 0  # prefetches dropped before their read started
+    borrowed: int = 0  # a prompt's lookahead reads into slots other layers lent (`StreamingExperts._borrow`)
+    lent: int = 0  # cached experts dropped to lend their slot to a prompt's lookahead (`LayerCache.drop`)
     warmed: int = 0  # experts read ahead of any request from saved popularity (`StreamingExperts.warm`)
 
     @property
@@ -146,6 +148,14 @@ class LayerCache:
         self.pinned.add(s)
         self.slot_used[s] = self.tick
         return s
+
+    def drop(self, s: int) -> None:
+        """Empty unpinned slot s (lent to another layer's reads: `StreamingExperts._borrow`)."""
+        old = int(self.slot_expert[s])
+        if old >= 0:
+            del self.where[old]
+            self.stats.lent += 1
+        self.slot_expert[s] = -1
 
     def fill(self, e: int, s: int) -> None:
         """Record that slot s now holds expert e (after its read and digest check)."""

@@ -73,7 +73,7 @@ def lookahead_pools(prefetch: int, n_layers: int, guesses: int) -> tuple[int, in
 # A prompt's lookahead reads the next layer's experts beyond its pool into cache slots lent by the layers
 # this pass has finished (their cached experts are dropped; every slot lent is empty again once the
 # borrowing layer has computed it): without them the disk idles through each layer's attention, with them
-# it reads on (benchmarks/README.md, "Slots lent to a prompt"). 0: off.
+# it reads on (benchmarks/README.md, "a prompt reads ahead into the slots of the layers it has finished"). 0: off.
 PROMPT_LEND_ENV = "RKMOJO_PROMPT_LEND"
 
 
@@ -336,6 +336,10 @@ class StreamingExperts:
             loan[1].abandon()
             self._forget(loan)
 
+    def _reclaim_all(self) -> None:
+        for lender in list(self.loans):
+            self._reclaim(lender)
+
     def _forget(self, loan) -> None:
         """A borrowing layer that has not computed the expert of an ended loan (its run failed) reads it itself."""
         _, batch, layer, e = loan
@@ -557,8 +561,7 @@ class StreamingExperts:
         `popularity`) and let LFU start from those counts. Call while no generation runs. Returns the
         experts read; a layer whose expert count differs from `counts` is left as it is."""
         read = 0
-        for lender in list(self.loans):
-            self._reclaim(lender)
+        self._reclaim_all()
         for layer, cache in self.caches.items():
             saved = counts.get(layer)
             if saved is None or len(saved) != cache.n_experts:
@@ -595,8 +598,7 @@ class StreamingExperts:
 
     def close(self) -> None:
         self._deferred = None
-        for lender in list(self.loans):
-            self._reclaim(lender)
+        self._reclaim_all()
         for layer in self.pf_pending:
             self._settle_prefetch(layer, wait=True)
         self.lander.shutdown(wait=True)

@@ -419,7 +419,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the streaming part inside a cgroup-v1 memory limit of this size, e.g. 4G (root)",
     )
     b.add_argument("--json", help="also write the results to this JSON file")
-    b.add_argument("--trace", help="also write the routing trace (phase, layer, experts, misses) to this JSON file")
+    b.add_argument(
+        "--trace",
+        help="also write the routing trace (phase, layer, experts, misses, misses the lookahead read, experts dropped to lend their slots) to this JSON file",
+    )
     b.set_defaults(fn=cmd_bench)
 
     n = sub.add_parser("npu", help="the RK3588 NPU: graphs for the dense prefill block, calibration (docs/npu.md)")

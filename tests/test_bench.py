@@ -85,17 +85,52 @@ def test_the_prefill_line_counts_the_experts_read_into_lent_slots(tiny):
     assert "experts read ahead into slots lent by finished layers" in line
 
 
-def test_the_simulator_replays_the_engines_own_hits_and_misses(tiny, monkeypatch):
-    monkeypatch.setenv("RKMOJO_TOKEN_PREFETCH", "0")  # a miss the lookahead read stays out of the cache
+@pytest.mark.parametrize("io", ["auto", "threads"])
+@pytest.mark.parametrize("token_prefetch", ["0", "2"])
+def test_the_simulator_replays_the_engines_own_hits_and_misses(tiny, monkeypatch, token_prefetch, io):
+    """Reads land in any order (a pread thread pool's need not keep the submitted one), the lookahead's
+    reads stay out of the cache and a prompt's lookahead empties finished layers' slots: all of it timing,
+    so the trace records it and the replay applies it. With no guesses there is no lookahead."""
+    monkeypatch.setenv("RKMOJO_TOKEN_PREFETCH", token_prefetch)
+    took = lent = 0
     for slots, policy in [(3, "lfu"), (3, "lru"), (6, "lfu")]:  # 3 < top-4 · rows: prefill goes in tiles
-        e = Engine.open(tiny, expert_slots=slots, policy=policy, chunk=8)
+        e = Engine.open(tiny, expert_slots=slots, policy=policy, chunk=8, io=io)
         rec = e.model.experts = TraceRecorder(e.model.experts)
         run_workload(e, small_workload(), rec)
-        sim = replay(rec.calls, 16, slots, policy)
+        sim = replay(rec.calls, 16, slots, policy, as_run=True)
         t = e.expert_stats["total"]
         assert sim["prefill"]["hits"] + sim["decode"]["hits"] == t["hits"]
         assert sim["prefill"]["requests"] + sim["decode"]["requests"] == t["requests"]
         assert sum(c.misses for c in rec.calls) == t["misses"]
+        took += sum(len(c.prefetched) for c in rec.calls)
+        lent += sum(len(c.lent) for c in rec.calls)
+        assert [Call.from_row(json.loads(json.dumps(c.row()))) for c in rec.calls] == rec.calls
+        e.close()
+    assert (took > 0 and lent > 0) == (token_prefetch != "0")  # both effects were there to replay
+
+
+def test_the_replay_as_run_keeps_the_lookaheads_reads_uncached_and_empties_lent_slots():
+    calls = [
+        Call("prefill", 0, (1, 2)),
+        Call("prefill", 1, (3, 4), prefetched=(4,), lent=((0, 1),)),
+        Call("decode", 0, (1, 2)),
+        Call("decode", 1, (3, 4)),
+    ]
+    plain, run = replay(calls, 8, 2, "lfu"), replay(calls, 8, 2, "lfu", as_run=True)
+    assert plain["decode"]["hits"] == 4
+    assert run["decode"]["hits"] == 2  # 1 was dropped for a loan, 4 never entered layer 1's cache
+
+
+def test_the_replay_as_run_lands_reads_in_the_recorded_order():
+    """Two slots, a request for 1, 2, 3: 3 takes the slot of whichever of 1 and 2 lands first, so what a
+    later request for 1 finds depends on the order the reads landed in, which the trace records."""
+
+    def decode_hits(filled, as_run=True):
+        calls = [Call("prefill", 0, (1, 2, 3), filled=filled), Call("decode", 0, (1,))]
+        return replay(calls, 8, 2, "lru", as_run=as_run)["decode"]["hits"]
+
+    assert decode_hits((1, 2, 3)) == 0 and decode_hits((), as_run=False) == 0  # 1 landed first, 3 evicted it
+    assert decode_hits((2, 1, 3)) == 1  # 2 landed first: 3 took its slot, 1 stayed
 
 
 def trace(*steps, phase="decode"):

@@ -5,6 +5,15 @@ layer, experts, misses). `replay` runs such a trace through the engine's own `La
 (so LFU and LRU are the engine's policies, not a re-implementation) in the order
 `StreamingExperts.run` uses it; `belady` is the offline optimum on the same trace: on a miss with
 every slot taken, evict the cached expert whose next request lies furthest in the future.
+
+What the engine does to its caches also depends on timing, which the requests alone do not tell:
+- a miss's read that lands first frees its slot first, and the slot takes the next miss; reads need not
+  land in the order submitted (a thread pool's preads, a busy disk);
+- a miss the lookahead read is computed from a lookahead slot and never enters the cache;
+- a prompt's lookahead empties slots of finished layers to read into, as many as the loans that have
+  ended let it.
+The recorder writes all three down with each call, and `replay(..., as_run=True)` applies them, so that at
+the engine's own size and policy the replay gives the engine's own hits.
 """
 
 from __future__ import annotations
@@ -27,6 +36,21 @@ class Call:
     layer: int
     experts: tuple[int, ...]
     misses: int = 0  # what the engine itself missed (recorded only from a live engine)
+    prefetched: tuple[int, ...] = ()  # misses computed from the lookahead's slots (they stayed uncached)
+    lent: tuple[tuple[int, int], ...] = ()  # (layer, expert): dropped from finished layers during the call
+    filled: tuple[int, ...] = ()  # the misses that entered the cache, in the order their reads landed
+
+    def row(self) -> list:
+        """The call as JSON (`from_row` reads it back)."""
+        lent = [list(x) for x in self.lent]
+        return [self.phase, self.layer, list(self.experts), self.misses, list(self.prefetched), lent, list(self.filled)]
+
+    @classmethod
+    def from_row(cls, row: list) -> "Call":
+        p, layer, experts, misses, *rest = row
+        prefetched, lent, filled = (rest + [[], [], []])[:3]  # a trace saved before these fields
+        lent = tuple((a, b) for a, b in lent)
+        return cls(p, layer, tuple(experts), misses, tuple(prefetched), lent, tuple(filled))
 
 
 class TraceRecorder:
@@ -36,14 +60,34 @@ class TraceRecorder:
         self.inner = inner
         self.calls: list[Call] = []
         self.phase = "prefill"
+        self._took: list[int] = []
+        self._lent: list[tuple[int, int]] = []
+        self._filled: list[int] = []
+        if hasattr(inner, "observer"):
+            inner.observer = self
 
     def run(self, layer: int, experts, compute, during_io=None):
         experts = tuple(int(e) for e in experts)
         caches = getattr(self.inner, "caches", None)
         before = caches[layer].stats.misses if caches else 0
+        self._took, self._lent, self._filled = [], [], []
         out = self.inner.run(layer, experts, compute, during_io)
-        self.calls.append(Call(self.phase, layer, experts, (caches[layer].stats.misses - before) if caches else 0))
+        misses = (caches[layer].stats.misses - before) if caches else 0
+        took, lent, filled = tuple(self._took), tuple(self._lent), tuple(self._filled)
+        self.calls.append(Call(self.phase, layer, experts, misses, took, lent, filled))
         return out
+
+    def filled(self, layer: int, expert: int) -> None:
+        """`StreamingExperts`: a miss of the running call entered the cache (its read landed)."""
+        self._filled.append(expert)
+
+    def took(self, layer: int, experts) -> None:
+        """`StreamingExperts`: these misses of the running call are computed from lookahead slots."""
+        self._took.extend(int(e) for e in experts)
+
+    def lent(self, layer: int, expert: int) -> None:
+        """`StreamingExperts`: `expert` left layer `layer`'s cache, its slot lent to the lookahead."""
+        self._lent.append((layer, expert))
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -56,13 +100,15 @@ class SimPool:
     n: int
 
 
-def serve(cache: LayerCache, experts) -> None:
+def serve(cache: LayerCache, experts, prefetched=(), landed=()) -> None:
     """One request through `cache` in the order `StreamingExperts.run` takes it: hits pinned, the
     misses that fit the free slots assigned; once the hits are computed their slots are free too, and
-    each computed miss frees its slot for the next (reads taken to land in the order submitted)."""
+    each computed miss frees its slot for the next. Reads land in the order `landed` names them, the
+    others in the order submitted; the `prefetched` misses take no slot (the lookahead read them)."""
     hits, misses = cache.request(experts)
     cache.pin(hits.values())
-    queue, inflight = list(misses), []
+    queue, inflight = [e for e in misses if e not in prefetched], []
+    order = list(landed)
 
     def top_up() -> None:
         while queue and len(cache.pinned) < cache.pool.n:
@@ -73,25 +119,39 @@ def serve(cache: LayerCache, experts) -> None:
     cache.pinned.difference_update(hits.values())
     top_up()
     while inflight:
-        e, s = inflight.pop(0)
+        named = [i for i, (e, _) in enumerate(inflight) if order and e == order[0]]
+        if named:
+            order.pop(0)
+        e, s = inflight.pop(named[0] if named else 0)
         cache.fill(e, s)
         cache.pinned.discard(s)
         top_up()
     cache.unpin_all()
 
 
-def replay(calls: list[Call], n_experts: int, slots: int, policy: str) -> dict[str, dict]:
-    """Requests and hits per phase of `calls` through fresh `LayerCache`s of `slots` slots."""
+def replay(calls: list[Call], n_experts: int, slots: int, policy: str, as_run: bool = False) -> dict[str, dict]:
+    """Requests and hits per phase of `calls` through fresh `LayerCache`s of `slots` slots. `as_run`:
+    with what the recording engine did (its landing order, misses its lookahead read stay uncached, lent
+    slots emptied), which only the engine's own size and policy reproduce; otherwise every miss fills a
+    slot and reads land in the order submitted."""
     caches: dict[int, LayerCache] = {}
+
+    def layer_cache(layer: int) -> LayerCache:
+        if layer not in caches:
+            caches[layer] = LayerCache(n_experts, SimPool(min(slots, n_experts)), policy)
+        return caches[layer]
+
     out = {p: {"requests": 0, "hits": 0} for p in PHASES}
     for c in calls:
-        cache = caches.get(c.layer)
-        if cache is None:
-            cache = caches[c.layer] = LayerCache(n_experts, SimPool(min(slots, n_experts)), policy)
+        cache = layer_cache(c.layer)
         h, r = cache.stats.hits, cache.stats.requests
-        serve(cache, c.experts)
+        serve(cache, c.experts, *((set(c.prefetched), c.filled) if as_run else ()))
         out[c.phase]["hits"] += cache.stats.hits - h
         out[c.phase]["requests"] += cache.stats.requests - r
+        for layer, e in c.lent if as_run else ():
+            lender = layer_cache(layer)
+            if e in lender.where:
+                lender.drop(lender.where[e])
     return out
 
 

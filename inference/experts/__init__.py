@@ -221,6 +221,9 @@ class StreamingExperts:
         self._order = order
         # slots lent to a prompt's lookahead: lender layer -> [(slot, the read's batch, borrowing layer, expert)]
         self.loans: dict[int, list[tuple[int, object, int, int]]] = {}
+        # told the order reads landed in and what the lookahead did to the caches, which a replay of the
+        # requests alone cannot know (they depend on timing): `cachesim.TraceRecorder`
+        self.observer = None
         pools, n = lookahead_pools(prefetch, len(order), guesses)
         if pools:
             self.pf_reader = ThreadReader(LayerFiles(store, direct), workers=PREFETCH_WORKERS)
@@ -324,7 +327,10 @@ class StreamingExperts:
         offers.sort()
         out = []
         for _, lender, s in offers[:n]:
+            e = int(self.caches[lender].slot_expert[s])
             self.caches[lender].drop(s)
+            if e >= 0 and self.observer is not None:
+                self.observer.lent(lender, e)
             out.append((self.caches[lender].pool, s, lender))
         return out
 
@@ -477,6 +483,8 @@ class StreamingExperts:
                     compute([(r.expert, w) for r, w in done])
                     for r, _ in done:  # one by one, as `cachesim.serve` replays them
                         cache.fill(r.expert, r.slot)
+                        if self.observer is not None:
+                            self.observer.filled(layer, r.expert)
                         stats.bytes_read += r.length
                         cache.pinned.discard(r.slot)  # computed: this layer needs it no more
                         self._top_up(layer, batch, queue)
@@ -510,7 +518,10 @@ class StreamingExperts:
             if hits:
                 compute([(e, self._view(layer, cache.pool.view(s))) for e, s in hits.items()])
             cache.pinned.difference_update(hits.values())
-            self._take_prefetched(layer, [e for e in misses if e in prefetched], compute)
+            took = [e for e in misses if e in prefetched]  # computed from the lookahead's slots, not cached
+            if took and self.observer is not None:
+                self.observer.took(layer, took)
+            self._take_prefetched(layer, took, compute)
             batch = self._top_up(layer, batch, queue)
             if batch is not None:
                 self._drain(layer, batch, compute, queue)

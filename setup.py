@@ -25,10 +25,12 @@ def arch_flags() -> list[str]:
 
 def kernel_builds() -> list[Extension]:
     """The native build, and on x86 the same source with AVX-512 or all SIMD ruled out, so one machine
-    can time each path (RKMOJO_KERNELS=avx2|scalar picks one at import, see inference/kernels)."""
+    can time each path (RKMOJO_KERNELS=avx2|scalar picks one at import, see inference/kernels). The AVX2
+    build is compiled without AVX-512 at all (-mno-avx512f): otherwise the compiler still encodes its
+    AVX2 code with EVEX and 32 vector registers, which an AVX2-only CPU (and valgrind) cannot run."""
     variants = [("_rkkernels", [])]
     if platform.machine().lower() in ("x86_64", "amd64") and not os.environ.get("RKMOJO_ARCH_FLAGS"):
-        variants += [("_rkkernels_avx2", ["-DRK_NO_AVX512"]), ("_rkkernels_scalar", ["-DRK_NO_SIMD"])]
+        variants += [("_rkkernels_avx2", ["-DRK_NO_AVX512", "-mno-avx512f"]), ("_rkkernels_scalar", ["-DRK_NO_SIMD"])]
     return [
         Extension(
             f"inference.kernels.{name}",

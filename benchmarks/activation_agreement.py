@@ -8,7 +8,10 @@ on the text, and the worst |Δlogit| / logit range. SmolLM2 (the demo GGUF, Q4_1
 the tiny MoE models of the parity tests have random weights (q4 stores), where the text is just ids
 and only agreement means something.
 
-    .venv/bin/python benchmarks/activation_agreement.py [--tokens 1024] [--store DIR] [--decode]
+    .venv/bin/python benchmarks/activation_agreement.py [--tokens 1024] [--store DIR] [--decode] [--no-repack]
+
+Each model is repacked for its mode as the engine does (`kernels.repack.repack_model`; `--no-repack`:
+the store layout, the row-major kernels).
 """
 
 import argparse
@@ -21,6 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from inference import kernels  # noqa: E402
+from inference.kernels.repack import repack_model  # noqa: E402
 from inference.model import load_model  # noqa: E402
 
 
@@ -31,11 +35,15 @@ def corpus() -> str:
     return "\n\n".join(topics[k] for k in sorted(topics))
 
 
-def logits_by_mode(store, ids: np.ndarray, chunk: int = 128, decode: bool = False) -> dict[str, np.ndarray]:
+def logits_by_mode(
+    store, ids: np.ndarray, chunk: int = 128, decode: bool = False, repacked: bool = True
+) -> dict[str, np.ndarray]:
     out = {}
     for mode in ("f32", "decode" if decode else "q8"):  # decode: the default mode, as a user gets it
         kernels.set_activations(mode)
         m = load_model(store, chunk=chunk)
+        if repacked:  # as Engine.open does: the matrices of this mode's int8 one-row products, rows in lanes
+            repack_model(m, mode)
         cache = m.new_cache()
         if decode:
             out["q8" if mode == "decode" else mode] = np.concatenate(
@@ -70,6 +78,9 @@ def main() -> None:
     p.add_argument("--store", default=None, help="SmolLM2 store (default: the demo model, converted if needed)")
     p.add_argument("--no-tiny", action="store_true", help="skip the tiny random MoE models")
     p.add_argument("--decode", action="store_true", help="SmolLM2 one token at a time (the decode step)")
+    p.add_argument(
+        "--no-repack", action="store_true", help="keep the store layout (the engine repacks, see kernels.repack)"
+    )
     a = p.parse_args()
     from inference.demo import demo_gguf
     from inference.store import Store
@@ -84,10 +95,11 @@ def main() -> None:
 
             store = convert_gguf(demo_gguf(), Path(d) / "smollm2", progress=False)
         ids = np.array(StoreTokenizer(Store(store)).encode(corpus())[: a.tokens])
-        lg = logits_by_mode(store, ids)
+        rp = not a.no_repack
+        lg = logits_by_mode(store, ids, repacked=rp)
         report("smollm2-135m (Q4_1)", lg, ids)
         if a.decode:
-            dec = logits_by_mode(store, ids, decode=True)
+            dec = logits_by_mode(store, ids, decode=True, repacked=rp)
             report("smollm2-135m, decode", dec, ids)
             report("  f32 decode vs f32 prefill", {"f32": lg["f32"], "q8": dec["f32"]}, ids)
         if a.no_tiny:
@@ -102,7 +114,7 @@ def main() -> None:
             src = build_checkpoint(cls, cfg, Path(d) / arch / "hf")
             st = convert(src, Path(d) / arch / "q4", "q4", progress=False)
             tids = ids % cfg.vocab_size
-            report(f"tiny {arch} (q4, random)", logits_by_mode(st, tids, chunk=16), tids)
+            report(f"tiny {arch} (q4, random)", logits_by_mode(st, tids, chunk=16, repacked=rp), tids)
 
 
 if __name__ == "__main__":

@@ -31,9 +31,27 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 
 
+def variant_env(variant: str) -> tuple[str, str, dict[str, str]]:
+    """BUILD:ACTIVATIONS[:NAME=VALUE+NAME=VALUE...] as (build, activations, extra environment), e.g.
+    `avx2::RKMOJO_REPACK=0` (the AVX2 build, default activations, repacking off).
+
+    Raises:
+        SystemExit: an environment item without "=".
+    """
+    build, _, rest = variant.partition(":")
+    activations, _, extra = rest.partition(":")
+    env = {}
+    for item in filter(None, extra.split("+")):
+        name, eq, value = item.partition("=")
+        if not eq or not name:
+            raise SystemExit(f"--variants {variant!r}: {item!r} is not NAME=VALUE (e.g. avx2::RKMOJO_REPACK=0)")
+        env[name] = value
+    return build, activations, env
+
+
 def rkmojo_decode(store: Path, tokens: int, prompt: list[int], threads: int, variant: str = "native:") -> dict:
-    build, _, activations = variant.partition(":")
-    env = {**os.environ, "RKMOJO_KERNELS": build}
+    build, activations, extra = variant_env(variant)
+    env = {**os.environ, "RKMOJO_KERNELS": build, **extra}
     if build == "baseline":  # another checkout's engine (--baseline-src), with its defaults
         env = {**os.environ, "PYTHONPATH": os.environ["RKMOJO_BASELINE_SRC"]}
         env.pop("RKMOJO_KERNELS", None)
@@ -106,8 +124,9 @@ def main(argv=None) -> int:
     p.add_argument(
         "--variants",
         default="native:",
-        help="rkmojo runs as BUILD:ACTIVATIONS, comma-separated "
-        "(build native|avx2|scalar|baseline; activations f32|q8|experts|decode, empty: the default)",
+        help="rkmojo runs as BUILD:ACTIVATIONS[:NAME=VALUE+...], comma-separated "
+        "(build native|avx2|scalar|baseline; activations f32|q8|experts|decode, empty: the default; "
+        "then environment variables for that child, e.g. avx2::RKMOJO_REPACK=0)",
     )
     p.add_argument("--baseline-src", help="a checkout whose engine runs as the variant 'baseline:' (built in place)")
     p.add_argument("--child", help=argparse.SUPPRESS)

@@ -13,7 +13,9 @@ A `QTensor` is a 2-D weight `[out, in]` kept in one of these kinds:
 A ``q4`` matrix may be held repacked in memory (``q4r``, `repack_q4`: 16 rows side by side for the
 kernels' int8 path; see "repacked q4" in inference/kernels/rkkernels.c): resident dense ones from load,
 experts from when they land in a cache slot, or on disk where `rkmojo repack` rewrote a store's experts
-(docs/store-format.md). `quantize` never makes it, so it is not one of `KINDS`.
+(docs/store-format.md). A ``q4_1`` matrix likewise (``q4_1r``, `repack_q4_1`: a GGUF model's resident dense
+matrices, from load; groups of one block, its d and m as scales and biases). `quantize` never makes
+either, so they are not among `KINDS`.
 
 The runtime half (fused dequantize-and-multiply) lives in `inference.kernels`; `dequantize` here is
 the reference the kernels are tested against.
@@ -31,6 +33,7 @@ GGUF_BLOCK = 32
 GGUF_BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
 KINDS = ("f32", "f16", "q8", "q4", "q4_0", "q4_1", "q8_0")
 REPACKED_Q4 = "q4r"  # q4 repacked in panels of RP rows (in memory; experts also on disk, `rkmojo repack`)
+REPACKED_Q4_1 = "q4_1r"  # q4_1 repacked likewise (in memory only)
 RP = 16
 QUANT_CHOICES = ("f16", "q8", "q4")
 
@@ -54,8 +57,8 @@ class QTensor:
     def rows(self, idx) -> "QTensor":
         """The rows `idx` of this matrix in the same kind (used for embedding lookups)."""
         parts = {k: v[idx] for k, v in self.parts.items()}
-        if self.kind == REPACKED_Q4:
-            return unrepack_q4(self).rows(idx)
+        if self.kind in (REPACKED_Q4, REPACKED_Q4_1):
+            return unrepack(self).rows(idx)
         n = len(np.atleast_1d(np.arange(self.shape[0])[idx]))
         return QTensor(self.kind, (n, *self.shape[1:]), parts)
 
@@ -142,8 +145,8 @@ def dequantize(t: QTensor) -> np.ndarray:
     """The float32 values of `t` (the numpy reference for every kernel)."""
     if t.kind in ("f32", "f16"):
         return t.parts["w"].astype(np.float32)
-    if t.kind == REPACKED_Q4:
-        return dequantize(unrepack_q4(t))
+    if t.kind in (REPACKED_Q4, REPACKED_Q4_1):
+        return dequantize(unrepack(t))
     out, inn = t.shape
     if t.kind == "q8":
         return t.parts["q"].astype(np.float32) * t.parts["scales"][:, None]
@@ -185,6 +188,9 @@ def part_layout(kind: str, shape: tuple[int, ...]) -> dict[str, tuple[str, tuple
             "scales": ("float16", (rows, inn // Q4_GROUP)),
             "biases": ("float16", (rows, inn // Q4_GROUP)),
         }
+    if kind == REPACKED_Q4_1:
+        rows, nb = -(-out // RP) * RP, inn // GGUF_BLOCK
+        return {"q": ("uint8", (rows, inn // 2)), "scales": ("float16", (rows, nb)), "biases": ("float16", (rows, nb))}
     if kind in GGUF_BLOCK_BYTES:
         return {"blocks": ("uint8", (out, inn // GGUF_BLOCK * GGUF_BLOCK_BYTES[kind]))}
     raise ValueError(f"unknown tensor kind {kind!r}")
@@ -225,3 +231,48 @@ def unrepack_q4(t: QTensor) -> QTensor:
         lay = src.reshape(rows // RP, ng, per_group, RP, width).transpose(0, 3, 1, 2, 4)
         parts[name] = np.ascontiguousarray(lay.reshape(rows, src.shape[1])[:out])
     return QTensor("q4", (out, inn), parts)
+
+
+def repack_q4_1(t: QTensor) -> QTensor:
+    """`t` (q4_1) as q4_1r (new arrays): rows padded with zeros to a multiple of RP, then per panel of RP
+    rows and block of 32, the block's 16 nibble bytes of each row cut in 4-byte pieces, piece c of the
+    panel's 16 rows side by side (64 bytes), and the blocks' d (scales) and m (biases) of 16 rows side by
+    side: q4r's layout with a group of one block ("repacked q4" in inference/kernels/rkkernels.c)."""
+    if t.kind != "q4_1":
+        raise ValueError(f"repack_q4_1 takes q4_1 matrices, got {t.kind}")
+    out, inn = t.shape
+    nb, rows = inn // GGUF_BLOCK, -(-out // RP) * RP
+    blk = np.zeros((rows, nb, GGUF_BLOCK_BYTES["q4_1"]), np.uint8)
+    blk[:out] = t.parts["blocks"].reshape(out, nb, -1)
+    parts = {}
+    for name, sl, pieces, width in (
+        ("scales", slice(0, 2), 1, 2),
+        ("biases", slice(2, 4), 1, 2),
+        ("q", slice(4, 20), 4, 4),
+    ):
+        src = np.ascontiguousarray(blk[..., sl])  # [rows, nb, bytes]
+        # [panel, row, block, piece, bytes] -> [panel, block, piece, row, bytes]
+        lay = src.reshape(rows // RP, RP, nb, pieces, width).transpose(0, 2, 3, 1, 4)
+        parts[name] = np.ascontiguousarray(lay).reshape(rows, -1)
+    parts["scales"], parts["biases"] = parts["scales"].view(np.float16), parts["biases"].view(np.float16)
+    return QTensor(REPACKED_Q4_1, (out, inn), parts)
+
+
+def unrepack(t: QTensor) -> QTensor:
+    """The matrix a q4r or q4_1r one was made from (`repack_q4` / `repack_q4_1` undone; new arrays)."""
+    if t.kind == REPACKED_Q4:
+        return unrepack_q4(t)
+    if t.kind != REPACKED_Q4_1:
+        raise ValueError(f"unrepack takes q4r or q4_1r matrices, got {t.kind}")
+    out, inn = t.shape
+    nb, rows = inn // GGUF_BLOCK, -(-out // RP) * RP
+    blk = np.empty((rows, nb, GGUF_BLOCK_BYTES["q4_1"]), np.uint8)
+    for name, sl, pieces, width in (
+        ("scales", slice(0, 2), 1, 2),
+        ("biases", slice(2, 4), 1, 2),
+        ("q", slice(4, 20), 4, 4),
+    ):
+        src = np.ascontiguousarray(t.parts[name]).view(np.uint8)
+        lay = src.reshape(rows // RP, nb, pieces, RP, width).transpose(0, 3, 1, 2, 4)
+        blk[..., sl] = lay.reshape(rows, nb, pieces * width)
+    return QTensor("q4_1", (out, inn), {"blocks": np.ascontiguousarray(blk[:out].reshape(out, -1))})

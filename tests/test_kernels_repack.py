@@ -1,6 +1,7 @@
-"""Repacked q4 ("q4r", rows in lanes): the int8 kernel against the row-major one and the float64 reference
-on every backend, row counts that do not fill a panel, thread counts, every activation row with the bits
-it has alone, float calls with the store matrix's own bits, and experts repacked where they land."""
+"""Repacked q4 and q4_1 ("q4r", "q4_1r", rows in lanes): the int8 kernel against the row-major one and the
+float64 reference on every backend, row counts that do not fill a panel, thread counts, every activation
+row with the bits it has alone, float calls with the store matrix's own bits, and experts repacked where
+they land."""
 
 from __future__ import annotations
 
@@ -10,10 +11,22 @@ from kernels_ref import assert_close, halfway_row, int8_activations, random_weig
 
 from inference import kernels
 from inference.kernels import repack
-from inference.quant import REPACKED_Q4, dequantize, part_layout, repack_q4, unrepack_q4
+from inference.quant import (
+    REPACKED_Q4,
+    REPACKED_Q4_1,
+    dequantize,
+    part_layout,
+    repack_q4,
+    repack_q4_1,
+    unrepack,
+    unrepack_q4,
+)
 
 # (out, in): ragged row counts (not multiples of 16), a lone row, whole panels, odd group counts
 SHAPES = ((1, 64), (7, 192), (16, 128), (33, 1152), (203, 2112), (512, 2048))
+# the kinds with a repacked layout: q4 (groups of 64, two blocks), q4_1 (GGUF blocks of 32, one per group)
+REPACK = {"q4": repack_q4, "q4_1": repack_q4_1}
+KINDS = pytest.mark.parametrize("kind", list(REPACK))
 
 
 @pytest.fixture(scope="module")
@@ -44,18 +57,22 @@ def close_to_row_major(y_rp, y_old, x, w, rel=1e-5):
     assert err <= rel, f"{w.shape}: repacked vs row-major {err:.2e} of |x||W|"
 
 
-def test_repacking_is_a_layout_only(rng):
-    for out, inn in SHAPES:
-        w = random_weight("q4", out, inn, rng)
-        r = repack_q4(w)
-        assert r.kind == REPACKED_Q4 and r.shape == w.shape
-        for name, (dt, shp) in part_layout(REPACKED_Q4, w.shape).items():
+@KINDS
+def test_repacking_is_a_layout_only(rng, kind):
+    for out, inn in SHAPES + ((5, 96),) * (kind == "q4_1"):
+        w = random_weight(kind, out, inn, rng)
+        r = REPACK[kind](w)
+        assert r.kind == {"q4": REPACKED_Q4, "q4_1": REPACKED_Q4_1}[kind] and r.shape == w.shape
+        for name, (dt, shp) in part_layout(r.kind, w.shape).items():
             assert r.parts[name].dtype == dt and r.parts[name].shape == shp
-            assert not np.shares_memory(r.parts[name], w.parts[name])
-        back = unrepack_q4(r)
-        assert all(np.array_equal(back.parts[n], w.parts[n]) for n in w.parts)
+            assert not any(np.shares_memory(r.parts[name], p) for p in w.parts.values())
+        back = unrepack(r)
+        assert back.kind == kind and all(np.array_equal(back.parts[n], w.parts[n]) for n in w.parts)
         assert np.array_equal(dequantize(r), dequantize(w))
-        assert np.array_equal(r.rows([0, out - 1]).parts["q"], w.rows([0, out - 1]).parts["q"])
+        first_last = w.rows([0, out - 1]).parts
+        assert all(np.array_equal(r.rows([0, out - 1]).parts[n], first_last[n]) for n in first_last)
+    if kind == "q4":
+        assert unrepack_q4(REPACK[kind](w)).kind == "q4"
 
 
 def test_layout_puts_16_rows_of_a_4_byte_piece_in_one_line(rng):
@@ -66,11 +83,24 @@ def test_layout_puts_16_rows_of_a_4_byte_piece_in_one_line(rng):
         assert np.array_equal(line[4 * r : 4 * r + 4], w.parts["q"][r, 32 * g + 4 * c : 32 * g + 4 * c + 4])
 
 
+def test_q4_1_layout_is_q4s_with_a_group_of_one_block(rng):
+    """Block b's line c holds nibble bytes 4c..4c+3 of each of the 16 rows; d and m of 16 rows side by side."""
+    w = random_weight("q4_1", 16, 128, rng)
+    r = repack_q4_1(w)
+    q, blk = r.parts["q"].reshape(-1), w.parts["blocks"].reshape(16, 4, 20)
+    for b, c, row in ((0, 0, 0), (1, 3, 5), (3, 2, 15)):
+        line = q[256 * b + 64 * c : 256 * b + 64 * c + 64]
+        assert np.array_equal(line[4 * row : 4 * row + 4], blk[row, b, 4 + 4 * c : 8 + 4 * c])
+    d = r.parts["scales"].reshape(-1)
+    assert np.array_equal(d[16 * 2 : 16 * 3].view(np.uint8).reshape(16, 2), blk[:, 2, 0:2])
+
+
+@KINDS
 @pytest.mark.parametrize("shape", SHAPES)
-def test_one_int8_row_matches_the_row_major_kernel_and_the_reference(shape, rng):
+def test_one_int8_row_matches_the_row_major_kernel_and_the_reference(shape, rng, kind):
     out, inn = shape
-    w = random_weight("q4", out, inn, rng)
-    r = repack_q4(w)
+    w = random_weight(kind, out, inn, rng)
+    r = REPACK[kind](w)
     kernels.set_activations("q8")
     for x in (rows_of(inn, rng), halfway_row(inn)[None]):
         y_rp, y_old = kernels.linear(x, r), kernels.linear(x, w)
@@ -79,10 +109,11 @@ def test_one_int8_row_matches_the_row_major_kernel_and_the_reference(shape, rng)
         close_to_row_major(y_rp, y_old, x, w)
 
 
-def test_the_thread_count_and_call_company_do_not_change_the_bits(rng):
-    w = random_weight("q4", 203, 1152, rng)
-    r = repack_q4(w)
-    others = [random_weight(k, 37, 1152, rng) for k in ("q4", "q8_0", "f16")]
+@KINDS
+def test_the_thread_count_and_call_company_do_not_change_the_bits(rng, kind):
+    w = random_weight(kind, 203, 1152, rng)
+    r = REPACK[kind](w)
+    others = [random_weight(k, 37, 1152, rng) for k in (kind, "q8_0", "f16")]
     x = rng.standard_normal((1, 1152), dtype=np.float32)
     kernels.set_activations("q8")
     kernels.set_threads(1)
@@ -95,12 +126,13 @@ def test_the_thread_count_and_call_company_do_not_change_the_bits(rng):
         assert np.array_equal(ys[0], kernels.linear(x, others[0]))
 
 
-def test_float_calls_on_a_repacked_matrix_give_the_store_matrix_bits(rng):
+@KINDS
+def test_float_calls_on_a_repacked_matrix_give_the_store_matrix_bits(rng, kind):
     """Float activations (prompts in decode mode, one float row) unpack the panels and run the row-major kernels."""
     kernels.set_activations("f32")
     for out, inn in ((7, 192), (203, 2112)):
-        w = random_weight("q4", out, inn, rng)
-        r = repack_q4(w)
+        w = random_weight(kind, out, inn, rng)
+        r = REPACK[kind](w)
         for T in (1, 6, 17, 130):
             x = rng.standard_normal((T, inn), dtype=np.float32)
             for threads in (1, 2):
@@ -112,13 +144,14 @@ def each_row_alone(lin, x, w):
     return np.concatenate([lin(x[t : t + 1], w) for t in range(len(x))])
 
 
-def test_int8_rows_on_a_repacked_matrix_have_the_bits_they_have_alone(rng):
+@KINDS
+def test_int8_rows_on_a_repacked_matrix_have_the_bits_they_have_alone(rng, kind):
     """Several activation rows (prompts, an expert's rows) run in lanes too, RP_T of them per pass over a
     panel: each row's sums are its one-row sums, whatever T, the thread count or the call."""
     kernels.set_activations("q8")
     for out, inn in ((7, 192), (203, 2112)):
-        w = random_weight("q4", out, inn, rng)
-        r = repack_q4(w)
+        w = random_weight(kind, out, inn, rng)
+        r = REPACK[kind](w)
         for T in (2, 3, 5, 6, 130):
             x = rng.standard_normal((T, inn), dtype=np.float32)
             alone = each_row_alone(kernels.linear, x, r)
@@ -132,6 +165,8 @@ def test_the_compiled_decode_step_uses_repacked_matrices():
     """rkdecode.h passes the kind code on: a q4r matrix is a valid decode matrix."""
     w = repack_q4(random_weight("q4", 20, 128, np.random.default_rng(1)))
     assert kernels.matrix_fields(w)[0] == 3 | 32
+    w = repack_q4_1(random_weight("q4_1", 20, 128, np.random.default_rng(1)))
+    assert kernels.matrix_fields(w)[0] == 5 | 32
 
 
 def test_grouped_calls_take_repacked_experts(rng):
@@ -165,11 +200,12 @@ def test_the_compiled_repacking_is_quant_repack_q4(rng):
         kernels.repack_q4(ro, in_place=True)
 
 
-def test_the_other_c_backends_match(other_build, rng):
+@KINDS
+def test_the_other_c_backends_match(other_build, rng, kind):
     other_build.set_threads(2)
     out, inn = 203, 2112
-    w = random_weight("q4", out, inn, rng)
-    r = repack_q4(w)
+    w = random_weight(kind, out, inn, rng)
+    r = REPACK[kind](w)
     x = rng.standard_normal((1, inn), dtype=np.float32)
     xs = rng.standard_normal((9, inn), dtype=np.float32)
     other_build.set_activations("q8")  # a shared build: back to f32 before any assertion
@@ -187,17 +223,20 @@ def test_the_other_c_backends_match(other_build, rng):
     assert np.array_equal(y_rp1, y_rp)
     assert np.array_equal(prompt, prompt_alone)
     assert np.array_equal(*float_prompt)
+    if kind != "q4":
+        return
     w16 = random_weight("q4", 48, inn, rng)  # the compiled repacking: this build's transposes
     got, want = other_build.repack_q4(w16), repack_q4(w16)
     assert all(np.array_equal(got.parts[n], want.parts[n]) for n in want.parts)
 
 
+@KINDS
 @pytest.mark.parametrize("build", ["neon", "neon_v80"])
-def test_the_neon_backends_match_under_qemu(build, rng, request):
+def test_the_neon_backends_match_under_qemu(build, rng, request, kind):
     neon = request.getfixturevalue(build)
     for out, inn in ((7, 192), (203, 2112)):
-        w = random_weight("q4", out, inn, rng)
-        r = repack_q4(w)
+        w = random_weight(kind, out, inn, rng)
+        r = REPACK[kind](w)
         x = rng.standard_normal((1, inn), dtype=np.float32)
         y_rp = neon.linear(x, r, threads=2, activations="q8")
         assert_close(y_rp, int8_activations(x), w)
@@ -207,6 +246,8 @@ def test_the_neon_backends_match_under_qemu(build, rng, request):
         alone = np.concatenate([neon.linear(xs[t : t + 1], r, activations="q8") for t in range(len(xs))])
         assert np.array_equal(neon.linear(xs, r, activations="q8"), alone)
         assert np.array_equal(neon.linear(xs, r, activations="f32"), neon.linear(xs, w, activations="f32"))
+    if kind != "q4":
+        return
     for out, inn in ((16, 64), (48, 1152), (32, 2816)):  # the compiled repacking (its NEON transposes)
         w = random_weight("q4", out, inn, rng)
         got, want = neon.repack_q4(w), repack_q4(w)
@@ -221,7 +262,7 @@ class _Model:
                 "norm": np.ones(128, np.float32),
                 "mlp": {"up": random_weight("q4", 40, 128, rng)},
             },
-            {"q": random_weight("q8_0", 32, 128, rng)},
+            {"q": random_weight("q8_0", 32, 128, rng), "o": random_weight("q4_1", 24, 128, rng)},
         ]
         self.lm_head = random_weight("q4", 50, 128, rng)
 
@@ -235,7 +276,7 @@ def test_a_model_repacks_its_dense_q4_matrices_for_int8_decode(rng, monkeypatch)
     monkeypatch.delenv(repack.ENV)
     assert repack.repack_model(m, "q8") > 0
     assert m.layers[0]["q"].kind == m.layers[0]["mlp"]["up"].kind == m.lm_head.kind == REPACKED_Q4
-    assert m.layers[1]["q"].kind == "q8_0"
+    assert m.layers[1]["q"].kind == "q8_0" and m.layers[1]["o"].kind == REPACKED_Q4_1
 
 
 # ------------------------------------------------------------------ whole models

@@ -27,9 +27,9 @@
  * with dot exact in int32 (VNNI, AVX2 maddubs, NEON sdot or widening multiplies, scalar C: the same
  * integers) and the float steps in a fixed order, so the determinism above holds in this mode too.
  *
- * Repacked q4 (a q4 kind code | RK_RP): matrices the engine repacked (dense ones at load, experts where
- * they land), 16 output rows side by side, so that int8 products take 16 rows per vector instruction;
- * float calls unpack them back to the store layout and get its bits. See "repacked q4" below.
+ * Repacked q4 and q4_1 (their kind code | RK_RP): matrices the engine repacked (dense ones at load, q4
+ * experts where they land), 16 output rows side by side, so that int8 products take 16 rows per vector
+ * instruction; float calls unpack them back to the store layout and get its bits. See "repacked q4" below.
  */
 #ifndef RK_NO_PYTHON
 #define PY_SSIZE_T_CLEAN
@@ -70,7 +70,7 @@ typedef struct {
     const uint8_t *p0;   /* w | q | blocks */
     const uint8_t *p1;   /* q8: scales f32 [out]; q4: scales f16 [out, ng] */
     const uint8_t *p2;   /* q4: biases f16 [out, ng] */
-    int rp;              /* q4 repacked (rows in lanes, see "repacked q4"): p0, p1, p2 in panels of RP rows */
+    int rp;              /* q4 / q4_1 repacked (rows in lanes, "repacked q4"): p0, p1, p2 in panels of RP rows */
 } wmat;
 
 typedef struct {
@@ -470,16 +470,22 @@ RK_INLINE void run_rows_q8a(const int kind, const wmat *w, const acts *a, int64_
  * chains to overlap.
  * Float calls on a repacked matrix (prompts in the decode mode, any T) unpack each panel's rows back into
  * the store layout in a scratch buffer and run the row-major kernels on it: the same bits as on the
- * store's own matrix, at the cost of one copy per panel and activation tile. */
+ * store's own matrix, at the cost of one copy per panel and activation tile.
+ *
+ * Repacked q4_1 (a GGUF model's dense matrices, repacked at load) is the same layout with a group of one
+ * block: its 16 nibble bytes (byte j: element j low, j + 16 high, which rp_block meets with the block's
+ * int8 activations in their own order) as 4 lines of 64 bytes at (p nb + b) 256 + 64 c, and the blocks'
+ * d and m as scales and biases f16 [p][b][16]; its bias part is m_rb xs_b, xs_b the block's int8 sum. */
 
 RK_INLINE int64_t rp_rows(int64_t out) { return (out + RP - 1) / RP * RP; }
 
 #define RP_T 4 /* activation rows per pass over a panel (int8 on repacked q4) */
 
-/* The outputs of panel p for the NT activation rows t .. t + NT - 1 of `a` (q8a, q4 order) into y, of the
- * panel's rows those below `out`. The NT rows share each line load; each row's sums are those it has alone
- * (the same operations in the same order), so a row's bits do not depend on T or on its neighbours. */
-RK_INLINE void rp_panel_q8a(const wmat *w, const acts *a, int64_t p, int64_t t, const int NT)
+/* The outputs of panel p for the NT activation rows t .. t + NT - 1 of `a` (q8a, in the order of the kind)
+ * into y, of the panel's rows those below `out`; BPG blocks of 32 per group (q4 2, q4_1 1). The NT rows
+ * share each line load; each row's sums are those it has alone (the same operations in the same order),
+ * so a row's bits do not depend on T or on its neighbours. */
+RK_INLINE void rp_panel_q8a(const wmat *w, const acts *a, int64_t p, int64_t t, const int NT, const int BPG)
 {
     const int64_t ng = w->ng, in = w->in, nb = in / 32;
     const uint8_t *q = w->p0 + p * RP * (in / 2);
@@ -493,9 +499,9 @@ RK_INLINE void rp_panel_q8a(const wmat *w, const acts *a, int64_t p, int64_t t, 
             decu_f16(sc + RP * g + DU * u, s + NU * u);
             decu_f16(bi + RP * g + DU * u, m + NU * u);
         }
-        for (int h = 0; h < 2; h++) {
-            const int64_t b = 2 * g + h;
-            const uint8_t *qb = q + 512 * g + 256 * h;
+        for (int h = 0; h < BPG; h++) {
+            const int64_t b = BPG * g + h;
+            const uint8_t *qb = q + 256 * b;
             for (int c = 0; c < 4; c++) prefetch_ahead(qb + 64 * c);
             for (int j = 0; j < NT; j++) {
                 vf d[RP / VL];
@@ -578,6 +584,21 @@ static void rp_unpack(const wmat *w, int64_t p, uint8_t *buf)
         for (int r = 0; r < RP; r++) {
             ds[r * ng + g] = s[RP * g + r];
             dm[r * ng + g] = m[RP * g + r];
+        }
+}
+
+/* Panel p's rows of a repacked q4_1 matrix in the store layout: blocks of 20 bytes (d, m, 16 nibble bytes). */
+static void rp_unpack_q4_1(const wmat *w, int64_t p, uint8_t *buf)
+{
+    const int64_t nb = w->ng;
+    const uint8_t *q = w->p0 + p * RP * (w->in / 2);
+    const uint16_t *s = (const uint16_t *)w->p1 + p * RP * nb, *m = (const uint16_t *)w->p2 + p * RP * nb;
+    for (int r = 0; r < RP; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *blk = buf + r * w->row_bytes + 20 * b;
+            memcpy(blk, s + RP * b + r, 2);
+            memcpy(blk + 2, m + RP * b + r, 2);
+            for (int c = 0; c < 4; c++) memcpy(blk + 4 + 4 * c, q + 256 * b + 64 * c + 4 * r, 4);
         }
 }
 
@@ -692,22 +713,32 @@ static const runner_fn RUNNERS_Q8A[K_COUNT] = {NULL, NULL, NULL, run_q8a_q4, run
 /* Output rows [o0, o1) of a repacked q4 matrix (whole panels, o1 a panel's end or `out`): int8 activations
  * in lanes, RP_T activation rows per pass over a panel; float ones through the row-major kernels on each
  * panel unpacked (see "repacked q4"). */
-static void run_rows_rp(int q8a, const wmat *w, const acts *a, int64_t o0, int64_t o1)
+static void run_rows_rp(int kind, int q8a, const wmat *w, const acts *a, int64_t o0, int64_t o1)
 {
     if (q8a) {
         for (int64_t o = o0; o < o1; o += RP)
             for (int64_t t = 0; t < a->T; t += RP_T) {
-                switch (a->T - t < RP_T ? a->T - t : RP_T) { /* NT a constant in each: the loops unroll */
-                case 1: rp_panel_q8a(w, a, o / RP, t, 1); break;
-                case 2: rp_panel_q8a(w, a, o / RP, t, 2); break;
-                case 3: rp_panel_q8a(w, a, o / RP, t, 3); break;
-                default: rp_panel_q8a(w, a, o / RP, t, RP_T); break;
+                const int64_t p = o / RP, nt = a->T - t < RP_T ? a->T - t : RP_T;
+                if (kind == K_Q4_1) {
+                    switch (nt) { /* NT and BPG constants in each: the loops unroll */
+                    case 1: rp_panel_q8a(w, a, p, t, 1, 1); break;
+                    case 2: rp_panel_q8a(w, a, p, t, 2, 1); break;
+                    case 3: rp_panel_q8a(w, a, p, t, 3, 1); break;
+                    default: rp_panel_q8a(w, a, p, t, RP_T, 1); break;
+                    }
+                } else {
+                    switch (nt) {
+                    case 1: rp_panel_q8a(w, a, p, t, 1, 2); break;
+                    case 2: rp_panel_q8a(w, a, p, t, 2, 2); break;
+                    case 3: rp_panel_q8a(w, a, p, t, 3, 2); break;
+                    default: rp_panel_q8a(w, a, p, t, RP_T, 2); break;
+                    }
                 }
             }
         return;
     }
     const int64_t half = w->in / 2;
-    uint8_t *buf = malloc((size_t)(RP * half + 4 * RP * w->ng) + 1);
+    uint8_t *buf = malloc((size_t)(kind == K_Q4_1 ? RP * w->row_bytes : RP * half + 4 * RP * w->ng) + 1);
     for (int64_t o = o0 - o0 % RP; o < o1; o += RP) {
         const int64_t r0 = o0 > o ? o0 - o : 0, r1 = o1 - o < RP ? o1 - o : RP;
         if (!buf) { /* no scratch: the rows say so rather than hold stale values */
@@ -715,15 +746,19 @@ static void run_rows_rp(int q8a, const wmat *w, const acts *a, int64_t o0, int64
                 for (int64_t r = r0; r < r1; r++) a->y[t * w->out + o + r] = NAN;
             continue;
         }
-        rp_unpack(w, o / RP, buf);
         wmat u = *w;
         u.rp = 0;
         u.p0 = buf;
-        u.p1 = buf + RP * half;
-        u.p2 = u.p1 + 2 * RP * w->ng;
+        if (kind == K_Q4_1) {
+            rp_unpack_q4_1(w, o / RP, buf);
+        } else {
+            rp_unpack(w, o / RP, buf);
+            u.p1 = buf + RP * half;
+            u.p2 = u.p1 + 2 * RP * w->ng;
+        }
         acts b = *a;
         b.y = a->y + o; /* rows r of the scratch are rows o + r of y (whose row stride stays w->out) */
-        (q8a ? RUNNERS_Q8A : RUNNERS)[K_Q4](&u, &b, r0, r1);
+        RUNNERS[kind](&u, &b, r0, r1);
     }
     free(buf);
 }
@@ -820,7 +855,7 @@ static void run_task(const void *ctx, int64_t task)
     const part *p = &jb->parts[j];
     const int64_t o0 = (task - p->task0) * p->rows, o1 = o0 + p->rows < p->w.out ? o0 + p->rows : p->w.out;
     if (p->w.rp)
-        run_rows_rp(p->q8a, &p->w, &p->a, o0, o1);
+        run_rows_rp(p->kind, p->q8a, &p->w, &p->a, o0, o1);
     else
         (p->q8a ? RUNNERS_Q8A : RUNNERS)[p->kind](&p->w, &p->a, o0, o1);
 }
@@ -886,8 +921,10 @@ static int threads_for(int64_t work)
 /* Flag on a kind code: multiply with int8 activations where the kind has that path (q4, q4_0, q4_1,
  * q8_0; see q8a_tile); other kinds ignore it. */
 #define RK_Q8A 16
-/* Flag on the q4 kind code: the parts are repacked (rows in lanes, see "repacked q4"), rows padded to RP. */
+/* Flag on the q4 and q4_1 kind codes: the parts are repacked (rows in lanes, see "repacked q4"), rows padded
+ * to RP: q4 (q, scales, biases); q4_1 (q, d as scales, m as biases). */
 #define RK_RP 32
+RK_INLINE int rp_kind(int kind) { return kind == K_Q4 || kind == K_Q4_1; }
 
 /* Preparations of x a call may need, shared by its matrices: nibble rewrites for q4 and for GGUF
  * kinds, and int8 activations in q4's order and in the GGUF blocks' one. */
@@ -933,7 +970,7 @@ RK_API int rk_linear_many(int n, int64_t T, int64_t in, const float *x, const in
         const int rc = wmat_init(&p->w, p->kind, d[1], in, (const void *)(intptr_t)d[3],
                                  (const void *)(intptr_t)d[4], (const void *)(intptr_t)d[5]);
         if (rc) return rc;
-        if ((p->w.rp = (d[0] & RK_RP) != 0) && p->kind != K_Q4) return RK_EINVAL;
+        if ((p->w.rp = (d[0] & RK_RP) != 0) && !rp_kind(p->kind)) return RK_EINVAL;
         p->q8a = (d[0] & RK_Q8A) && RUNNERS_Q8A[p->kind] != NULL;
         p->y = (float *)(intptr_t)d[2];
         const int f = family(p);
@@ -1034,7 +1071,7 @@ RK_API int rk_linear_grouped(int n, int64_t in, const int64_t *desc)
         if (T < 0 || T > TILE_T) rc = RK_EINVAL;
         if (rc || (rc = wmat_init(&p->w, p->kind, d[1], in, (const void *)(intptr_t)d[3],
                                   (const void *)(intptr_t)d[4], (const void *)(intptr_t)d[5])) ||
-            ((p->w.rp = (d[0] & RK_RP) != 0) && p->kind != K_Q4 && (rc = RK_EINVAL))) {
+            ((p->w.rp = (d[0] & RK_RP) != 0) && !rp_kind(p->kind) && (rc = RK_EINVAL))) {
             n = j;
             break;
         }

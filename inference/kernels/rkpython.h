@@ -11,8 +11,9 @@
 /* buffer format of each part by kind (numpy: f float32, e float16, b int8, B uint8) */
 static const char *const PART_FORMATS[K_COUNT] = {"f", "e", "bf", "Bee", "B", "B", "B"};
 
-static int64_t part_bytes(int kind, const wmat *w, int j)
+static int64_t part_bytes(int kind, const wmat *w, int j, int rp)
 {
+    if (rp) return j ? 2 * w->out * w->ng : w->out * (w->in / 2); /* q4 / q4_1 repacked: q, scales, biases */
     switch (kind) {
     case K_F32: return 4 * w->out * w->in;
     case K_F16: return 2 * w->out * w->in;
@@ -59,9 +60,10 @@ static PyObject *py_linear_many(PyObject *self, PyObject *const *args, Py_ssize_
         const int kind = code & ~(RK_Q8A | RK_RP), rp = (code & RK_RP) != 0;
         const int64_t out = len >= 4 ? PyLong_AsLongLong(PyTuple_GET_ITEM(item, 1)) : -1;
         wmat w;
-        /* a repacked q4 matrix's parts hold its rows padded to whole panels */
-        if (PyErr_Occurred() || (rp && kind != K_Q4) || wmat_init(&w, kind, rp ? rp_rows(out) : out, in, NULL, NULL, NULL) ||
-            len != 3 + (Py_ssize_t)strlen(PART_FORMATS[kind])) {
+        /* a repacked q4 / q4_1 matrix's parts (q, scales, biases) hold its rows padded to whole panels */
+        const char *formats = rp ? "Bee" : kind >= 0 && kind < K_COUNT ? PART_FORMATS[kind] : "";
+        if (PyErr_Occurred() || (rp && !rp_kind(kind)) || wmat_init(&w, kind, rp ? rp_rows(out) : out, in, NULL, NULL, NULL) ||
+            len != 3 + (Py_ssize_t)strlen(formats)) {
             if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "linear_many: bad item");
             rc = -1;
             break;
@@ -70,8 +72,8 @@ static PyObject *py_linear_many(PyObject *self, PyObject *const *args, Py_ssize_
         desc[6 * j + 1] = out;
         for (Py_ssize_t a = 2; a < len && rc == 0; a++) {
             const int part = (int)a - 3; /* -1: y */
-            const char fmt = part < 0 ? 'f' : PART_FORMATS[kind][part];
-            const int64_t bytes = part < 0 ? 4 * T * out : part_bytes(kind, &w, part);
+            const char fmt = part < 0 ? 'f' : formats[part];
+            const int64_t bytes = part < 0 ? 4 * T * out : part_bytes(kind, &w, part, rp);
             if (take_buffer(PyTuple_GET_ITEM(item, a), &bufs[nbuf], fmt, bytes, part < 0) < 0) {
                 rc = -1;
                 break;

@@ -14,8 +14,9 @@ A ``q4`` matrix may be held repacked in memory (``q4r``, `repack_q4`: 16 rows si
 kernels' int8 path; see "repacked q4" in inference/kernels/rkkernels.c): resident dense ones from load,
 experts from when they land in a cache slot, or on disk where `rkmojo repack` rewrote a store's experts
 (docs/store-format.md). A ``q4_1`` matrix likewise (``q4_1r``, `repack_q4_1`: a GGUF model's resident dense
-matrices, from load; groups of one block, its d and m as scales and biases). `quantize` never makes
-either, so they are not among `KINDS`.
+matrices, from load; groups of one block, its d and m as scales and biases), and a ``q8_0`` one
+(``q8_0r``, `repack_q8_0`: a GGUF model's Q8_0 matrices and tied LM head; int8 weights, d as scales, and
+each block's weight sum per row). `quantize` never makes these, so they are not among `KINDS`.
 
 The runtime half (fused dequantize-and-multiply) lives in `inference.kernels`; `dequantize` here is
 the reference the kernels are tested against.
@@ -34,6 +35,8 @@ GGUF_BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
 KINDS = ("f32", "f16", "q8", "q4", "q4_0", "q4_1", "q8_0")
 REPACKED_Q4 = "q4r"  # q4 repacked in panels of RP rows (in memory; experts also on disk, `rkmojo repack`)
 REPACKED_Q4_1 = "q4_1r"  # q4_1 repacked likewise (in memory only)
+REPACKED_Q8_0 = "q8_0r"  # q8_0 repacked likewise (in memory only)
+REPACKED = (REPACKED_Q4, REPACKED_Q4_1, REPACKED_Q8_0)
 RP = 16
 QUANT_CHOICES = ("f16", "q8", "q4")
 
@@ -57,7 +60,7 @@ class QTensor:
     def rows(self, idx) -> "QTensor":
         """The rows `idx` of this matrix in the same kind (used for embedding lookups)."""
         parts = {k: v[idx] for k, v in self.parts.items()}
-        if self.kind in (REPACKED_Q4, REPACKED_Q4_1):
+        if self.kind in REPACKED:
             return unrepack(self).rows(idx)
         n = len(np.atleast_1d(np.arange(self.shape[0])[idx]))
         return QTensor(self.kind, (n, *self.shape[1:]), parts)
@@ -145,7 +148,7 @@ def dequantize(t: QTensor) -> np.ndarray:
     """The float32 values of `t` (the numpy reference for every kernel)."""
     if t.kind in ("f32", "f16"):
         return t.parts["w"].astype(np.float32)
-    if t.kind in (REPACKED_Q4, REPACKED_Q4_1):
+    if t.kind in REPACKED:
         return dequantize(unrepack(t))
     out, inn = t.shape
     if t.kind == "q8":
@@ -191,6 +194,9 @@ def part_layout(kind: str, shape: tuple[int, ...]) -> dict[str, tuple[str, tuple
     if kind == REPACKED_Q4_1:
         rows, nb = -(-out // RP) * RP, inn // GGUF_BLOCK
         return {"q": ("uint8", (rows, inn // 2)), "scales": ("float16", (rows, nb)), "biases": ("float16", (rows, nb))}
+    if kind == REPACKED_Q8_0:
+        rows, nb = -(-out // RP) * RP, inn // GGUF_BLOCK
+        return {"q": ("int8", (rows, inn)), "scales": ("float16", (rows, nb)), "sums": ("int16", (rows, nb))}
     if kind in GGUF_BLOCK_BYTES:
         return {"blocks": ("uint8", (out, inn // GGUF_BLOCK * GGUF_BLOCK_BYTES[kind]))}
     raise ValueError(f"unknown tensor kind {kind!r}")
@@ -233,46 +239,65 @@ def unrepack_q4(t: QTensor) -> QTensor:
     return QTensor("q4", (out, inn), parts)
 
 
+# A GGUF kind's repacked parts cut from its blocks: (part, first byte, end byte, pieces, piece bytes); each
+# piece of a panel's 16 rows lies side by side, piece after piece, block after block.
+_GGUF_PIECES = {
+    "q4_1": (REPACKED_Q4_1, (("scales", 0, 2, 1, 2), ("biases", 2, 4, 1, 2), ("q", 4, 20, 4, 4))),
+    "q8_0": (REPACKED_Q8_0, (("scales", 0, 2, 1, 2), ("q", 2, 34, 8, 4))),
+}
+
+
+def _repack_gguf(t: QTensor, kind: str) -> QTensor:
+    if t.kind != kind:
+        raise ValueError(f"repack_{kind} takes {kind} matrices, got {t.kind}")
+    new_kind, pieces_of = _GGUF_PIECES[kind]
+    out, inn = t.shape
+    nb, rows = inn // GGUF_BLOCK, -(-out // RP) * RP
+    blk = np.zeros((rows, nb, GGUF_BLOCK_BYTES[kind]), np.uint8)
+    blk[:out] = t.parts["blocks"].reshape(out, nb, -1)
+    parts = {}
+    for name, first, end, pieces, width in pieces_of:
+        src = np.ascontiguousarray(blk[..., first:end])  # [rows, nb, bytes]
+        # [panel, row, block, piece, bytes] -> [panel, block, piece, row, bytes]
+        lay = src.reshape(rows // RP, RP, nb, pieces, width).transpose(0, 2, 3, 1, 4)
+        parts[name] = np.ascontiguousarray(lay).reshape(rows, -1)
+    parts["scales"] = parts["scales"].view(np.float16)
+    if "biases" in parts:
+        parts["biases"] = parts["biases"].view(np.float16)
+    if kind == "q8_0":
+        q = blk[..., 2:].view(np.int8).astype(np.int16).sum(axis=-1, dtype=np.int16)  # [rows, nb]
+        parts["q"] = parts["q"].view(np.int8)
+        parts["sums"] = np.ascontiguousarray(q.reshape(rows // RP, RP, nb).transpose(0, 2, 1)).reshape(rows, nb)
+    return QTensor(new_kind, (out, inn), parts)
+
+
 def repack_q4_1(t: QTensor) -> QTensor:
     """`t` (q4_1) as q4_1r (new arrays): rows padded with zeros to a multiple of RP, then per panel of RP
     rows and block of 32, the block's 16 nibble bytes of each row cut in 4-byte pieces, piece c of the
     panel's 16 rows side by side (64 bytes), and the blocks' d (scales) and m (biases) of 16 rows side by
     side: q4r's layout with a group of one block ("repacked q4" in inference/kernels/rkkernels.c)."""
-    if t.kind != "q4_1":
-        raise ValueError(f"repack_q4_1 takes q4_1 matrices, got {t.kind}")
-    out, inn = t.shape
-    nb, rows = inn // GGUF_BLOCK, -(-out // RP) * RP
-    blk = np.zeros((rows, nb, GGUF_BLOCK_BYTES["q4_1"]), np.uint8)
-    blk[:out] = t.parts["blocks"].reshape(out, nb, -1)
-    parts = {}
-    for name, sl, pieces, width in (
-        ("scales", slice(0, 2), 1, 2),
-        ("biases", slice(2, 4), 1, 2),
-        ("q", slice(4, 20), 4, 4),
-    ):
-        src = np.ascontiguousarray(blk[..., sl])  # [rows, nb, bytes]
-        # [panel, row, block, piece, bytes] -> [panel, block, piece, row, bytes]
-        lay = src.reshape(rows // RP, RP, nb, pieces, width).transpose(0, 2, 3, 1, 4)
-        parts[name] = np.ascontiguousarray(lay).reshape(rows, -1)
-    parts["scales"], parts["biases"] = parts["scales"].view(np.float16), parts["biases"].view(np.float16)
-    return QTensor(REPACKED_Q4_1, (out, inn), parts)
+    return _repack_gguf(t, "q4_1")
+
+
+def repack_q8_0(t: QTensor) -> QTensor:
+    """`t` (q8_0) as q8_0r (new arrays): as `repack_q4_1`, with each block's 32 int8 weights of a row in 8
+    pieces of 4 bytes (8 lines of 64 bytes per block and panel), d as scales, and per block and row the sum
+    of its 32 weights (int16 "sums", side by side like the scales; the VNNI kernel's correction)."""
+    return _repack_gguf(t, "q8_0")
 
 
 def unrepack(t: QTensor) -> QTensor:
-    """The matrix a q4r or q4_1r one was made from (`repack_q4` / `repack_q4_1` undone; new arrays)."""
+    """The matrix a q4r, q4_1r or q8_0r one was made from (the repacking undone; new arrays)."""
     if t.kind == REPACKED_Q4:
         return unrepack_q4(t)
-    if t.kind != REPACKED_Q4_1:
-        raise ValueError(f"unrepack takes q4r or q4_1r matrices, got {t.kind}")
+    kind = next((k for k, (new, _) in _GGUF_PIECES.items() if new == t.kind), None)
+    if kind is None:
+        raise ValueError(f"unrepack takes repacked matrices ({', '.join(REPACKED)}), got {t.kind}")
     out, inn = t.shape
     nb, rows = inn // GGUF_BLOCK, -(-out // RP) * RP
-    blk = np.empty((rows, nb, GGUF_BLOCK_BYTES["q4_1"]), np.uint8)
-    for name, sl, pieces, width in (
-        ("scales", slice(0, 2), 1, 2),
-        ("biases", slice(2, 4), 1, 2),
-        ("q", slice(4, 20), 4, 4),
-    ):
+    blk = np.empty((rows, nb, GGUF_BLOCK_BYTES[kind]), np.uint8)
+    for name, first, end, pieces, width in _GGUF_PIECES[kind][1]:
         src = np.ascontiguousarray(t.parts[name]).view(np.uint8)
         lay = src.reshape(rows // RP, nb, pieces, RP, width).transpose(0, 3, 1, 2, 4)
-        blk[..., sl] = lay.reshape(rows, nb, pieces * width)
-    return QTensor("q4_1", (out, inn), {"blocks": np.ascontiguousarray(blk[:out].reshape(out, -1))})
+        blk[..., first:end] = lay.reshape(rows, nb, pieces * width)
+    return QTensor(kind, (out, inn), {"blocks": np.ascontiguousarray(blk[:out].reshape(out, -1))})

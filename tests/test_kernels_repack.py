@@ -1,4 +1,4 @@
-"""Repacked q4 and q4_1 ("q4r", "q4_1r", rows in lanes): the int8 kernel against the row-major one and the
+"""Repacked q4, q4_1 and q8_0 ("q4r", "q4_1r", "q8_0r", rows in lanes): the int8 kernel against the row-major one and the
 float64 reference on every backend, row counts that do not fill a panel, thread counts, every activation
 row with the bits it has alone, float calls with the store matrix's own bits, and experts repacked where
 they land."""
@@ -14,18 +14,22 @@ from inference.kernels import repack
 from inference.quant import (
     REPACKED_Q4,
     REPACKED_Q4_1,
+    REPACKED_Q8_0,
+    QTensor,
     dequantize,
     part_layout,
     repack_q4,
     repack_q4_1,
+    repack_q8_0,
     unrepack,
     unrepack_q4,
 )
 
 # (out, in): ragged row counts (not multiples of 16), a lone row, whole panels, odd group counts
 SHAPES = ((1, 64), (7, 192), (16, 128), (33, 1152), (203, 2112), (512, 2048))
-# the kinds with a repacked layout: q4 (groups of 64, two blocks), q4_1 (GGUF blocks of 32, one per group)
-REPACK = {"q4": repack_q4, "q4_1": repack_q4_1}
+# the kinds with a repacked layout: q4 (groups of 64, two blocks), q4_1 and q8_0 (GGUF blocks of 32, one per group)
+REPACK = {"q4": repack_q4, "q4_1": repack_q4_1, "q8_0": repack_q8_0}
+REPACKED_KIND = {"q4": REPACKED_Q4, "q4_1": REPACKED_Q4_1, "q8_0": REPACKED_Q8_0}
 KINDS = pytest.mark.parametrize("kind", list(REPACK))
 
 
@@ -59,10 +63,10 @@ def close_to_row_major(y_rp, y_old, x, w, rel=1e-5):
 
 @KINDS
 def test_repacking_is_a_layout_only(rng, kind):
-    for out, inn in SHAPES + ((5, 96),) * (kind == "q4_1"):
+    for out, inn in SHAPES + ((5, 96),) * (kind != "q4"):
         w = random_weight(kind, out, inn, rng)
         r = REPACK[kind](w)
-        assert r.kind == {"q4": REPACKED_Q4, "q4_1": REPACKED_Q4_1}[kind] and r.shape == w.shape
+        assert r.kind == REPACKED_KIND[kind] and r.shape == w.shape
         for name, (dt, shp) in part_layout(r.kind, w.shape).items():
             assert r.parts[name].dtype == dt and r.parts[name].shape == shp
             assert not any(np.shares_memory(r.parts[name], p) for p in w.parts.values())
@@ -93,6 +97,44 @@ def test_q4_1_layout_is_q4s_with_a_group_of_one_block(rng):
         assert np.array_equal(line[4 * row : 4 * row + 4], blk[row, b, 4 + 4 * c : 8 + 4 * c])
     d = r.parts["scales"].reshape(-1)
     assert np.array_equal(d[16 * 2 : 16 * 3].view(np.uint8).reshape(16, 2), blk[:, 2, 0:2])
+
+
+def test_q8_0_layout_has_8_lines_per_block_and_the_rows_weight_sums(rng):
+    """Block b's line c holds int8 bytes 4c..4c+3 of each of the 16 rows; d and the block's weight sum of 16
+    rows side by side; rows past `out` are zeros (sum 0)."""
+    w = random_weight("q8_0", 13, 128, rng)
+    r = repack_q8_0(w)
+    q, blk = r.parts["q"].reshape(-1), w.parts["blocks"].reshape(13, 4, 34)
+    for b, c, row in ((0, 0, 0), (1, 7, 5), (3, 4, 12)):
+        line = q[512 * b + 64 * c : 512 * b + 64 * c + 64]
+        assert np.array_equal(line[4 * row : 4 * row + 4].view(np.uint8), blk[row, b, 2 + 4 * c : 6 + 4 * c])
+    sums = r.parts["sums"].reshape(-1)
+    want = blk[:, 2, 2:].view(np.int8).astype(np.int64).sum(axis=1)
+    assert np.array_equal(sums[16 * 2 : 16 * 2 + 13], want) and not sums[16 * 2 + 13 : 16 * 3].any()
+
+
+def q8_0_extremes(out: int, inn: int, rng) -> QTensor:
+    """q8_0 blocks whose weights are all -128, all 127 or random in [-128, 127] (a GGUF file may hold -128,
+    which llama.cpp's quantizer never writes), d 1: the sums at both ends of their range."""
+    blocks = np.zeros((out, inn // 32, 34), np.uint8)
+    blocks[..., :2] = np.frombuffer(np.float16(1.0).tobytes(), np.uint8)
+    q = rng.integers(-128, 128, (out, inn // 32, 32), dtype=np.int64)
+    q[0], q[1] = -128, 127
+    blocks[..., 2:] = q.astype(np.int8).view(np.uint8)
+    return QTensor("q8_0", (out, inn), {"blocks": blocks.reshape(out, -1)})
+
+
+def test_q8_0_weights_at_the_ends_of_int8_stay_exact(rng):
+    """-128 weights (whose |w| is 128 in AVX2's sign trick) and 127 ones against activations at +-127: the
+    int8 dots are exact integers, so the result is the float64 product of the same int8 operands."""
+    kernels.set_activations("q8")
+    w = q8_0_extremes(20, 256, rng)
+    for x in (np.full((1, 256), 1.0, np.float32), np.full((1, 256), -1.0, np.float32), rows_of(256, rng)):
+        y = kernels.linear(x, repack_q8_0(w))
+        assert_close(y, int8_activations(x), w)
+        close_to_row_major(y, kernels.linear(x, w), x, w)
+    ones = kernels.linear(np.ones((1, 256), np.float32), repack_q8_0(w))
+    assert ones[0, 0] == -128 * 256 and ones[0, 1] == 127 * 256
 
 
 @KINDS
@@ -167,6 +209,8 @@ def test_the_compiled_decode_step_uses_repacked_matrices():
     assert kernels.matrix_fields(w)[0] == 3 | 32
     w = repack_q4_1(random_weight("q4_1", 20, 128, np.random.default_rng(1)))
     assert kernels.matrix_fields(w)[0] == 5 | 32
+    w = repack_q8_0(random_weight("q8_0", 20, 128, np.random.default_rng(1)))
+    assert kernels.matrix_fields(w)[0] == 6 | 32
 
 
 def test_grouped_calls_take_repacked_experts(rng):
@@ -223,6 +267,13 @@ def test_the_other_c_backends_match(other_build, rng, kind):
     assert np.array_equal(y_rp1, y_rp)
     assert np.array_equal(prompt, prompt_alone)
     assert np.array_equal(*float_prompt)
+    if kind == "q8_0":  # this build's sign trick at the ends of int8
+        other_build.set_activations("q8")
+        try:
+            ones = other_build.linear(np.ones((1, 256), np.float32), repack_q8_0(q8_0_extremes(20, 256, rng)))
+        finally:
+            other_build.set_activations("f32")
+        assert ones[0, 0] == -128 * 256 and ones[0, 1] == 127 * 256
     if kind != "q4":
         return
     w16 = random_weight("q4", 48, inn, rng)  # the compiled repacking: this build's transposes
@@ -246,6 +297,9 @@ def test_the_neon_backends_match_under_qemu(build, rng, request, kind):
         alone = np.concatenate([neon.linear(xs[t : t + 1], r, activations="q8") for t in range(len(xs))])
         assert np.array_equal(neon.linear(xs, r, activations="q8"), alone)
         assert np.array_equal(neon.linear(xs, r, activations="f32"), neon.linear(xs, w, activations="f32"))
+    if kind == "q8_0":  # widening products and sdot at the ends of int8
+        ones = neon.linear(np.ones((1, 256), np.float32), repack_q8_0(q8_0_extremes(20, 256, rng)), activations="q8")
+        assert ones[0, 0] == -128 * 256 and ones[0, 1] == 127 * 256
     if kind != "q4":
         return
     for out, inn in ((16, 64), (48, 1152), (32, 2816)):  # the compiled repacking (its NEON transposes)
@@ -276,7 +330,7 @@ def test_a_model_repacks_its_dense_q4_matrices_for_int8_decode(rng, monkeypatch)
     monkeypatch.delenv(repack.ENV)
     assert repack.repack_model(m, "q8") > 0
     assert m.layers[0]["q"].kind == m.layers[0]["mlp"]["up"].kind == m.lm_head.kind == REPACKED_Q4
-    assert m.layers[1]["q"].kind == "q8_0" and m.layers[1]["o"].kind == REPACKED_Q4_1
+    assert m.layers[1]["q"].kind == REPACKED_Q8_0 and m.layers[1]["o"].kind == REPACKED_Q4_1
 
 
 # ------------------------------------------------------------------ whole models

@@ -21,16 +21,17 @@ from pathlib import Path
 
 import numpy as np
 
-from ..quant import KINDS, REPACKED_Q4, REPACKED_Q4_1, QTensor, part_layout
+from ..quant import KINDS, REPACKED_Q4, REPACKED_Q4_1, REPACKED_Q8_0, QTensor, part_layout
 
 EXTENSION = "inference.kernels._rkkernels"
 BUILD_HINT = "build it with `pip install -e .` (or `python setup.py build_ext --inplace`) in the repo"
 
 # kind → its code in rkkernels.c
 _KIND_CODES = {kind: code for code, kind in enumerate(KINDS)}
-RP_FLAG = 32  # RK_RP in rkkernels.c: q4's / q4_1's code with it takes repacked parts (quant.repack_q4, _q4_1)
+RP_FLAG = 32  # RK_RP in rkkernels.c: q4's, q4_1's, q8_0's code with it takes repacked parts (quant.repack_*)
 _KIND_CODES[REPACKED_Q4] = _KIND_CODES["q4"] | RP_FLAG
 _KIND_CODES[REPACKED_Q4_1] = _KIND_CODES["q4_1"] | RP_FLAG
+_KIND_CODES[REPACKED_Q8_0] = _KIND_CODES["q8_0"] | RP_FLAG
 _ERRORS = {1: "invalid kind or shape", 2: "out of memory for the activation scratch"}
 Q8A = 16  # RK_Q8A in rkkernels.c: a kind code's flag for int8 activations
 # float activations (the exact path); int8 per block of 32 (q4, q4_0, q4_1, q8_0 weights) everywhere; int8

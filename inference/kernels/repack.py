@@ -1,10 +1,11 @@
-"""Repacking of q4 and q4_1 matrices for the kernels' int8 path: resident dense ones at model load, q4
-experts where they land.
+"""Repacking of q4, q4_1 and q8_0 matrices for the kernels' int8 path: resident dense ones at model load,
+q4 experts where they land.
 
 A q4 matrix repacked (`inference.quant.repack_q4`, kind "q4r") holds 16 output rows side by side, so an
 int8 product computes 16 rows per vector instruction with no horizontal sums, each activation row with
 the bits it has alone ("repacked q4" in rkkernels.c). A q4_1 matrix (a GGUF model's) repacked ("q4_1r",
-`quant.repack_q4_1`) is the same layout with groups of one block of 32. Float calls on it (prompts in the decode mode)
+`quant.repack_q4_1`) is the same layout with groups of one block of 32, and a q8_0 matrix ("q8_0r",
+`quant.repack_q8_0`: a GGUF model's Q8_0 matrices, its tied LM head) too, with int8 weights. Float calls on it (prompts in the decode mode)
 unpack 16 rows at a time into the store layout and get the bits the store's matrix gives; the int8
 results agree with the row-major kernel within float rounding.
 
@@ -23,7 +24,7 @@ kernels then stop touching), so the weights are not held twice; a tied LM head i
 (the embedding keeps the store's rows for its lookups).
 
 Which dense matrices: those whose one-row products use int8 activations in the engine's mode (`_lib.ACTIVATIONS`):
-"q8", every resident dense q4 and q4_1 matrix (q4_1: a GGUF model's, repacked into new arrays, `quant.repack_q4_1`);
+"q8", every resident dense q4, q4_1 and q8_0 matrix (q4_1, q8_0: a GGUF model's, repacked into new arrays);
 "decode", the layers of a model with a compiled decode step
 (`llama_decode`, `moe_decode_layer`: their attention and dense MLP matrices) and its LM head (int8 for a
 generated token, `Transformer.forward`), whose other calls (prompts) are float; "f32" and "experts", none.
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 import os
 
-from ..quant import REPACKED_Q4, REPACKED_Q4_1, RP, QTensor, repack_q4, repack_q4_1
+from ..quant import REPACKED, REPACKED_Q4, RP, QTensor, repack_q4, repack_q4_1, repack_q8_0
 
 ENV = "RKMOJO_REPACK"
 
@@ -49,11 +50,13 @@ def enabled() -> bool:
 
 def repack(w, in_place: bool = False):
     """`w` repacked when it is a q4 matrix (a new QTensor; `in_place`: in `w`'s memory where it can be,
-    see `repack_q4`) or a q4_1 one (new arrays, `repack_q4_1`), else `w` itself."""
+    see `repack_q4`) or a q4_1 or q8_0 one (new arrays, `repack_q4_1`, `repack_q8_0`), else `w` itself."""
     if isinstance(w, QTensor) and w.kind == "q4" and len(w.shape) == 2:
         return repack_q4(w, in_place)
     if isinstance(w, QTensor) and w.kind == "q4_1" and len(w.shape) == 2:
         return repack_q4_1(w)
+    if isinstance(w, QTensor) and w.kind == "q8_0" and len(w.shape) == 2:
+        return repack_q8_0(w)
     return w
 
 
@@ -120,4 +123,4 @@ def repack_model(model, mode: str) -> int:
         walk(L)
     if isinstance(getattr(model, "lm_head", None), QTensor):  # "decode": a generated token's head is int8
         model.lm_head = one(model.lm_head)
-    return sum(new.nbytes for new in done.values() if new.kind in (REPACKED_Q4, REPACKED_Q4_1))
+    return sum(new.nbytes for new in done.values() if new.kind in REPACKED)

@@ -27,8 +27,8 @@
  * with dot exact in int32 (VNNI, AVX2 maddubs, NEON sdot or widening multiplies, scalar C: the same
  * integers) and the float steps in a fixed order, so the determinism above holds in this mode too.
  *
- * Repacked q4 and q4_1 (their kind code | RK_RP): matrices the engine repacked (dense ones at load, q4
- * experts where they land), 16 output rows side by side, so that int8 products take 16 rows per vector
+ * Repacked q4, q4_1 and q8_0 (their kind code | RK_RP): matrices the engine repacked (dense ones at load,
+ * q4 experts where they land), 16 output rows side by side, so that int8 products take 16 rows per vector
  * instruction; float calls unpack them back to the store layout and get its bits. See "repacked q4" below.
  */
 #ifndef RK_NO_PYTHON
@@ -70,7 +70,7 @@ typedef struct {
     const uint8_t *p0;   /* w | q | blocks */
     const uint8_t *p1;   /* q8: scales f32 [out]; q4: scales f16 [out, ng] */
     const uint8_t *p2;   /* q4: biases f16 [out, ng] */
-    int rp;              /* q4 / q4_1 repacked (rows in lanes, "repacked q4"): p0, p1, p2 in panels of RP rows */
+    int rp;              /* q4 / q4_1 / q8_0 repacked (rows in lanes, "repacked q4"): p0, p1, p2 in panels of RP rows */
 } wmat;
 
 typedef struct {
@@ -475,20 +475,28 @@ RK_INLINE void run_rows_q8a(const int kind, const wmat *w, const acts *a, int64_
  * Repacked q4_1 (a GGUF model's dense matrices, repacked at load) is the same layout with a group of one
  * block: its 16 nibble bytes (byte j: element j low, j + 16 high, which rp_block meets with the block's
  * int8 activations in their own order) as 4 lines of 64 bytes at (p nb + b) 256 + 64 c, and the blocks'
- * d and m as scales and biases f16 [p][b][16]; its bias part is m_rb xs_b, xs_b the block's int8 sum. */
+ * d and m as scales and biases f16 [p][b][16]; its bias part is m_rb xs_b, xs_b the block's int8 sum.
+ *
+ * Repacked q8_0 (a GGUF model's Q8_0 matrices, its tied LM head above all) likewise, with int8 weights: a
+ * block's 32 bytes of 16 rows as 8 lines of 64 bytes at (p nb + b) 512 + 64 c (line c: bytes 4c..4c+3 of
+ * each row), the blocks' d as scales f16 [p][b][16], and per block and row the sum of its 32 weights as
+ * int16 [p][b][16] (rp_block8: VNNI's unsigned operand is x + 128, whose extra 128 sum_w the sums take
+ * back); no bias part. */
 
 RK_INLINE int64_t rp_rows(int64_t out) { return (out + RP - 1) / RP * RP; }
 
 #define RP_T 4 /* activation rows per pass over a panel (int8 on repacked q4) */
 
 /* The outputs of panel p for the NT activation rows t .. t + NT - 1 of `a` (q8a, in the order of the kind)
- * into y, of the panel's rows those below `out`; BPG blocks of 32 per group (q4 2, q4_1 1). The NT rows
+ * into y, of the panel's rows those below `out`; BPG blocks of 32 per group (q4 2, q4_1 1); Q8: int8
+ * weights (q8_0, one block per group, no biases: p2 the weight sums). The NT rows
  * share each line load; each row's sums are those it has alone (the same operations in the same order),
  * so a row's bits do not depend on T or on its neighbours. */
-RK_INLINE void rp_panel_q8a(const wmat *w, const acts *a, int64_t p, int64_t t, const int NT, const int BPG)
+RK_INLINE void rp_panel_q8a(const wmat *w, const acts *a, int64_t p, int64_t t, const int NT, const int BPG,
+                              const int Q8)
 {
     const int64_t ng = w->ng, in = w->in, nb = in / 32;
-    const uint8_t *q = w->p0 + p * RP * (in / 2);
+    const uint8_t *q = w->p0 + p * RP * (Q8 ? in : in / 2);
     const uint16_t *sc = (const uint16_t *)w->p1 + p * RP * ng, *bi = (const uint16_t *)w->p2 + p * RP * ng;
     vf acc[RP_T][RP / VL], bacc[RP_T][RP / VL];
     for (int j = 0; j < NT; j++)
@@ -497,23 +505,27 @@ RK_INLINE void rp_panel_q8a(const wmat *w, const acts *a, int64_t p, int64_t t, 
         vf s[RP / VL], m[RP / VL];
         for (int u = 0; u < RP / DU; u++) {
             decu_f16(sc + RP * g + DU * u, s + NU * u);
-            decu_f16(bi + RP * g + DU * u, m + NU * u);
+            if (!Q8) decu_f16(bi + RP * g + DU * u, m + NU * u);
         }
         for (int h = 0; h < BPG; h++) {
             const int64_t b = BPG * g + h;
-            const uint8_t *qb = q + 256 * b;
-            for (int c = 0; c < 4; c++) prefetch_ahead(qb + 64 * c);
+            const uint8_t *qb = q + (Q8 ? 512 : 256) * b;
+            for (int c = 0; c < (Q8 ? 8 : 4); c++) prefetch_ahead(qb + 64 * c);
             for (int j = 0; j < NT; j++) {
                 vf d[RP / VL];
-                rp_block(qb, a->xq + (t + j) * in + 32 * b, d);
+                if (Q8)
+                    rp_block8(qb, a->xq + (t + j) * in + 32 * b, (const int16_t *)bi + RP * b, d);
+                else
+                    rp_block(qb, a->xq + (t + j) * in + 32 * b, d);
                 const vf db = vf_set1(a->dx[(t + j) * nb + b]);
                 for (int k = 0; k < RP / VL; k++) acc[j][k] = vf_fma(d[k], vf_mul(s[k], db), acc[j][k]);
             }
         }
-        for (int j = 0; j < NT; j++) {
-            const vf xg = vf_set1(a->xs[(t + j) * w->ngp + g]);
-            for (int k = 0; k < RP / VL; k++) bacc[j][k] = vf_fma(m[k], xg, bacc[j][k]);
-        }
+        if (!Q8)
+            for (int j = 0; j < NT; j++) {
+                const vf xg = vf_set1(a->xs[(t + j) * w->ngp + g]);
+                for (int k = 0; k < RP / VL; k++) bacc[j][k] = vf_fma(m[k], xg, bacc[j][k]);
+            }
     }
     const int64_t o = p * RP, n = w->out - o < RP ? w->out - o : RP;
     for (int j = 0; j < NT; j++) {
@@ -600,6 +612,20 @@ static void rp_unpack_q4_1(const wmat *w, int64_t p, uint8_t *buf)
             memcpy(blk + 2, m + RP * b + r, 2);
             for (int c = 0; c < 4; c++) memcpy(blk + 4 + 4 * c, q + 256 * b + 64 * c + 4 * r, 4);
         }
+}
+
+/* Panel p's rows of a repacked q8_0 matrix in the store layout: blocks of 34 bytes (d, 32 int8). A block's
+ * 8 lines of 16 rows are two 8 x 8 word transposes, as a q4 group's (a prompt's LM head, 28 MB for SmolLM2,
+ * goes through here once per prompt). */
+static void rp_unpack_q8_0(const wmat *w, int64_t p, uint8_t *buf)
+{
+    const int64_t nb = w->ng, rb = w->row_bytes;
+    const uint8_t *q = w->p0 + p * RP * w->in;
+    const uint16_t *s = (const uint16_t *)w->p1 + p * RP * nb;
+    for (int64_t b = 0; b < nb; b++) {
+        for (int h = 0; h < RP; h += 8) rp_tr8(q + 512 * b + 4 * h, 64, buf + h * rb + 34 * b + 2, rb);
+        for (int r = 0; r < RP; r++) memcpy(buf + r * rb + 34 * b, s + RP * b + r, 2);
+    }
 }
 
 /* q4 [out, in] from the store layout (q, s, m) into the repacked one (dq, ds, dm): quant.repack_q4 in C, for
@@ -719,26 +745,33 @@ static void run_rows_rp(int kind, int q8a, const wmat *w, const acts *a, int64_t
         for (int64_t o = o0; o < o1; o += RP)
             for (int64_t t = 0; t < a->T; t += RP_T) {
                 const int64_t p = o / RP, nt = a->T - t < RP_T ? a->T - t : RP_T;
-                if (kind == K_Q4_1) {
-                    switch (nt) { /* NT and BPG constants in each: the loops unroll */
-                    case 1: rp_panel_q8a(w, a, p, t, 1, 1); break;
-                    case 2: rp_panel_q8a(w, a, p, t, 2, 1); break;
-                    case 3: rp_panel_q8a(w, a, p, t, 3, 1); break;
-                    default: rp_panel_q8a(w, a, p, t, RP_T, 1); break;
+                if (kind == K_Q8_0) {
+                    switch (nt) { /* NT, BPG and Q8 constants in each: the loops unroll */
+                    case 1: rp_panel_q8a(w, a, p, t, 1, 1, 1); break;
+                    case 2: rp_panel_q8a(w, a, p, t, 2, 1, 1); break;
+                    case 3: rp_panel_q8a(w, a, p, t, 3, 1, 1); break;
+                    default: rp_panel_q8a(w, a, p, t, RP_T, 1, 1); break;
+                    }
+                } else if (kind == K_Q4_1) {
+                    switch (nt) {
+                    case 1: rp_panel_q8a(w, a, p, t, 1, 1, 0); break;
+                    case 2: rp_panel_q8a(w, a, p, t, 2, 1, 0); break;
+                    case 3: rp_panel_q8a(w, a, p, t, 3, 1, 0); break;
+                    default: rp_panel_q8a(w, a, p, t, RP_T, 1, 0); break;
                     }
                 } else {
                     switch (nt) {
-                    case 1: rp_panel_q8a(w, a, p, t, 1, 2); break;
-                    case 2: rp_panel_q8a(w, a, p, t, 2, 2); break;
-                    case 3: rp_panel_q8a(w, a, p, t, 3, 2); break;
-                    default: rp_panel_q8a(w, a, p, t, RP_T, 2); break;
+                    case 1: rp_panel_q8a(w, a, p, t, 1, 2, 0); break;
+                    case 2: rp_panel_q8a(w, a, p, t, 2, 2, 0); break;
+                    case 3: rp_panel_q8a(w, a, p, t, 3, 2, 0); break;
+                    default: rp_panel_q8a(w, a, p, t, RP_T, 2, 0); break;
                     }
                 }
             }
         return;
     }
     const int64_t half = w->in / 2;
-    uint8_t *buf = malloc((size_t)(kind == K_Q4_1 ? RP * w->row_bytes : RP * half + 4 * RP * w->ng) + 1);
+    uint8_t *buf = malloc((size_t)(kind != K_Q4 ? RP * w->row_bytes : RP * half + 4 * RP * w->ng) + 1);
     for (int64_t o = o0 - o0 % RP; o < o1; o += RP) {
         const int64_t r0 = o0 > o ? o0 - o : 0, r1 = o1 - o < RP ? o1 - o : RP;
         if (!buf) { /* no scratch: the rows say so rather than hold stale values */
@@ -749,7 +782,9 @@ static void run_rows_rp(int kind, int q8a, const wmat *w, const acts *a, int64_t
         wmat u = *w;
         u.rp = 0;
         u.p0 = buf;
-        if (kind == K_Q4_1) {
+        if (kind == K_Q8_0) {
+            rp_unpack_q8_0(w, o / RP, buf);
+        } else if (kind == K_Q4_1) {
             rp_unpack_q4_1(w, o / RP, buf);
         } else {
             rp_unpack(w, o / RP, buf);
@@ -921,10 +956,10 @@ static int threads_for(int64_t work)
 /* Flag on a kind code: multiply with int8 activations where the kind has that path (q4, q4_0, q4_1,
  * q8_0; see q8a_tile); other kinds ignore it. */
 #define RK_Q8A 16
-/* Flag on the q4 and q4_1 kind codes: the parts are repacked (rows in lanes, see "repacked q4"), rows padded
- * to RP: q4 (q, scales, biases); q4_1 (q, d as scales, m as biases). */
+/* Flag on the q4, q4_1 and q8_0 kind codes: the parts are repacked (rows in lanes, see "repacked q4"), rows
+ * padded to RP: q4 (q, scales, biases); q4_1 (q, d as scales, m as biases); q8_0 (q, d as scales, weight sums). */
 #define RK_RP 32
-RK_INLINE int rp_kind(int kind) { return kind == K_Q4 || kind == K_Q4_1; }
+RK_INLINE int rp_kind(int kind) { return kind == K_Q4 || kind == K_Q4_1 || kind == K_Q8_0; }
 
 /* Preparations of x a call may need, shared by its matrices: nibble rewrites for q4 and for GGUF
  * kinds, and int8 activations in q4's order and in the GGUF blocks' one. */

@@ -600,7 +600,12 @@ RK_INLINE int32_t q8a_round(const float *v, float id, int8_t *q)
  * for rows 0..15 (4 bytes per row); x the block's 32 int8 in q4's order (16 evens, 16 odds), so the low
  * nibbles of line c meet x[4c..4c+3] and the high ones x[16+4c..16+4c+3], each an activation dword
  * broadcast against every row. The dots are exact integers (so their order does not matter), converted
- * to float once per block and row. */
+ * to float once per block and row.
+ *
+ * rp_block8(q, x, ws, d): the same for a block of 32 int8 weights (repacked q8_0): 8 lines of 64 bytes, line c
+ * holding bytes 4c..4c+3 of the block's 32 for rows 0..15, against x[4c..4c+3] (the block's int8 activations
+ * in their own order); ws the block's 16 rows' weight sums (int16), which VNNI needs for its unsigned
+ * operand and the other backends ignore. */
 #define RP 16
 #if RK_SIMD_X86 && defined(RK_GROUP64)
 /* AVX-512 VNNI: one 512-bit line is 16 rows; vpdpbusd with the activation dword broadcast. The high
@@ -620,6 +625,20 @@ RK_INLINE void rp_block(const uint8_t *q, const int8_t *x, vf *d)
         hi = _mm512_dpbusd_epi32(hi, _mm512_andnot_si512(m4, v), _mm512_set1_epi32(xh));
     }
     d[0] = _mm512_cvtepi32_ps(_mm512_add_epi32(lo, _mm512_srai_epi32(hi, 4)));
+}
+/* vpdpbusd takes the activations as x + 128 (x ^ 0x80, unsigned) against the signed weights, which adds
+ * 128 times each row's weight sum: the sums start from minus that. Two chains, lines 0-3 and 4-7. */
+RK_INLINE void rp_block8(const uint8_t *q, const int8_t *x, const int16_t *ws, vf *d)
+{
+    const __m512i sum = _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)ws));
+    __m512i acc[2] = {_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sum, 7)), _mm512_setzero_si512()};
+    for (int c = 0; c < 8; c++) {
+        int32_t xv;
+        memcpy(&xv, x + 4 * c, 4);
+        acc[c / 4] = _mm512_dpbusd_epi32(acc[c / 4], _mm512_set1_epi32(xv ^ (int32_t)0x80808080u),
+                                         _mm512_loadu_si512((const void *)(q + 64 * c)));
+    }
+    d[0] = _mm512_cvtepi32_ps(_mm512_add_epi32(acc[0], acc[1]));
 }
 #elif RK_SIMD_X86
 /* AVX2 (and AVX-512 without VNNI): each 64-byte line as two 256-bit halves of 8 rows; maddubs pairs
@@ -650,9 +669,35 @@ RK_INLINE void rp_block(const uint8_t *q, const int8_t *x, vf *d)
     d[1] = _mm256_cvtepi32_ps(i1);
 #endif
 }
+/* maddubs takes an unsigned operand: |w| against x with w's sign (x in [-127, 127], so no byte
+ * overflows; a pair <= 2 * 128 * 127 = 32512), one madd against ones per half line into int32. */
+RK_INLINE void rp_block8(const uint8_t *q, const int8_t *x, const int16_t *ws, vf *d)
+{
+    (void)ws;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i s[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int c = 0; c < 8; c++) {
+        int32_t xv;
+        memcpy(&xv, x + 4 * c, 4);
+        const __m256i b = _mm256_set1_epi32(xv);
+        for (int h = 0; h < 2; h++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 64 * c + 32 * h));
+            const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(b, v));
+            s[h] = _mm256_add_epi32(s[h], _mm256_madd_epi16(p, ones));
+        }
+    }
+#if VL == 16
+    d[0] = _mm512_cvtepi32_ps(_mm512_inserti64x4(_mm512_castsi256_si512(s[0]), s[1], 1));
+#else
+    d[0] = _mm256_cvtepi32_ps(s[0]);
+    d[1] = _mm256_cvtepi32_ps(s[1]);
+#endif
+}
 #elif RK_SIMD_NEON
 /* NEON: a 16-byte quarter of a line is 4 rows. sdot by lane (the activation dword picked from a register),
  * or without dotprod widening multiplies summed in int16 (<= 8 * 15 * 127) and paired at the block's end. */
+/* the 8 lines of a q8_0 block, line c against activation dword c (x0: 0-3, x1: 4-7) */
+#define RP_LINES8(M) M(0, x0, 0); M(1, x0, 1); M(2, x0, 2); M(3, x0, 3); M(4, x1, 0); M(5, x1, 1); M(6, x1, 2); M(7, x1, 3)
 #if defined(__ARM_FEATURE_DOTPROD)
 #define RK_RP_KERNEL "sdot4x4"
 #define RP_DOT(c)                                                                                    \
@@ -674,6 +719,18 @@ RK_INLINE void rp_block(const uint8_t *q, const int8_t *x, vf *d)
         d[k] = vcvtq_f32_s32(i);
     }
 }
+#define RP_DOT8(c, xr, l) i = vdotq_laneq_s32(i, vld1q_s8((const int8_t *)q + 64 * (c) + 16 * k), xr, l)
+RK_INLINE void rp_block8(const uint8_t *q, const int8_t *x, const int16_t *ws, vf *d)
+{
+    (void)ws;
+    const int8x16_t x0 = vld1q_s8(x), x1 = vld1q_s8(x + 16);
+    for (int k = 0; k < 4; k++) {
+        int32x4_t i = vdupq_n_s32(0);
+        RP_LINES8(RP_DOT8);
+        d[k] = vcvtq_f32_s32(i);
+    }
+}
+#undef RP_DOT8
 #else
 #define RK_RP_KERNEL "smull4x4"
 #define RP_DOT(c)                                                                                    \
@@ -700,8 +757,28 @@ RK_INLINE void rp_block(const uint8_t *q, const int8_t *x, vf *d)
         d[k] = vcvtq_f32_s32(vpaddq_s32(vpaddlq_s16(s01), vpaddlq_s16(s23)));
     }
 }
+/* Products of two int8 (<= 128 * 128) do not pair in int16: each line's are added pairwise into int32. */
+#define RP_MUL8(c, xr, l)                                                                             \
+    do {                                                                                              \
+        const int8x16_t v = vld1q_s8((const int8_t *)q + 64 * (c) + 16 * k);                          \
+        const int8x16_t b = vreinterpretq_s8_s32(vdupq_laneq_s32(vreinterpretq_s32_s8(xr), l));      \
+        s01 = vpadalq_s16(s01, vmull_s8(vget_low_s8(v), vget_low_s8(b)));                             \
+        s23 = vpadalq_s16(s23, vmull_high_s8(v, b));                                                  \
+    } while (0)
+RK_INLINE void rp_block8(const uint8_t *q, const int8_t *x, const int16_t *ws, vf *d)
+{
+    (void)ws;
+    const int8x16_t x0 = vld1q_s8(x), x1 = vld1q_s8(x + 16);
+    for (int k = 0; k < 4; k++) {
+        int32x4_t s01 = vdupq_n_s32(0), s23 = vdupq_n_s32(0); /* rows 0-1 and 2-3 of the quarter, in halves */
+        RP_LINES8(RP_MUL8);
+        d[k] = vcvtq_f32_s32(vpaddq_s32(s01, s23));
+    }
+}
+#undef RP_MUL8
 #endif
 #undef RP_DOT
+#undef RP_LINES8
 #else
 #define RK_RP_KERNEL "scalar"
 RK_INLINE void rp_block(const uint8_t *q, const int8_t *x, vf *d)
@@ -713,6 +790,15 @@ RK_INLINE void rp_block(const uint8_t *q, const int8_t *x, vf *d)
                 const uint8_t b = q[64 * c + 4 * r + j];
                 i[r] += (int32_t)(b & 15) * x[4 * c + j] + (int32_t)(b >> 4) * x[16 + 4 * c + j];
             }
+    for (int r = 0; r < RP; r++) d[r / VL].v[r % VL] = (float)i[r];
+}
+RK_INLINE void rp_block8(const uint8_t *q, const int8_t *x, const int16_t *ws, vf *d)
+{
+    (void)ws;
+    int32_t i[RP] = {0};
+    for (int c = 0; c < 8; c++)
+        for (int r = 0; r < RP; r++)
+            for (int j = 0; j < 4; j++) i[r] += (int32_t)(int8_t)q[64 * c + 4 * r + j] * x[4 * c + j];
     for (int r = 0; r < RP; r++) d[r / VL].v[r % VL] = (float)i[r];
 }
 #endif

@@ -13,7 +13,8 @@ static const char *const PART_FORMATS[K_COUNT] = {"f", "e", "bf", "Bee", "B", "B
 
 static int64_t part_bytes(int kind, const wmat *w, int j, int rp)
 {
-    if (rp) return j ? 2 * w->out * w->ng : w->out * (w->in / 2); /* q4 / q4_1 repacked: q, scales, biases */
+    if (rp) /* repacked: q, scales, biases (q8_0: q, scales, weight sums) */
+        return j ? 2 * w->out * w->ng : kind == K_Q8_0 ? w->out * w->in : w->out * (w->in / 2);
     switch (kind) {
     case K_F32: return 4 * w->out * w->in;
     case K_F16: return 2 * w->out * w->in;
@@ -60,8 +61,8 @@ static PyObject *py_linear_many(PyObject *self, PyObject *const *args, Py_ssize_
         const int kind = code & ~(RK_Q8A | RK_RP), rp = (code & RK_RP) != 0;
         const int64_t out = len >= 4 ? PyLong_AsLongLong(PyTuple_GET_ITEM(item, 1)) : -1;
         wmat w;
-        /* a repacked q4 / q4_1 matrix's parts (q, scales, biases) hold its rows padded to whole panels */
-        const char *formats = rp ? "Bee" : kind >= 0 && kind < K_COUNT ? PART_FORMATS[kind] : "";
+        /* a repacked matrix's parts (q, scales, biases or sums) hold its rows padded to whole panels */
+        const char *formats = rp ? (kind == K_Q8_0 ? "beh" : "Bee") : kind >= 0 && kind < K_COUNT ? PART_FORMATS[kind] : "";
         if (PyErr_Occurred() || (rp && !rp_kind(kind)) || wmat_init(&w, kind, rp ? rp_rows(out) : out, in, NULL, NULL, NULL) ||
             len != 3 + (Py_ssize_t)strlen(formats)) {
             if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "linear_many: bad item");

@@ -1,5 +1,7 @@
 """The slot cache's eviction policy: LFU with whole-run counts and recency tie-break, LRU, pins."""
 
+import types
+
 import numpy as np
 import pytest
 
@@ -79,6 +81,26 @@ def test_pinned_slots_are_never_evicted():
     assert c.slot_expert[hits[1]] == 1 and s != hits[1]
     with pytest.raises(RuntimeError, match="every slot is pinned"):
         c.assign(4)
+
+
+def test_a_lookahead_read_is_admitted_into_an_empty_slot_or_over_a_less_requested_expert():
+    """`admits`: an expert computed from a lookahead slot takes a cache slot that is empty, or (LFU) one whose
+    expert was requested fewer times; never a pinned one, never if it is cached already; LRU always."""
+    c = cache(slots=2)
+    load(c, [1])
+    c.request([7])
+    assert c.admits(7)  # slot 2 is empty
+    load(c, [2])
+    assert not c.admits(7) and not c.admits(1)  # 7 asked once, as 1 and 2 were; 1 is cached
+    c.request([7])
+    assert c.admits(7)  # asked twice now
+    c.pin(c.where.values())
+    assert not c.admits(7)
+    lru = cache(slots=1, policy="lru")
+    for _ in range(3):
+        load(lru, [1])
+    lru.request([7])
+    assert lru.admits(7)
 
 
 def test_stats_count_every_request():
@@ -332,6 +354,59 @@ def test_a_prompt_reads_the_next_layer_into_slots_the_finished_layers_lend(tmp_p
     monkeypatch.setenv(experts.PROMPT_LEND_ENV, "yes")
     with pytest.raises(OptionError, match=r"RKMOJO_PROMPT_LEND.*yes.*or 0 \(off\)"):
         Engine.open(path, expert_slots=4)
+
+
+def test_a_tokens_lookahead_reads_are_promoted_into_the_cache_and_logits_stay_the_resident_ones(tmp_path, monkeypatch):
+    """A generated token's misses that the lookahead read are copied into the cache once computed (when the
+    policy admits them), so their next request hits; every logit is the all-resident run's, with promotion
+    on and off, and $RKMOJO_PROMOTE names its values when wrong."""
+    import inference.experts as experts
+    from inference.engine import Engine
+    from inference.experts import repack_expert
+    from inference.synth import synth_store
+
+    path = synth_store(tmp_path / "s", "tiny-qwen3-moe", progress=False)
+    rng = np.random.default_rng(3)
+    calls = [np.arange(1, 13)] + [[int(t)] for t in rng.integers(1, 200, 24)]
+    want = Engine.open(path)
+    want = [want.forward(ids, last_only=False) for ids in calls]
+    monkeypatch.setenv(experts.TOKEN_PREFETCH_ENV, "2")
+    got, stats = {}, {}
+    for promote in ("1", "0"):
+        monkeypatch.setenv(experts.PROMOTE_ENV, promote)
+        e = Engine.open(path, expert_slots=6)
+        promoted: list[tuple[int, int]] = []
+        e.model.experts.observer = types.SimpleNamespace(  # told each promotion as (layer, expert)
+            filled=lambda *a: None,
+            took=lambda *a: None,
+            lent=lambda *a: None,
+            promoted=lambda *a, seen=promoted: seen.append(a),
+        )
+        try:
+            assert e.model.experts.promote == (promote == "1")
+            got[promote] = [e.forward(ids, last_only=False) for ids in calls]
+            stats[promote] = e.expert_stats["total"]
+            if promote == "1":  # every cached expert, promoted or read, holds the bytes a landing gives
+                ex = e.model.experts
+                assert any(x in ex.caches[layer].where for layer, x in promoted)  # some are checked below
+                for layer, cache in ex.caches.items():
+                    lay = ex.layouts[layer]
+                    for expert, s in cache.where.items():
+                        buf = np.fromfile(ex.store.path / "experts" / f"layer_{layer:02d}.bin", np.uint8,
+                                          lay.blob_size, offset=expert * lay.stride)  # fmt: skip
+                        if ex.repacked:
+                            repack_expert(lay.view(buf), in_place=True)
+                        assert np.array_equal(cache.pool.view(s)[: lay.blob_size], buf)
+        finally:
+            e.close()
+    for promote in ("1", "0"):
+        for a, b in zip(want, got[promote]):
+            assert np.array_equal(a, b)
+    assert stats["1"]["promoted"] > 0 and stats["0"]["promoted"] == 0
+    assert stats["1"]["prefetch_hits"] > 0 and stats["0"]["prefetch_hits"] > 0
+    monkeypatch.setenv(experts.PROMOTE_ENV, "on")
+    with pytest.raises(OptionError, match=r"RKMOJO_PROMOTE.*on.*or 0 \(off, the default\)"):
+        Engine.open(path, expert_slots=6)
 
 
 def test_the_lookahead_for_the_next_layer_follows_the_current_layers_reads(tmp_path):

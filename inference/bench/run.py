@@ -349,9 +349,10 @@ def combine(st, o: BenchOptions, s: dict, c: dict | None, calls: list[Call], use
             "policy": eng["policy"],
             "simulated": hit_rate(sim),
             "measured": dec["hit_rate"],
-            # misses the lookahead read: computed from its slots, never cached; the replay applies them
-            # (and the slots lent to it) as recorded, so simulated equals measured with it on as well
+            # misses the lookahead read: computed from its slots, cached only if promoted; the replay
+            # applies them (and the slots lent to it) as recorded, so simulated equals measured with it on
             "prefetch_hits": dec.get("prefetch_hits", 0),
+            "promoted": dec.get("promoted", 0),
         }
     return r
 
@@ -468,6 +469,7 @@ def table(r: dict) -> list[str]:
             f"{'prefetch':<14}{slots} · {d['prefetch_recall']:.0%} of the misses were "
             f"prefetched · {d['prefetch_precision']:.0%} of the prefetches were used · "
             f"{d['prefetch_wasted_mb_per_token']:.0f} MB per token read and not used"
+            + (f" · {d['promoted']} used ones promoted into the cache" if d.get("promoted") else "")
         )
     out.append(f"{'memory':<14}{mem}")
     if not e["slots"]:
@@ -540,7 +542,8 @@ def table(r: dict) -> list[str]:
         f"{'check':<14}simulated {ck['policy']} at {ck['slots']} slots {_pct(ck['simulated']).strip()}, "
         f"engine measured {_pct(ck['measured']).strip()}"
         + (
-            f" (replayed with the {ck['prefetch_hits']} misses the lookahead read, which stayed out of the cache)"
+            f" (replayed with the {ck['prefetch_hits']} misses the lookahead read, of which "
+            f"{ck.get('promoted', 0)} were promoted into the cache)"
             if ck.get("prefetch_hits")
             else ""
         )

@@ -36,6 +36,7 @@ class LayerStats:
     borrowed: int = 0  # a prompt's lookahead reads into slots other layers lent (`StreamingExperts._borrow`)
     lent: int = 0  # cached experts dropped to lend their slot to a prompt's lookahead (`LayerCache.drop`)
     warmed: int = 0  # experts read ahead of any request from saved popularity (`StreamingExperts.warm`)
+    promoted: int = 0  # misses a lookahead read, copied into a cache slot once computed (`LayerCache.admits`)
 
     @property
     def hit_rate(self) -> float:
@@ -124,6 +125,25 @@ class LayerCache:
         held = self.slot_expert.copy()
         return CacheSnapshot(self.hit_counts.copy(), self.miss_counts.copy(), held[held >= 0])
 
+    def _victim(self, free: list[int]) -> int:
+        """The slot of `free` (unpinned) that the policy empties first."""
+        empty = [s for s in free if self.slot_expert[s] < 0]
+        if empty:
+            return empty[0]
+        if self.policy == "lfu":
+            return min(free, key=lambda s: (self.counts[self.slot_expert[s]], self.slot_used[s]))
+        return min(free, key=lambda s: self.slot_used[s])
+
+    def admits(self, e: int) -> bool:
+        """Whether expert e, requested and computed from outside the cache (a lookahead slot), should
+        take a cache slot now: an unpinned slot is empty, or the policy's victim is worth less than e
+        (LFU: requested fewer times so far; LRU: always, e was just used)."""
+        free = [s for s in range(self.pool.n) if s not in self.pinned]
+        if not free or e in self.where:
+            return False
+        victim = int(self.slot_expert[self._victim(free)])
+        return victim < 0 or self.policy == "lru" or self.counts[victim] < self.counts[e]
+
     def assign(self, e: int) -> int:
         """A slot for expert e (evicting per the policy); the slot is pinned and holds no valid data yet.
 
@@ -133,13 +153,7 @@ class LayerCache:
         free = [s for s in range(self.pool.n) if s not in self.pinned]
         if not free:
             raise RuntimeError("expert cache: every slot is pinned (internal error: tile larger than the slot count)")
-        empty = [s for s in free if self.slot_expert[s] < 0]
-        if empty:
-            s = empty[0]
-        elif self.policy == "lfu":
-            s = min(free, key=lambda s: (self.counts[self.slot_expert[s]], self.slot_used[s]))
-        else:
-            s = min(free, key=lambda s: self.slot_used[s])
+        s = self._victim(free)
         old = int(self.slot_expert[s])
         if old >= 0:
             del self.where[old]

@@ -6,10 +6,11 @@ boundaries, in one process with no memory cgroup.
         --expert-slots 16 --prefetch 6 --tokens 128
 
 Prints the prefill's wall time, the bytes the device read and their rate, the share of the time with no
-read in flight, the time spent at each depth, and per layer: when the engine entered it, how long it
-stayed, and what the disk read meanwhile. A first 128-token prompt runs untimed first (it verifies the
-digests of the experts it reads), as in `rkmojo bench`, whose later prompts find its last experts in the
-slots. Reads are O_DIRECT, so the page cache plays no part.
+read in flight, the time spent at each depth, and per layer: when the engine entered its expert phase,
+how long it stayed, what the disk read between the previous layer's expert phase and this one (the
+attention), and the time with no read in flight there and inside the expert phase. A first 128-token
+prompt runs untimed first (it verifies the digests of the experts it reads), as in `rkmojo bench`, whose
+later prompts find its last experts in the slots. Reads are O_DIRECT, so the page cache plays no part.
 """
 
 from __future__ import annotations
@@ -106,15 +107,17 @@ def main() -> None:
             print(f"  in flight {lo}-{hi - 1 if hi < 1 << 30 else 'more'}: {sec:.2f} s")
     ts = np.array([x[0] for x in sm])
     sectors = np.array([x[1] for x in sm])
-    print("layer  enter s  in run s  GB read since the previous layer's entry  idle s")
+    print("layer  enter s  in run s  GB read since the previous expert phase  idle s: before the run, in it")
     prev = t0
+    idle_before = idle_in = 0.0
     for enter, leave, layer in marks:
-        m = (ts >= prev) & (ts < enter)
+        before = float(dt[(ts >= prev) & (ts < enter) & (depth == 0)].sum())
+        inside = float(dt[(ts >= enter) & (ts < leave) & (depth == 0)].sum())
+        idle_before, idle_in = idle_before + before, idle_in + inside
         got = (np.interp(enter, ts, sectors) - np.interp(prev, ts, sectors)) * 512 / 1e9
-        print(
-            f"{layer:5d}  {enter - t0:7.2f}  {leave - enter:8.2f}  {got:6.3f}  {float(dt[m & (depth == 0)].sum()):6.3f}"
-        )
-        prev = enter
+        print(f"{layer:5d}  {enter - t0:7.2f}  {leave - enter:8.2f}  {got:6.3f}  {before:6.3f}  {inside:6.3f}")
+        prev = leave
+    print(f"idle before the layers' expert phases {idle_before:.2f} s, in them {idle_in:.2f} s")
 
 
 if __name__ == "__main__":

@@ -98,6 +98,7 @@ def cmd_bench(a) -> int:
         workload=w,
         sweep=tuple(_int_list(a.sweep, "--sweep")),
         bandwidth_seconds=a.bandwidth_seconds,
+        paired_seconds=a.paired_seconds,
         compute_tokens=a.compute_tokens,
         compute_bound=not a.no_compute_bound,
         drop_caches=not a.no_drop_caches,
@@ -410,6 +411,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--sweep", default="8,16,24,32", help="cache sizes the routing trace is replayed at")
     b.add_argument("--bandwidth-seconds", type=float, default=10.0, help="how long to measure read bandwidth")
+    b.add_argument(
+        "--paired-seconds",
+        type=float,
+        default=2.0,
+        help="measure the disk this long after each timed run, the bound paired with that run (0: off)",
+    )
     b.add_argument("--compute-tokens", type=int, default=64, help="decode tokens of the compute-only run")
     b.add_argument("--no-compute-bound", action="store_true", help="skip the all-resident compute-only run")
     b.add_argument("--no-drop-caches", action="store_true", help="do not drop the page cache before the read test")

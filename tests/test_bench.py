@@ -46,10 +46,12 @@ def test_bench_json_has_every_field(tiny, tmp_path, monkeypatch):
         workload=small_workload(),
         sweep=(4, 8),
         bandwidth_seconds=0.2,
+        paired_seconds=0.05,
         compute_tokens=4,
         drop_caches=False,
     )
-    r = run_bench(tiny, o, json_out=str(tmp_path / "b.json"), echo=lambda line: None)
+    lines: list[str] = []
+    r = run_bench(tiny, o, json_out=str(tmp_path / "b.json"), echo=lines.append)
     saved = json.loads((tmp_path / "b.json").read_text())
     for path in REQUIRED_FIELDS + ("prefill.8.tok_s", "prefill.8.ttft_s", "prefill.20.ttft_s"):
         field(saved, path)  # KeyError names the missing one
@@ -64,6 +66,52 @@ def test_bench_json_has_every_field(tiny, tmp_path, monkeypatch):
     assert r["sweep"]["slots"] == [4, 8] and len(r["sweep"]["belady"]) == 2
     assert r["sweep"]["check"]["simulated"] == pytest.approx(r["sweep"]["check"]["measured"])
     assert r["sweep"]["check"]["prefetch_hits"] == 0
+    # every timed run is paired with the disk measured right after it
+    assert all(x["disk"]["bytes_per_s"] > 0 for x in r["decode"]["runs"] + r["prefill"]["20"]["runs"])
+    d = r["paired"]["decode"]
+    assert len(d["efficiencies"]) == 2 and d["efficiency"] == pytest.approx(np.median(d["efficiencies"]))
+    assert d["fault"] == (d["efficiency"] > 1.0) and sorted(r["paired"]["ttft"]) == ["20", "8"]
+    assert any(line.startswith("paired") for line in lines)
+
+
+def test_a_run_is_bounded_by_the_disk_measured_right_after_it():
+    """Each run's bound uses its own probe: a run next to a fast disk is held to more than one next to a
+    slow one; the median is the figure, single runs beyond their bound are counted, not hidden."""
+    from inference.bench.run import paired_bounds
+
+    def run(tok_s, mb_per_token, disk_gbs, ttft=None):
+        disk = {"bytes_per_s": disk_gbs * 1e9, "depth": 8, "seconds": 2.0}
+        x = {"tok_s": tok_s, "tokens": 10, "bytes_read": mb_per_token * 1e7, "disk": disk}
+        return x | ({"ttft_s": ttft} if ttft else {})
+
+    dec = {"runs": [run(1.0, 500, 1.0), run(1.0, 500, 2.0), run(2.2, 500, 1.0)]}  # IO bounds 2, 4, 2 tok/s
+    prefill = {"128": {"runs": [run(0, 500, 1.0, ttft=6.0), run(0, 500, 2.0, ttft=4.0)]}}  # 5 GB: 5 s, 2.5 s
+    pb = paired_bounds(dec, prefill, compute=5.0, c={"prefill_ttft_s": {"128": 3.0}})
+    assert pb["decode"]["efficiencies"] == pytest.approx([0.5, 0.25, 1.1])
+    assert pb["decode"]["efficiency"] == pytest.approx(0.5) and pb["decode"]["beyond"] == 1
+    assert not pb["decode"]["fault"]
+    t = pb["ttft"]["128"]  # bounds max(5, 3) = 5 s and max(2.5, 3) = 3 s
+    assert t["ratios"] == pytest.approx([6.0 / 5.0, 4.0 / 3.0]) and not t["fault"] and t["beyond"] == 0
+    slow = paired_bounds({"runs": [run(3.0, 500, 1.0)]}, {}, compute=None, c=None)
+    assert slow["decode"]["fault"]  # 1.5x its bound: the measurement, not a result
+
+
+def test_unpaired_runs_have_no_paired_figures():
+    from inference.bench.run import paired_bounds
+
+    dec = {"runs": [{"tok_s": 1.0, "tokens": 10, "bytes_read": 1e9}]}
+    assert paired_bounds(dec, {"8": {"runs": [{"ttft_s": 1.0, "bytes_read": 1e9}]}}, 2.0, None) == {
+        "decode": None,
+        "ttft": {},
+    }
+
+
+def test_the_paired_probe_stays_within_its_depth_cap(tiny):
+    from inference.bench.bounds import PAIRED_DEPTH_MAX, paired_probe
+
+    probe = paired_probe(Store(tiny), 64, 0.02)
+    a, b = probe(), probe()
+    assert a["depth"] == b["depth"] == PAIRED_DEPTH_MAX and a["bytes_per_s"] > 0 and b["bytes_per_s"] > 0
 
 
 def test_the_prefill_line_counts_the_experts_read_into_lent_slots(tiny):
@@ -75,6 +123,7 @@ def test_the_prefill_line_counts_the_experts_read_into_lent_slots(tiny):
         workload=small_workload(),
         sweep=(4,),
         bandwidth_seconds=0.1,
+        paired_seconds=0.0,
         compute_tokens=4,
         drop_caches=False,
     )

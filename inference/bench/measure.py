@@ -13,6 +13,7 @@ import resource
 import statistics
 import time
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -116,8 +117,15 @@ def timed_decode(engine, first: int, feed: np.ndarray | None, n: int) -> dict:
     return {"tokens": n, "seconds": dt, "tok_s": n / dt, "others_cpu": others_cpu(mark), **_since(engine, c)}
 
 
-def run_workload(engine, w: Workload, recorder: TraceRecorder | None = None) -> dict:
+def run_workload(
+    engine, w: Workload, recorder: TraceRecorder | None = None, probe: Callable[[], dict] | None = None
+) -> dict:
     """Decode runs (each after a prefill of the prompt) and the extra prefill prompts.
+
+    Args:
+        probe: measures the disk; called after each decode run and each extra prompt, its result kept
+            in that run's record (and in the prefill's before a decode run) as "disk": a bound measured
+            beside the run it bounds, which a disk whose speed drifts from minute to minute needs.
 
     Returns:
         {"decode": {...}, "prefill": {str(n): {...}}} with per-run details and medians.
@@ -136,11 +144,17 @@ def run_workload(engine, w: Workload, recorder: TraceRecorder | None = None) -> 
         p = timed_prefill(engine, prompt[: w.prompt_tokens])
         prefills.setdefault(w.prompt_tokens, []).append(p)
         phase("decode")
-        decodes.append(timed_decode(engine, p["next"], feed if w.feed == "random" else None, w.decode_tokens))
+        d = timed_decode(engine, p["next"], feed if w.feed == "random" else None, w.decode_tokens)
+        if probe is not None:
+            p["disk"] = d["disk"] = probe()
+        decodes.append(d)
     phase("prefill")
     for n in w.prefill_tokens:
         if n not in prefills:
-            prefills[n] = [timed_prefill(engine, prompt[:n])]
+            p = timed_prefill(engine, prompt[:n])
+            if probe is not None:
+                p["disk"] = probe()
+            prefills[n] = [p]
     engine.reset()
     return {
         "decode": summarize_decode(decodes),

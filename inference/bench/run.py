@@ -10,6 +10,11 @@ The parent replays the trace through the cache simulator, combines, prints a tab
     IO bound      = read bandwidth / expert bytes read per decoded token (at the measured hit rate)
     efficiency    = decode tok/s / min(IO bound, compute-only tok/s)
 
+The read bandwidth is the best of the sweeps before and after the runs. A disk whose rate drifts
+(a virtual disk's moved 2x within minutes) makes that one figure a poor bound for every run, so each
+timed run is also paired with a short measurement of the disk taken right after it (`paired`): the
+run's own bound, its efficiency or TTFT ratio, and their median.
+
 The children run with OPENBLAS_NUM_THREADS=1 and GOMP_SPINCOUNT=10000 unless the caller set them:
 on a 2-core board, OpenBLAS's idle threads and OpenMP workers spinning between kernel calls take
 the cores the other threads need, and decode measured 4–8× slower with the defaults. The values
@@ -70,6 +75,8 @@ REQUIRED_FIELDS = (
     "bounds.fault",
     "bounds.efficiency_formula",
     "ttft_bounds",
+    "paired.decode",
+    "paired.ttft",
     "routing.share",
     "sweep.slots",
     "sweep.lfu",
@@ -90,6 +97,7 @@ class BenchOptions:
     workload: Workload = field(default_factory=Workload)
     sweep: tuple[int, ...] = (8, 16, 24, 32)
     bandwidth_seconds: float = 10.0
+    paired_seconds: float = 2.0  # the disk measured after each timed run (`paired`); 0: not paired
     compute_tokens: int = 64
     compute_bound: bool = True
     drop_caches: bool = True
@@ -113,7 +121,7 @@ def child_streaming(store: Path, o: BenchOptions) -> dict:
     """Decode and prefill runs with the engine as configured; then the read bandwidth."""
     from ..engine import Engine
     from ..kernels import BACKEND, get_activations, get_threads
-    from .bounds import best_bandwidth, drop_caches, read_bandwidth
+    from .bounds import best_bandwidth, drop_caches, paired_probe, read_bandwidth
 
     before = None
     e = o.engine
@@ -129,7 +137,10 @@ def child_streaming(store: Path, o: BenchOptions) -> dict:
     rec = None
     if engine.slots is not None:
         rec = engine.model.experts = TraceRecorder(engine.model.experts)
-    out = run_workload(engine, o.workload, rec)
+    probe = None
+    if before and before["bytes_per_s"] and o.paired_seconds > 0:  # at the sweep's best depth
+        probe = paired_probe(engine.store, before["depth"], o.paired_seconds, seed=o.workload.seed + 5)
+    out = run_workload(engine, o.workload, rec, probe)
     st = engine.expert_stats
     out["engine"] = {
         "slots": engine.slots,
@@ -337,6 +348,7 @@ def combine(st, o: BenchOptions, s: dict, c: dict | None, calls: list[Call], use
         },
         "routing": popularity(calls, n_experts) if calls else {"share": None},
         "ttft_bounds": ttft_bounds(st, s["prefill"], bw, c) if s["engine"]["slots"] else {},
+        "paired": paired_bounds(dec, s["prefill"], compute, c),
         "sweep": {"slots": [], "lfu": [], "lru": [], "belady": [], "check": None},
     }
     if calls:
@@ -386,6 +398,90 @@ def ttft_bounds(st, prefill: dict, bw: float | None, c: dict | None) -> dict:
             "ratio": p["ttft_s"] / bound if bound else None,
             "fault": p["ttft_s"] < bound if bound else None,
         }
+    return out
+
+
+def paired_bounds(dec: dict, prefill: dict, compute: float | None, c: dict | None) -> dict:
+    """Each timed run against the disk measured right after it (its "disk", `run_workload`'s probe):
+    - a decode run: tok/s / min(the disk's rate / the run's expert bytes per token, compute-only tok/s);
+    - a prompt: TTFT / max(its expert bytes at the disk's rate, the resident prefill's fastest run).
+    The median over the runs is the figure; a median beyond its bound is a fault of the measurement,
+    and `beyond` counts the single runs that were (the disk can speed up between a run and its probe).
+
+    Returns:
+        {"decode": {"depth", "seconds", "disk_bytes_per_s", "efficiencies", "efficiency", "beyond",
+        "fault"} or None, "ttft": {str(n): {"disk_bytes_per_s", "ratios", "ratio", "beyond", "fault"}}}.
+    """
+
+    def measured(runs: list[dict]) -> list[dict]:
+        return [x for x in runs if (x.get("disk") or {}).get("bytes_per_s")]
+
+    runs = measured(dec["runs"])
+    out: dict = {"decode": None, "ttft": {}}
+    effs = []
+    for x in runs:
+        per_token = x["bytes_read"] / x["tokens"]
+        bounds = [b for b in (x["disk"]["bytes_per_s"] / per_token if per_token else None, compute) if b]
+        if bounds:
+            effs.append(x["tok_s"] / min(bounds))
+    if effs:
+        eff = statistics.median(effs)
+        out["decode"] = {
+            "depth": runs[0]["disk"]["depth"],
+            "seconds": runs[0]["disk"]["seconds"],
+            "disk_bytes_per_s": [x["disk"]["bytes_per_s"] for x in runs],
+            "efficiencies": effs,
+            "efficiency": eff,
+            "beyond": sum(e > 1.0 for e in effs),
+            "fault": eff > 1.0,
+        }
+    resident = (c or {}).get("prefill_ttft_s") or {}
+    for n, p in prefill.items():
+        rs = measured(p["runs"])
+        ratios = []
+        for x in rs:
+            bound = max(x["bytes_read"] / x["disk"]["bytes_per_s"], resident.get(n) or 0.0)
+            if bound:
+                ratios.append(x["ttft_s"] / bound)
+        if ratios:
+            ratio = statistics.median(ratios)
+            out["ttft"][n] = {
+                "disk_bytes_per_s": [x["disk"]["bytes_per_s"] for x in rs],
+                "ratios": ratios,
+                "ratio": ratio,
+                "beyond": sum(q < 1.0 for q in ratios),
+                "fault": ratio < 1.0,
+            }
+    return out
+
+
+def paired_lines(pb: dict) -> list[str]:
+    """The table's lines for `paired_bounds`."""
+
+    def each(xs, fmt="{:.2f}") -> str:
+        return ", ".join(fmt.format(x) for x in xs)
+
+    out = []
+    d = pb.get("decode")
+    if d:
+        gbs = [x / 1e9 for x in d["disk_bytes_per_s"]]
+        out.append(
+            f"{'paired':<14}each timed run against the disk measured right after it ({d['depth']} random blobs in "
+            f"flight for {d['seconds']:.1f} s): after the decode runs {each(gbs)} GB/s"
+        )
+        verdict = (
+            "MEASUREMENT FAULT: the median beat its bound"
+            if d["fault"]
+            else f"median {d['efficiency']:.2f}" + (f" ({d['beyond']} run(s) beyond 1.0)" if d["beyond"] else "")
+        )
+        out.append(f"{'':<14}decode efficiency per run {each(d['efficiencies'])}: {verdict}")
+    for n, t in pb.get("ttft", {}).items():
+        verdict = (
+            "MEASUREMENT FAULT: the median beat its bound"
+            if t["fault"]
+            else f"median {t['ratio']:.2f}" + (f" ({t['beyond']} run(s) under 1.0)" if t["beyond"] else "")
+        )
+        out.append(f"{'':<14}TTFT {n} / bound per run {each(t['ratios'])}: {verdict}")
     return out
 
 
@@ -524,6 +620,7 @@ def table(r: dict) -> list[str]:
         )
     elif b["efficiency"] is not None:
         out.append(f"{'efficiency':<14}{b['efficiency']:.2f} = {b['efficiency_formula']}")
+    out.extend(paired_lines(r.get("paired") or {}))
     ro = r["routing"]
     out.append(
         f"{'routing':<14}the {ro['top']} most used experts of a layer take {_pct(ro['share']).strip()} "

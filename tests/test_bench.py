@@ -77,7 +77,7 @@ def test_bench_json_has_every_field(tiny, tmp_path, monkeypatch):
 def test_a_run_is_bounded_by_the_disk_measured_right_after_it():
     """Each run's bound uses its own probe: a run next to a fast disk is held to more than one next to a
     slow one; the median is the figure, single runs beyond their bound are counted, not hidden."""
-    from inference.bench.run import paired_bounds
+    from inference.bench.paired import paired_bounds
 
     def run(tok_s, mb_per_token, disk_gbs, ttft=None):
         disk = {"bytes_per_s": disk_gbs * 1e9, "depth": 8, "seconds": 2.0}
@@ -97,7 +97,7 @@ def test_a_run_is_bounded_by_the_disk_measured_right_after_it():
 
 
 def test_unpaired_runs_have_no_paired_figures():
-    from inference.bench.run import paired_bounds
+    from inference.bench.paired import paired_bounds
 
     dec = {"runs": [{"tok_s": 1.0, "tokens": 10, "bytes_read": 1e9}]}
     assert paired_bounds(dec, {"8": {"runs": [{"ttft_s": 1.0, "bytes_read": 1e9}]}}, 2.0, None) == {
@@ -107,7 +107,7 @@ def test_unpaired_runs_have_no_paired_figures():
 
 
 def test_the_paired_probe_stays_within_its_depth_cap(tiny):
-    from inference.bench.bounds import PAIRED_DEPTH_MAX, paired_probe
+    from inference.bench.paired import PAIRED_DEPTH_MAX, paired_probe
 
     probe = paired_probe(Store(tiny), 64, 0.02)
     a, b = probe(), probe()

@@ -3,6 +3,7 @@
 - `run`: the orchestration (child processes, the optional memory cgroup), the table and the JSON;
 - `measure`: timed prefill and decode runs of an opened engine, by token ids;
 - `bounds`: the read bandwidth with the engine's own reader, page-cache warm-up;
+- `paired`: each timed run against the disk measured right after it;
 - `cachesim`: the routing trace, its replay through the engine's `LayerCache`, Belady's optimum;
 - `cgroup`: a cgroup-v1 memory limit around a child process (also a wrapper script).
 """

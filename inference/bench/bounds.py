@@ -15,7 +15,6 @@ out of it. (A fixed depth of 16 gave a bound the engine beat by 1.47x on one dis
 
 from __future__ import annotations
 
-import itertools
 import os
 import time
 from concurrent.futures import FIRST_COMPLETED, wait
@@ -180,26 +179,3 @@ def best_bandwidth(store, *, seconds: float = 10.0, seed: int = 0, depths=SWEEP_
     ]
     best = max(runs, key=lambda r: r["bytes_per_s"] or 0.0)
     return {**best, "sweep": [{"depth": r["depth"], "bytes_per_s": r["bytes_per_s"]} for r in runs]}
-
-
-PAIRED_DEPTH_MAX = 16  # a probe between runs shares the engine's memory cgroup: 16 blobs take ~54 MB
-
-
-def paired_probe(store, depth: int, seconds: float, seed: int = 0):
-    """A function that measures the disk now, for `seconds`, at `depth` reads in flight (at most
-    PAIRED_DEPTH_MAX): called right after each timed run (`measure.run_workload`'s probe), so that the
-    run's bound is the disk's rate at that time. A virtual disk's rate drifts by 2x within minutes
-    (benchmarks/README.md, "a bound measured beside each run"), more than any one sweep before or after
-    the runs can follow.
-
-    Returns:
-        probe() → {"bytes_per_s", "depth", "seconds"}.
-    """
-    depth = max(1, min(depth, PAIRED_DEPTH_MAX))
-    calls = itertools.count()
-
-    def probe() -> dict:
-        r = sustained_bandwidth(store, depth, seconds=seconds, seed=seed + next(calls))
-        return {"bytes_per_s": r["bytes_per_s"], "depth": depth, "seconds": r["seconds"]}
-
-    return probe

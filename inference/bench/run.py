@@ -38,6 +38,7 @@ from ..engine import EngineConfig
 from ..errors import RkmojoError
 from .cachesim import Call, TraceRecorder, popularity, replay, hit_rate, sweep
 from .measure import Workload, cpu_mark, others_cpu, peak_rss_bytes, run_workload
+from .paired import paired_bounds, paired_lines
 
 EFFICIENCY_FORMULA = "decode_tok_s / min(io_bound_tok_s, compute_only_tok_s)"
 # the JSON's fields as dotted paths (`prefill.N` for each timed prompt length N)
@@ -121,7 +122,8 @@ def child_streaming(store: Path, o: BenchOptions) -> dict:
     """Decode and prefill runs with the engine as configured; then the read bandwidth."""
     from ..engine import Engine
     from ..kernels import BACKEND, get_activations, get_threads
-    from .bounds import best_bandwidth, drop_caches, paired_probe, read_bandwidth
+    from .bounds import best_bandwidth, drop_caches, read_bandwidth
+    from .paired import paired_probe
 
     before = None
     e = o.engine
@@ -398,90 +400,6 @@ def ttft_bounds(st, prefill: dict, bw: float | None, c: dict | None) -> dict:
             "ratio": p["ttft_s"] / bound if bound else None,
             "fault": p["ttft_s"] < bound if bound else None,
         }
-    return out
-
-
-def paired_bounds(dec: dict, prefill: dict, compute: float | None, c: dict | None) -> dict:
-    """Each timed run against the disk measured right after it (its "disk", `run_workload`'s probe):
-    - a decode run: tok/s / min(the disk's rate / the run's expert bytes per token, compute-only tok/s);
-    - a prompt: TTFT / max(its expert bytes at the disk's rate, the resident prefill's fastest run).
-    The median over the runs is the figure; a median beyond its bound is a fault of the measurement,
-    and `beyond` counts the single runs that were (the disk can speed up between a run and its probe).
-
-    Returns:
-        {"decode": {"depth", "seconds", "disk_bytes_per_s", "efficiencies", "efficiency", "beyond",
-        "fault"} or None, "ttft": {str(n): {"disk_bytes_per_s", "ratios", "ratio", "beyond", "fault"}}}.
-    """
-
-    def measured(runs: list[dict]) -> list[dict]:
-        return [x for x in runs if (x.get("disk") or {}).get("bytes_per_s")]
-
-    runs = measured(dec["runs"])
-    out: dict = {"decode": None, "ttft": {}}
-    effs = []
-    for x in runs:
-        per_token = x["bytes_read"] / x["tokens"]
-        bounds = [b for b in (x["disk"]["bytes_per_s"] / per_token if per_token else None, compute) if b]
-        if bounds:
-            effs.append(x["tok_s"] / min(bounds))
-    if effs:
-        eff = statistics.median(effs)
-        out["decode"] = {
-            "depth": runs[0]["disk"]["depth"],
-            "seconds": runs[0]["disk"]["seconds"],
-            "disk_bytes_per_s": [x["disk"]["bytes_per_s"] for x in runs],
-            "efficiencies": effs,
-            "efficiency": eff,
-            "beyond": sum(e > 1.0 for e in effs),
-            "fault": eff > 1.0,
-        }
-    resident = (c or {}).get("prefill_ttft_s") or {}
-    for n, p in prefill.items():
-        rs = measured(p["runs"])
-        ratios = []
-        for x in rs:
-            bound = max(x["bytes_read"] / x["disk"]["bytes_per_s"], resident.get(n) or 0.0)
-            if bound:
-                ratios.append(x["ttft_s"] / bound)
-        if ratios:
-            ratio = statistics.median(ratios)
-            out["ttft"][n] = {
-                "disk_bytes_per_s": [x["disk"]["bytes_per_s"] for x in rs],
-                "ratios": ratios,
-                "ratio": ratio,
-                "beyond": sum(q < 1.0 for q in ratios),
-                "fault": ratio < 1.0,
-            }
-    return out
-
-
-def paired_lines(pb: dict) -> list[str]:
-    """The table's lines for `paired_bounds`."""
-
-    def each(xs, fmt="{:.2f}") -> str:
-        return ", ".join(fmt.format(x) for x in xs)
-
-    out = []
-    d = pb.get("decode")
-    if d:
-        gbs = [x / 1e9 for x in d["disk_bytes_per_s"]]
-        out.append(
-            f"{'paired':<14}each timed run against the disk measured right after it ({d['depth']} random blobs in "
-            f"flight for {d['seconds']:.1f} s): after the decode runs {each(gbs)} GB/s"
-        )
-        verdict = (
-            "MEASUREMENT FAULT: the median beat its bound"
-            if d["fault"]
-            else f"median {d['efficiency']:.2f}" + (f" ({d['beyond']} run(s) beyond 1.0)" if d["beyond"] else "")
-        )
-        out.append(f"{'':<14}decode efficiency per run {each(d['efficiencies'])}: {verdict}")
-    for n, t in pb.get("ttft", {}).items():
-        verdict = (
-            "MEASUREMENT FAULT: the median beat its bound"
-            if t["fault"]
-            else f"median {t['ratio']:.2f}" + (f" ({t['beyond']} run(s) under 1.0)" if t["beyond"] else "")
-        )
-        out.append(f"{'':<14}TTFT {n} / bound per run {each(t['ratios'])}: {verdict}")
     return out
 
 

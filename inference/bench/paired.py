@@ -36,6 +36,14 @@ def paired_probe(store, depth: int, seconds: float, seed: int = 0):
     return probe
 
 
+def ttft_bound(read_bytes: float, rate: float | None, resident_s: float | None) -> tuple[float | None, float | None]:
+    """(a streamed prompt's TTFT bound, its read half): the larger of reading `read_bytes` once at `rate`
+    and the same prefill all-resident (`resident_s`); None where neither was measured."""
+    read_s = read_bytes / rate if rate and read_bytes else None
+    parts = [x for x in (read_s, resident_s) if x]
+    return (max(parts) if parts else None), read_s
+
+
 def paired_bounds(dec: dict, prefill: dict, compute: float | None, c: dict | None) -> dict:
     """Each timed run against the disk measured right after it (its "disk", `run_workload`'s probe):
     - a decode run: tok/s / min(the disk's rate / the run's expert bytes per token, compute-only tok/s);
@@ -75,7 +83,7 @@ def paired_bounds(dec: dict, prefill: dict, compute: float | None, c: dict | Non
         rs = measured(p["runs"])
         ratios = []
         for x in rs:
-            bound = max(x["bytes_read"] / x["disk"]["bytes_per_s"], resident.get(n) or 0.0)
+            bound, _ = ttft_bound(x["bytes_read"], x["disk"]["bytes_per_s"], resident.get(n))
             if bound:
                 ratios.append(x["ttft_s"] / bound)
         if ratios:
@@ -106,17 +114,16 @@ def paired_lines(pb: dict) -> list[str]:
             f"{'':<14}the disk after each decode run: {each(gbs)} GB/s ({d['depth']} random blobs in flight "
             f"for {d['seconds']:.1f} s)"
         )
-        verdict = (
-            "MEASUREMENT FAULT: the median beat its bound"
-            if d["fault"]
-            else f"median {d['efficiency']:.2f}" + (f" ({d['beyond']} run(s) beyond 1.0)" if d["beyond"] else "")
-        )
+        verdict = _verdict(d["fault"], d["efficiency"], d["beyond"], "beyond")
         out.append(f"{'':<14}decode efficiency per run {each(d['efficiencies'])}: {verdict}")
     for n, t in ttft.items():
-        verdict = (
-            "MEASUREMENT FAULT: the median beat its bound"
-            if t["fault"]
-            else f"median {t['ratio']:.2f}" + (f" ({t['beyond']} run(s) under 1.0)" if t["beyond"] else "")
+        out.append(
+            f"{'':<14}TTFT {n} / bound per run {each(t['ratios'])}: {_verdict(t['fault'], t['ratio'], t['beyond'], 'under')}"
         )
-        out.append(f"{'':<14}TTFT {n} / bound per run {each(t['ratios'])}: {verdict}")
     return out
+
+
+def _verdict(fault: bool, median: float, beyond: int, side: str) -> str:
+    if fault:
+        return "MEASUREMENT FAULT: the median beat its bound"
+    return f"median {median:.2f}" + (f" ({beyond} run(s) {side} 1.0)" if beyond else "")

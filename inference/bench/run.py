@@ -38,7 +38,7 @@ from ..engine import EngineConfig
 from ..errors import RkmojoError
 from .cachesim import Call, TraceRecorder, popularity, replay, hit_rate, sweep
 from .measure import Workload, cpu_mark, others_cpu, peak_rss_bytes, run_workload
-from .paired import paired_bounds, paired_lines
+from .paired import paired_bounds, paired_lines, ttft_bound
 
 EFFICIENCY_FORMULA = "decode_tok_s / min(io_bound_tok_s, compute_only_tok_s)"
 # the JSON's fields as dotted paths (`prefill.N` for each timed prompt length N)
@@ -388,10 +388,8 @@ def ttft_bounds(st, prefill: dict, bw: float | None, c: dict | None) -> dict:
     out = {}
     for n, p in prefill.items():
         read_bytes = _median(p, "bytes_read")
-        read_s = read_bytes / bw if bw and read_bytes else None
         resident_s = ((c or {}).get("prefill_ttft_s") or {}).get(n)
-        parts = [x for x in (read_s, resident_s) if x]
-        bound = max(parts) if parts else None
+        bound, read_s = ttft_bound(read_bytes, bw, resident_s)
         out[n] = {
             "bound_s": bound,
             "read_experts_s": read_s,

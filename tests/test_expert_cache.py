@@ -228,6 +228,40 @@ def test_a_layer_wanting_more_experts_than_slots_keeps_every_slot_reading(tmp_pa
         src.close()
 
 
+def test_a_prompt_computes_the_cached_experts_first_so_their_slots_read_during_the_shared_work(tmp_path):
+    """When a layer's misses outnumber its free slots (a prompt after a chat filled the cache), the cached
+    experts are computed before the shared work (`during_io`, the dense MLP), so the slots they held are
+    reading the misses while it runs; a generated token (misses fit the free slots) keeps the shared work
+    first. Every expert is computed once either way."""
+    from inference.experts import StreamingExperts
+    from inference.store import Store
+    from inference.synth import synth_store
+
+    store = Store(synth_store(tmp_path / "s", "tiny-qwen3-moe", progress=False))
+    src = StreamingExperts(store, 3, io="threads", guesses=0)
+    try:
+        layer = next(iter(src.layouts))
+        src.run(layer, [0, 1, 2], lambda batch: None)  # cached: 0, 1, 2
+        submitted, computed, at_shared = [], [], []
+        real = src._requests
+        src._requests = lambda layer, experts: submitted.extend(experts) or real(layer, experts)  # noqa: E731
+
+        def shared():
+            at_shared.append((sorted(computed), list(submitted)))
+
+        src.run(layer, [0, 1, 2, 3, 4, 5, 6], lambda batch: computed.extend(e for e, _ in batch), shared)
+        assert at_shared == [([0, 1, 2], [3, 4, 5])]  # the three slots took the first misses before it
+        assert sorted(computed) == list(range(7)) and sorted(submitted) == [3, 4, 5, 6]
+
+        computed.clear(), submitted.clear(), at_shared.clear()
+        two = sorted(src.caches[layer].where)[:2]
+        src.run(layer, [*two, 9], lambda batch: computed.extend(e for e, _ in batch), shared)  # 1 miss, 1 free
+        assert at_shared == [([], [9])]  # the miss fits: read, and the shared work comes first
+        assert sorted(computed) == sorted([*two, 9])
+    finally:
+        src.close()
+
+
 def test_prefetch_slots_are_two_pools_a_prompt_fills_one_and_a_token_takes_its_share(tmp_path, monkeypatch):
     """`prefetch` slots per layer, as the memory plan counts them, alternate between the layers as two
     pools: a prompt's lookahead (every expert wanted) reads a whole pool ahead, one token's `prefetch`.

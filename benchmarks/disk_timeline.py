@@ -10,7 +10,16 @@ read in flight, the time spent at each depth, and per layer: when the engine ent
 how long it stayed, what the disk read between the previous layer's expert phase and this one (the
 attention), and the time with no read in flight there and inside the expert phase. A first 128-token
 prompt runs untimed first (it verifies the digests of the experts it reads), as in `rkmojo bench`, whose
-later prompts find its last experts in the slots. Reads are O_DIRECT, so the page cache plays no part.
+later prompts find its last experts in the slots (`--warm-decode N`: it also generates N tokens, so that the
+timed prompt, another one, meets a cache a chat left, as `rkmojo bench`'s prompts do). Reads are O_DIRECT,
+so the page cache plays no part.
+
+`--decode N` times N generated tokens after the prompt instead, and prints per layer and token the time
+before its expert phase and in it, with the time no read was in flight in each (the token's LM head, which
+precedes the first layer, is in that layer's "before"):
+
+    .venv/bin/python -m inference.bench.cgroup 3G -- .venv/bin/python benchmarks/disk_timeline.py \
+        /work/stores/gemma4-26b-a4b-uniform --memory-budget 3G --prefetch 0 --decode 24 --period-ms 1
 """
 
 from __future__ import annotations
@@ -60,15 +69,36 @@ def main() -> None:
     ap.add_argument("--prefetch", type=int, default=6)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--period-ms", type=float, default=2.0)
+    ap.add_argument("--memory-budget", help="plan the slots for this budget (e.g. 3G) instead of --expert-slots")
+    ap.add_argument(
+        "--warm-decode",
+        type=int,
+        default=0,
+        metavar="N",
+        help="decode N tokens after the untimed prompt, as `rkmojo bench`'s runs leave the caches (prompt mode)",
+    )
+    ap.add_argument(
+        "--decode",
+        type=int,
+        default=0,
+        metavar="N",
+        help="time N generated tokens after the prompt instead of the prompt",
+    )
     a = ap.parse_args()
     from inference.engine import Engine
 
-    e = Engine.open(a.store, threads=a.threads, expert_slots=a.expert_slots, prefetch=a.prefetch)
+    kw = {"memory_budget": a.memory_budget} if a.memory_budget else {"expert_slots": a.expert_slots}
+    e = Engine.open(a.store, threads=a.threads, prefetch=a.prefetch, **kw)
     try:
         ids = np.random.default_rng(0).integers(0, e.model.args.vocab_size, a.tokens)
         e.reset()
         e.forward(ids[:128])
+        for t in range(a.warm_decode):
+            e.forward([int(ids[t % len(ids)])])
         e.reset()
+        ids = np.random.default_rng(1).integers(0, e.model.args.vocab_size, a.tokens)  # another prompt
+        if a.decode:  # the prompt untimed, then its greedy continuation timed
+            nxt = int(np.argmax(np.asarray(e.forward(ids))[-1]))
         src = e.model.experts
         marks: list[tuple[float, float, int]] = []  # (enter, leave, layer)
         inner = src.run
@@ -85,7 +115,11 @@ def main() -> None:
         s.start()
         time.sleep(0.05)
         t0 = time.perf_counter()
-        e.forward(ids)
+        if a.decode:
+            for _ in range(a.decode):
+                nxt = int(np.argmax(np.asarray(e.forward([nxt]))[-1]))
+        else:
+            e.forward(ids)
         t1 = time.perf_counter()
         time.sleep(0.05)
         s.stop.set()
@@ -98,7 +132,8 @@ def main() -> None:
     depth = np.array([x[2] for x in sm])
     dt = np.diff([x[0] for x in sm], append=t1)
     idle = float(dt[depth == 0].sum())
-    print(f"prefill of {a.tokens} tokens: {wall:.2f} s; the device read {gb:.2f} GB, {gb / wall:.2f} GB/s")
+    what = f"{a.decode} generated tokens" if a.decode else f"prefill of {a.tokens} tokens"
+    print(f"{what}: {wall:.2f} s; the device read {gb:.2f} GB, {gb / wall:.2f} GB/s")
     print(f"no read in flight: {idle:.2f} s ({idle / wall:.0%}); while reading: {gb / max(wall - idle, 1e-9):.2f} GB/s")
     edges = [0, 1, 4, 8, 16, 32, 64, 1 << 30]
     for lo, hi in zip(edges, edges[1:], strict=False):
@@ -107,6 +142,28 @@ def main() -> None:
             print(f"  in flight {lo}-{hi - 1 if hi < 1 << 30 else 'more'}: {sec:.2f} s")
     ts = np.array([x[0] for x in sm])
     sectors = np.array([x[1] for x in sm])
+    if a.decode:  # per layer over every token: time in the expert phase, idle before and inside it
+        per: dict[int, list[float]] = {}
+        prev = t0
+        for enter, leave, layer in marks:
+            before = float(dt[(ts >= prev) & (ts < enter) & (depth == 0)].sum())
+            inside = float(dt[(ts >= enter) & (ts < leave) & (depth == 0)].sum())
+            p = per.setdefault(layer, [0.0, 0.0, 0.0, 0.0])
+            p[0] += enter - prev
+            p[1] += leave - enter
+            p[2] += before
+            p[3] += inside
+            prev = leave
+        n = a.decode
+        print("layer  ms per token: before its expert phase (idle), in it (idle)")
+        for layer, (b, i, ib, ii) in sorted(per.items()):
+            print(f"{layer:5d}  {b / n * 1e3:6.1f} ({ib / n * 1e3:4.1f})  {i / n * 1e3:6.1f} ({ii / n * 1e3:4.1f})")
+        tot = np.sum(list(per.values()), axis=0) / n * 1e3
+        print(
+            f"per token: {wall / n * 1e3:.0f} ms; between expert phases {tot[0]:.0f} ms (idle {tot[2]:.0f}), "
+            f"in them {tot[1]:.0f} ms (idle {tot[3]:.0f})"
+        )
+        return
     print("layer  enter s  in run s  GB read since the previous expert phase  idle s: before the run, in it")
     prev = t0
     idle_before = idle_in = 0.0

@@ -35,11 +35,14 @@ HERE = Path(__file__).resolve().parent
 def child(a) -> dict:
     from inference.engine import Engine
 
-    e = Engine.open(a.store, expert_slots=a.expert_slots, prefetch=a.prefetch, threads=a.threads)
+    plan = {"memory_budget": a.memory_budget} if a.memory_budget else {"expert_slots": a.expert_slots}
+    e = Engine.open(a.store, prefetch=a.prefetch, threads=a.threads, **plan)
     ids = np.random.default_rng(0).integers(0, e.model.args.vocab_size, a.prompt_tokens)
     runs = []
     try:
         for _ in range(a.prefills):
+            for t in range(a.decode if runs else 0):  # generated tokens leave the caches as a chat does
+                e.forward([int(ids[t % len(ids)])])
             e.reset()
             before = dict(e.expert_stats["total"])
             t = time.perf_counter()
@@ -64,7 +67,8 @@ def run(variant: str, a) -> dict:
     if variant == "baseline":
         env["PYTHONPATH"] = a.baseline_src
     store = a.baseline_store if variant == "baseline" else a.store
-    cmd = [sys.executable, __file__, store, "--child", "--expert-slots", str(a.expert_slots)]
+    cmd = [sys.executable, __file__, store, "--child", "--expert-slots", str(a.expert_slots), "--decode", str(a.decode)]
+    cmd += ["--memory-budget", a.memory_budget] if a.memory_budget else []
     cmd += ["--prefetch", str(a.prefetch), "--prompt-tokens", str(a.prompt_tokens), "--prefills", str(a.prefills)]
     cmd += ["--threads", str(a.threads)]
     out = subprocess.run(
@@ -87,6 +91,8 @@ def main() -> int:
     )
     p.add_argument("--expert-slots", type=int, default=16)
     p.add_argument("--prefetch", type=int, default=6)
+    p.add_argument("--memory-budget", help="plan the slots for this budget (e.g. 4G) instead of --expert-slots")
+    p.add_argument("--decode", type=int, default=0, help="tokens generated before each prefill but the first")
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--prefills", type=int, default=3, help="prefills per child (the first verifies digests)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)

@@ -181,6 +181,17 @@ class UringReader:
     def submit(self, reqs: list[ReadRequest]) -> "UringBatch":
         return UringBatch(self, list(reqs))
 
+    def wait(self) -> None:
+        """Block until a completion is at the queue's head. A signal that interrupts the wait (EINTR: a
+        child process exiting, a profiler attaching) does not end it: the wait resumes, as Python resumes
+        its own system calls (PEP 475), and a signal handler that raises still stops it."""
+        while True:
+            try:
+                self.L.io_uring_wait_cqe(self.ring, self.cqe)
+                return
+            except InterruptedError:
+                continue
+
     def close(self) -> None:
         self.L.io_uring_queue_exit(self.ring)
 
@@ -228,9 +239,9 @@ class UringBatch:
         return req
 
     def completed(self):
-        r, L = self.reader, self.reader.L
+        r = self.reader
         while self.mine:
-            L.io_uring_wait_cqe(r.ring, r.cqe)
+            r.wait()
             yield self._reap()
 
     def ready(self) -> list[ReadRequest]:
@@ -248,7 +259,7 @@ class UringBatch:
         """Waits until at least one read lands; the requests landed by then."""
         if not self.mine:
             return []
-        self.reader.L.io_uring_wait_cqe(self.reader.ring, self.reader.cqe)
+        self.reader.wait()
         return [self._reap(), *self.ready()]
 
     def abandon(self) -> None:
@@ -256,7 +267,7 @@ class UringBatch:
         r, L = self.reader, self.reader.L
         self.queue = []
         while self.mine:
-            L.io_uring_wait_cqe(r.ring, r.cqe)
+            r.wait()
             rid = L.io_uring_cqe_get_data64(r.cqe[0])
             L.io_uring_cqe_seen(r.ring, r.cqe[0])
             r.inflight.pop(rid, None)

@@ -329,11 +329,16 @@ class StreamingExperts:
         """Up to `n` cache slots, as (pool, slot, lender), lent by the layers before the one running now
         (`layer` is the next one): this pass has finished them, so only a later pass or token needs their
         experts. Empty slots first, then the least requested experts (LFU counts), which leave the cache.
+        Where those are too few (the pass's first layers), the layers after `layer` lend too, the last to
+        run first: their experts that leave the cache are read again when they run, late in the pass,
+        where the prompt waits for the CPU and the disk has time, while the first layers wait for it.
         A slot lent to a layer that has run since is lent again once no read is landing in it."""
         place = self._place[layer]
+        later = self._order[place + 1 :][::-1]
         offers = []
-        for lender in self._order[: max(place - 1, 0)]:
+        for lender in self._order[: max(place - 1, 0)] + later:
             cache = self.caches[lender]
+            rank = later.index(lender) + 1 if self._place[lender] > place else 0  # finished layers first
             if cache.pool.slot_bytes < length:
                 continue
             loans = self.loans.get(lender, [])
@@ -348,10 +353,10 @@ class StreamingExperts:
             for s in range(cache.pool.n):
                 if s not in lent:
                     e = int(cache.slot_expert[s])
-                    offers.append((-1 if e < 0 else int(cache.counts[e]), lender, s))
+                    offers.append((rank, -1 if e < 0 else int(cache.counts[e]), lender, s))
         offers.sort()
         out = []
-        for _, lender, s in offers[:n]:
+        for *_, lender, s in offers[:n]:
             e = int(self.caches[lender].slot_expert[s])
             self.caches[lender].drop(s)
             if e >= 0 and self.observer is not None:

@@ -560,6 +560,7 @@ class StreamingExperts:
             prefetched = set(self.pf_pending.get(layer, ()))
             queue = [e for e in misses if e not in prefetched]
             batch = self._top_up(layer, None, queue)
+            fits = not queue  # every miss had a free slot (a generated token)
             if queue and hits:  # misses wait for the slots the hits hold (a prompt): free those first
                 compute([(e, self._view(layer, cache.pool.view(s))) for e, s in hits.items()])
                 cache.pinned.difference_update(hits.values())
@@ -572,8 +573,8 @@ class StreamingExperts:
             took = [e for e in misses if e in prefetched]  # computed from the lookahead's slots
             if took and self.observer is not None:
                 self.observer.took(layer, took)
-            # promoted only when no miss of this call waits for a slot (a prompt's layer needs them all)
-            self._take_prefetched(layer, took, compute, promote=self.promote and not queue)
+            # promoted only when no miss of this call waited for a slot (a prompt's layer needs them all)
+            self._take_prefetched(layer, took, compute, promote=self.promote and fits)
             batch = self._top_up(layer, batch, queue)
             if batch is not None:
                 self._drain(layer, batch, compute, queue)

@@ -4,12 +4,13 @@
 work that needs no missing expert (the shared expert, the cached experts) while the reads land,
 then the remaining experts as their reads land. When the misses outnumber the free slots (a prompt
 after a chat filled the cache), the cached experts come first, so that their slots are reading
-during the shared expert (a 128-token Gemma 4 prompt in 4 GiB: 0.94x the time). A landed read is checked (digest) and repacked on
-a lander thread (a prefetch: on its reader thread) while the engine computes the experts landed
-before it; experts landed by the time the engine gets to them are computed in one call. When a
-layer wants more experts at once than it has slots (prefill, or tiny caches), it streams them
-through its slots: each computed expert's slot takes the next read. A prompt's gate lookahead reads
-the next layer's experts ahead, into its pool and into the slots of layers the pass has finished.
+during the shared expert. A landed read is checked (digest) and repacked on a lander thread (a
+prefetch: on its reader thread) while the engine computes the experts landed before it; experts
+landed by the time the engine gets to them are computed in one call. When a layer wants more
+experts at once than it has slots (prefill, or tiny caches), it streams them through its slots:
+each computed expert's slot takes the next read. A prompt's gate lookahead reads the next layer's
+experts ahead, into its pool and into the slots of layers the pass has finished (its first layers
+also into those of the layers it reaches last).
 The math is the caller's (`moe.mixture`); its results do not depend on the order experts arrive in
 or on how they are grouped, so every cache setting gives the same bits as the all-resident run.
 """

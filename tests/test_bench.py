@@ -4,8 +4,10 @@ the read-bandwidth probe, and the memory-cgroup helper."""
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -323,6 +325,31 @@ def test_the_cgroup_wrapper_runs_a_command_and_reports_its_peak():
         cwd=Path(__file__).parent.parent,
     )
     assert p.returncode == 0 and p.stdout.strip() == "7" and "peak" in p.stderr
+
+
+@v1_root
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_killed_cgroup_wrapper_takes_its_child_and_its_group_with_it(tmp_path, sig):
+    """`kill` of a bench used to end only the parent: its child ran on in the cgroup until the OOM killer."""
+    pidfile = tmp_path / "child.pid"
+    child = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    p = subprocess.Popen(
+        [sys.executable, "-m", "inference.bench.cgroup", "256M", "--", sys.executable, "-c", child],
+        cwd=Path(__file__).parent.parent,
+    )
+    for _ in range(300):
+        if pidfile.exists() and pidfile.read_text():
+            break
+        time.sleep(0.05)
+    pid = int(pidfile.read_text())
+    group = next(
+        line.split(":", 2)[2] for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines() if ":memory:" in line
+    )
+    assert "rkmojo-bench-" in group
+    p.send_signal(sig)
+    assert p.wait(timeout=30) == 128 + sig
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    assert not (ROOT / group.lstrip("/")).exists()
 
 
 def test_a_streamed_first_token_faster_than_its_resident_bound_is_a_measurement_fault(tiny):

@@ -15,9 +15,12 @@ As a wrapper: `python -m inference.bench.cgroup 4G -- COMMAND [ARGS…]` (needs 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -63,6 +66,27 @@ def own_memory_cgroup() -> str:
         if "memory" in controllers.split(","):
             return path
     return "/"
+
+
+@contextlib.contextmanager
+def children_die_with_us():
+    """SIGTERM and SIGHUP raise SystemExit while inside, so that `subprocess.run` kills and reaps the child
+    and a `MemoryCgroup` is removed, as they are on Ctrl-C. By default those signals end Python at once: a
+    `kill` of a bench left its child running on in its cgroup until the OOM killer took it. (Main thread
+    only; elsewhere a no-op.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def leave(signum, frame):
+        raise SystemExit(128 + signum)
+
+    old = {s: signal.signal(s, leave) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 class MemoryCgroup:
@@ -118,7 +142,8 @@ class MemoryCgroup:
 
     def run(self, cmd: list[str], **kw) -> tuple[subprocess.CompletedProcess, dict]:
         """Run `cmd` inside the group; (the completed process, `usage()` after it ended)."""
-        proc = subprocess.run(cmd, preexec_fn=self.enter, **kw)
+        with children_die_with_us():
+            proc = subprocess.run(cmd, preexec_fn=self.enter, **kw)
         return proc, self.usage()
 
     def remove(self) -> None:
@@ -138,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m inference.bench.cgroup SIZE -- COMMAND [ARGS…]", file=sys.stderr)
         return 2
     try:
-        with MemoryCgroup(argv[0]) as g:
+        with children_die_with_us(), MemoryCgroup(argv[0]) as g:
             proc, use = g.run(argv[2:])
     except RkmojoError as e:
         print(f"cgroup: error: {e}", file=sys.stderr)

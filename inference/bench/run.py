@@ -36,6 +36,7 @@ from pathlib import Path
 
 from ..engine import EngineConfig
 from ..errors import RkmojoError
+from .cgroup import children_die_with_us
 from .cachesim import Call, TraceRecorder, popularity, replay, hit_rate, sweep
 from .measure import Workload, cpu_mark, others_cpu, peak_rss_bytes, run_workload
 from .paired import paired_bounds, paired_lines, ttft_bound
@@ -281,7 +282,8 @@ def run_bench(
             "the engine would be OOM-killed: give it a budget within the limit"
         )
     load_before, busy_before = os.getloadavg(), cpu_busy()
-    with tempfile.TemporaryDirectory(prefix="rkmojo-bench-") as tmp:
+    # a `kill` of the bench ends its child too, and removes its cgroup and temp files
+    with children_die_with_us(), tempfile.TemporaryDirectory(prefix="rkmojo-bench-") as tmp:
         if o.cgroup_memory:
             with MemoryCgroup(o.cgroup_memory) as g:
                 s, use = _spawn("streaming", st.path, o, Path(tmp), g)

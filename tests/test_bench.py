@@ -76,6 +76,30 @@ def test_bench_json_has_every_field(tiny, tmp_path, monkeypatch):
     assert any(line.startswith("paired") for line in lines)
 
 
+def test_a_layered_prompts_resident_bound_is_the_faster_of_its_two_orders(tiny):
+    """A prompt longer than a chunk streams layer by layer: its all-resident bound is timed in that order too
+    (a 1024-token prompt streamed "beat" a bound timed chunk by chunk only)."""
+    from inference.bench.run import child_compute
+
+    w = Workload(prompt_tokens=8, prefill_tokens=(8, 20), decode_tokens=4, runs=3)
+    c = child_compute(tiny, BenchOptions(engine=EngineConfig(chunk=8), workload=w, compute_tokens=4))
+    orders = c["prefill_ttft_by_order_s"]
+    assert set(orders["20"]) == {"chunk by chunk", "layer by layer"} and set(orders["8"]) == {"chunk by chunk"}
+    assert c["prefill_ttft_s"] == {n: min(v.values()) for n, v in orders.items()}
+
+
+def test_a_resident_prompt_layer_by_layer_gives_the_chunked_bits(tiny):
+    e = Engine.open(tiny, chunk=8)
+    ids = np.random.default_rng(3).integers(0, e.args.vocab_size, 20)
+    chunked = e.forward(ids)
+    e.reset()
+    e.model.layer_by_layer = True
+    passes, pass_forward = [], e.model.pass_forward
+    e.model.pass_forward = lambda *a, **k: passes.append(1) or pass_forward(*a, **k)
+    layered = e.forward(ids)
+    assert passes and np.array_equal(chunked, layered)
+
+
 def test_a_run_is_bounded_by_the_disk_measured_right_after_it():
     """Each run's bound uses its own probe: a run next to a fast disk is held to more than one next to a
     slow one; the median is the figure, single runs beyond their bound are counted, not hidden."""

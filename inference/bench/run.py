@@ -215,12 +215,26 @@ def child_compute(store: Path, o: BenchOptions) -> dict:
     majflt = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
     r = run_workload(engine, w)
     # a TTFT bound is the best the resident engine did: its prefills as many times as the streamed
-    # prompt's (one run of a long prompt varied by 3 %, and the streamed one then "beat" it)
-    best = {n: p["ttft_s"] for n, p in r["prefill"].items()}
+    # prompt's (one run of a long prompt varied by 3 %, and the streamed one then "beat" it). A prompt
+    # longer than a chunk streams layer by layer (`Transformer.pass_forward`): the same bits in another
+    # order, so its bound is the faster of the two orders, the later runs taking turns from layer by layer
+    model = engine.model
+    layered = lambda n: n > model.chunk and model.prefill_pass > model.chunk  # noqa: E731
+    by_order = {str(n): {"chunk by chunk": p["ttft_s"]} for n, p in r["prefill"].items()}
     prompt = w.prompt(engine.args.vocab_size)
-    for _ in range(o.workload.runs - 1):
+    for i in range(max(o.workload.runs - 1, 1)):
         for n in w.prefill_tokens:
-            best[str(n)] = min(best[str(n)], timed_prefill(engine, prompt[:n])["ttft_s"])
+            if i >= o.workload.runs - 1 and not layered(n):
+                continue
+            order = "layer by layer" if layered(n) and i % 2 == 0 else "chunk by chunk"
+            model.layer_by_layer = order == "layer by layer"
+            try:
+                t = timed_prefill(engine, prompt[:n])["ttft_s"]
+            finally:
+                model.layer_by_layer = False
+            mine = by_order[str(n)]
+            mine[order] = min(mine.get(order, t), t)
+    best = {n: min(v.values()) for n, v in by_order.items()}
     engine.reset()
     return {
         "mode": "resident",
@@ -229,6 +243,7 @@ def child_compute(store: Path, o: BenchOptions) -> dict:
         "prefill_tok_s": r["prefill"][str(w.prompt_tokens)]["tok_s"],
         "warm_s": warm_s,
         "prefill_ttft_s": best,  # the fastest of the runs
+        "prefill_ttft_by_order_s": by_order,  # the fastest of each order's runs
         "others_cpu": r["decode"]["others_cpu_max"],
         "major_faults": resource.getrusage(resource.RUSAGE_SELF).ru_majflt - majflt,
     }
@@ -395,12 +410,14 @@ def ttft_bounds(st, prefill: dict, bw: float | None, c: dict | None) -> dict:
     for n, p in prefill.items():
         read_bytes = _median(p, "bytes_read")
         resident_s = ((c or {}).get("prefill_ttft_s") or {}).get(n)
+        orders = ((c or {}).get("prefill_ttft_by_order_s") or {}).get(n) or {}
         bound, read_s = ttft_bound(read_bytes, bw, resident_s)
         out[n] = {
             "bound_s": bound,
             "read_experts_s": read_s,
             "read_bytes": read_bytes,
             "resident_s": resident_s,
+            "resident_order": min(orders, key=orders.get) if orders else None,
             "ratio": p["ttft_s"] / bound if bound else None,
             "fault": p["ttft_s"] < bound if bound else None,
         }
@@ -516,6 +533,8 @@ def table(r: dict) -> list[str]:
                 else "not measured"
             )
             res = f"{t['resident_s']:.2f} s" if t["resident_s"] else "not measured"
+            if t["resident_s"] and t.get("resident_order"):
+                res += f" ({t['resident_order']})"
             verdict = (
                 "MEASUREMENT FAULT: the streamed run beat its bound (see the compute bound's major faults and "
                 "load), so no ratio is reported"

@@ -220,6 +220,9 @@ class Transformer:
         self.norm = self.vec("norm")
         self.ops = CPU  # the backend of the dense matmuls that an NPU can take (Engine sets it)
         self._rope_memo: dict = {}
+        # a prompt goes layer by layer (`pass_forward`) with resident experts too: `rkmojo bench` times the
+        # all-resident bound of a streamed prompt in the streamed prompt's order as well
+        self.layer_by_layer = False
 
     def rope(self, positions: np.ndarray, inv_freq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """cos/sin for this chunk's positions, computed once per chunk and frequency table."""
@@ -265,7 +268,7 @@ class Transformer:
         if (
             len(ids) > self.chunk
             and self.prefill_pass > self.chunk
-            and getattr(getattr(self, "experts", None), "streams", False)
+            and (self.layer_by_layer or getattr(getattr(self, "experts", None), "streams", False))
         ):
             return self.pass_forward(ids, cache, progress)
         outs = []

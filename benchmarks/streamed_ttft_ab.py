@@ -41,8 +41,11 @@ def child(a) -> dict:
     runs = []
     try:
         for _ in range(a.prefills):
-            for t in range(a.decode if runs else 0):  # generated tokens leave the caches as a chat does
-                e.forward([int(ids[t % len(ids)])])
+            n = a.decode if runs else 0
+            t = time.perf_counter()
+            for k in range(n):  # generated tokens leave the caches as a chat does (timed: decode tok/s)
+                e.forward([int(ids[k % len(ids)])])
+            decode_tok_s = n / (time.perf_counter() - t) if n else None
             e.reset()
             before = dict(e.expert_stats["total"])
             t = time.perf_counter()
@@ -55,6 +58,7 @@ def child(a) -> dict:
                     "io_wait_s": now["read_seconds"] - before["read_seconds"],
                     "land_s": now.get("land_seconds", 0.0) - before.get("land_seconds", 0.0),
                     "next": int(np.argmax(logits[-1])),
+                    "decode_tok_s": decode_tok_s,
                 }
             )
     finally:
@@ -122,12 +126,18 @@ def main() -> int:
         summary[v] = {key: statistics.median(x[key] for x in later) for key in ("ttft_s", "io_wait_s", "land_s")} | {
             "first_ttft_s": statistics.median(x["ttft_s"] for i, x in enumerate(runs) if i % a.prefills == 0)
         }
+        decode = [x["decode_tok_s"] for x in runs if x.get("decode_tok_s")]
+        summary[v]["decode_tok_s"] = statistics.median(decode) if decode else None
         s = summary[v]
         print(
             f"{v:<9} TTFT {s['ttft_s']:.2f} s (median of the later prefills; first prefill {s['first_ttft_s']:.2f} s)"
             f" · IO wait {s['io_wait_s']:.2f} s · landing {s['land_s']:.2f} s"
+            + (f" · decode {s['decode_tok_s']:.2f} tok/s (median of {len(decode)} runs of {a.decode})" if decode else "")
         )
-    print(f"this / baseline: {summary['this']['ttft_s'] / summary['baseline']['ttft_s']:.3f}")
+    print(f"this / baseline: TTFT {summary['this']['ttft_s'] / summary['baseline']['ttft_s']:.3f}", end="")
+    if summary["this"]["decode_tok_s"] and summary["baseline"]["decode_tok_s"]:
+        print(f", decode tok/s {summary['this']['decode_tok_s'] / summary['baseline']['decode_tok_s']:.3f}", end="")
+    print()
     same = {x["next"] for runs in results.values() for x in runs}
     print(f"first generated token: {sorted(same)} (the same in every run: {len(same) == 1})")
     if a.json:

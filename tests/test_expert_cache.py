@@ -29,6 +29,28 @@ def test_slots_are_page_aligned_and_preallocated():
     assert all(p.view(i).ctypes.data % 4096 == 0 for i in range(4))
 
 
+def vm_flags(address: int) -> list[str]:
+    """The VmFlags of the mapping of this process that holds `address` (/proc/self/smaps)."""
+    inside = False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and head == "VmFlags:":
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(
+    "[never]" in open("/sys/kernel/mm/transparent_hugepage/enabled").read(), reason="transparent huge pages are off"
+)
+def test_the_slots_ask_for_huge_pages():
+    """O_DIRECT reads into 2 MiB pages go out whole instead of split by max_segments 4 KiB pages."""
+    p = SlotPool(2, 3 * 2**20)
+    assert "hg" in vm_flags(p.array.ctypes.data)
+
+
 def test_lfu_evicts_empty_slots_first_then_the_least_requested():
     c = cache()
     load(c, [1])

@@ -70,6 +70,8 @@ def test_bench_json_has_every_field(tiny, tmp_path, monkeypatch):
     assert r["sweep"]["check"]["prefetch_hits"] == 0
     # every timed run is paired with the disk measured right after it
     assert all(x["disk"]["bytes_per_s"] > 0 for x in r["decode"]["runs"] + r["prefill"]["20"]["runs"])
+    # at the sweep's deepest depth, capped, whichever depth that sweep found fastest
+    assert {x["disk"]["depth"] for x in r["decode"]["runs"] + r["prefill"]["20"]["runs"]} == {16}
     d = r["paired"]["decode"]
     assert len(d["efficiencies"]) == 2 and d["efficiency"] == pytest.approx(np.median(d["efficiencies"]))
     assert d["fault"] == (d["efficiency"] > 1.0) and sorted(r["paired"]["ttft"]) == ["20", "8"]

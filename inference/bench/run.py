@@ -142,8 +142,12 @@ def child_streaming(store: Path, o: BenchOptions) -> dict:
     if engine.slots is not None:
         rec = engine.model.experts = TraceRecorder(engine.model.experts)
     probe = None
-    if before and before["bytes_per_s"] and o.paired_seconds > 0:  # at the sweep's best depth
-        probe = paired_probe(engine.store, before["depth"], o.paired_seconds, seed=o.workload.seed + 5)
+    if before and before["bytes_per_s"] and o.paired_seconds > 0:
+        # at the sweep's deepest depth (capped), not at its fastest: on a disk whose rate drifts, one sweep's
+        # fastest depth is noise (4 in a sweep before the runs, whose rate rose with depth to 64 after them),
+        # and a shallower probe than the engine's reads understates the disk
+        deepest = max(x["depth"] for x in before["sweep"])
+        probe = paired_probe(engine.store, deepest, o.paired_seconds, seed=o.workload.seed + 5)
     out = run_workload(engine, o.workload, rec, probe)
     st = engine.expert_stats
     out["engine"] = {

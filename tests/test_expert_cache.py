@@ -48,7 +48,16 @@ def vm_flags(address: int) -> list[str]:
 def test_the_slots_ask_for_huge_pages():
     """O_DIRECT reads into 2 MiB pages go out whole instead of split by max_segments 4 KiB pages."""
     p = SlotPool(2, 3 * 2**20)
-    assert "hg" in vm_flags(p.array.ctypes.data)
+    assert p.huge and "hg" in vm_flags(p.array.ctypes.data)
+
+
+def test_rkmojo_hugepages_0_keeps_the_slots_in_small_pages_and_a_bad_value_is_named(monkeypatch):
+    monkeypatch.setenv("RKMOJO_HUGEPAGES", "0")
+    p = SlotPool(2, 3 * 2**20)
+    assert not p.huge and "hg" not in vm_flags(p.array.ctypes.data)
+    monkeypatch.setenv("RKMOJO_HUGEPAGES", "yes")
+    with pytest.raises(OptionError, match="RKMOJO_HUGEPAGES='yes'.*1 .*or 0"):
+        SlotPool(2, 4096)
 
 
 def test_lfu_evicts_empty_slots_first_then_the_least_requested():

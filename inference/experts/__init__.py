@@ -32,7 +32,7 @@ from ..errors import ModelFormatError
 from ..options import OptionError
 from ..store.format import digest_bytes
 from ..sysmem import meminfo
-from .cache import PAGE, CacheSnapshot, LayerCache, LayerStats, SlotPool
+from .cache import PAGE, CacheSnapshot, LayerCache, LayerStats, SlotPool, _switch
 from ..kernels.repack import as_repacked, repack_expert, repackable_kind
 from .io import LayerFiles, ReadRequest, ThreadReader, open_reader
 
@@ -78,19 +78,6 @@ def lookahead_pools(prefetch: int, n_layers: int, guesses: int) -> tuple[int, in
 # borrowing layer has computed it): without them the disk idles through each layer's attention, with them
 # it reads on (benchmarks/README.md, "a prompt reads ahead into the slots of the layers it has finished"). 0: off.
 PROMPT_LEND_ENV = "RKMOJO_PROMPT_LEND"
-
-
-def _switch(name: str, default: bool, on: str) -> bool:
-    """An on/off environment variable: "1" or "0", `default` when unset; `on` says what 1 does.
-
-    Raises:
-        OptionError: the variable is neither 0 nor 1.
-    """
-    text = os.environ.get(name, "1" if default else "0").strip()
-    if text not in ("0", "1"):
-        hint = f"1 ({on}, the default) or 0 (off)" if default else f"1 ({on}) or 0 (off, the default)"
-        raise OptionError(name, text, hint)
-    return text == "1"
 
 
 def prompt_lend() -> bool:

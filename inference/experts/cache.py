@@ -13,12 +13,44 @@ may read while the engine counts: a copy may be one request behind, never torn a
 from __future__ import annotations
 
 import mmap
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..options import OptionError
+
 PAGE = 4096
 POLICIES = ("lfu", "lru")
+
+
+def _switch(name: str, default: bool, on: str) -> bool:
+    """An on/off environment variable: "1" or "0", `default` when unset; `on` says what 1 does.
+
+    Raises:
+        OptionError: the variable is neither 0 nor 1.
+    """
+    text = os.environ.get(name, "1" if default else "0").strip()
+    if text not in ("0", "1"):
+        hint = f"1 ({on}, the default) or 0 (off)" if default else f"1 ({on}) or 0 (off, the default)"
+        raise OptionError(name, text, hint)
+    return text == "1"
+
+
+# Slot memory in transparent huge pages where the kernel has them ("madvise" or "always"): an O_DIRECT read
+# into 4 KiB pages goes out in pieces of at most the queue's max_segments pages, into 2 MiB pages whole. On
+# a virtio disk the probe read random experts at 2.84 against 1.96 GB/s in batches of 6 and 3.15 against
+# 2.57 GB/s at 64 in flight, with a third less system CPU per decoded token; the engine's decode and prompts
+# were no faster there (benchmarks/README.md, "huge pages"). 0: 4 KiB pages (a board whose kernel stalls
+# compacting memory for them at load).
+HUGEPAGES_ENV = "RKMOJO_HUGEPAGES"
+
+
+def hugepages() -> bool:
+    """$RKMOJO_HUGEPAGES, default 1 (see above)."""
+    return _switch(HUGEPAGES_ENV, True, "slots in transparent huge pages")
+
+
 
 
 @dataclass
@@ -64,17 +96,14 @@ class CacheSnapshot:
 
 class SlotPool:
     """`n` page-aligned buffers of `slot_bytes` each, in one anonymous mapping (no per-token allocation),
-    backed by huge pages where the kernel allows."""
+    in transparent huge pages where the kernel has them (`huge`, default $RKMOJO_HUGEPAGES)."""
 
-    def __init__(self, n: int, slot_bytes: int):
+    def __init__(self, n: int, slot_bytes: int, *, huge: bool | None = None):
         self.slot_bytes = -(-slot_bytes // PAGE) * PAGE
         self.n = n
         self._map = mmap.mmap(-1, max(1, n * self.slot_bytes), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        # huge pages where the kernel has them (transparent_hugepage "madvise" or "always"): an O_DIRECT read
-        # into 4 KiB pages is split into requests of at most max_segments pages, into 2 MiB pages it goes
-        # out whole. Random expert reads on a virtio disk: 3.2 against 1.8 GB/s at 4 in flight, 3.2 against
-        # 2.7 at 64 (benchmarks/README.md, "huge pages")
-        if hasattr(mmap, "MADV_HUGEPAGE"):
+        self.huge = (hugepages() if huge is None else huge) and hasattr(mmap, "MADV_HUGEPAGE")
+        if self.huge:  # see HUGEPAGES_ENV
             self._map.madvise(mmap.MADV_HUGEPAGE)
         self.array = np.frombuffer(self._map, dtype=np.uint8)
         self.array[::PAGE] = 0  # touch every page now: the budget is taken up front, not mid-run

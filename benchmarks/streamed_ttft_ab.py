@@ -132,7 +132,11 @@ def main() -> int:
         print(
             f"{v:<9} TTFT {s['ttft_s']:.2f} s (median of the later prefills; first prefill {s['first_ttft_s']:.2f} s)"
             f" · IO wait {s['io_wait_s']:.2f} s · landing {s['land_s']:.2f} s"
-            + (f" · decode {s['decode_tok_s']:.2f} tok/s (median of {len(decode)} runs of {a.decode})" if decode else "")
+            + (
+                f" · decode {s['decode_tok_s']:.2f} tok/s (median of {len(decode)} runs of {a.decode})"
+                if decode
+                else ""
+            )
         )
     print(f"this / baseline: TTFT {summary['this']['ttft_s'] / summary['baseline']['ttft_s']:.3f}", end="")
     if summary["this"]["decode_tok_s"] and summary["baseline"]["decode_tok_s"]:

@@ -51,8 +51,6 @@ def hugepages() -> bool:
     return _switch(HUGEPAGES_ENV, True, "slots in transparent huge pages")
 
 
-
-
 @dataclass
 class LayerStats:
     requests: int = 0

@@ -20,8 +20,8 @@ PAIRED_DEPTH_MAX = 16  # a probe between runs shares the engine's memory cgroup:
 
 def paired_probe(store, depth: int, seconds: float, seed: int = 0):
     """A function that measures the disk now, for `seconds`, at `depth` reads in flight (at most
-    PAIRED_DEPTH_MAX; the bench passes the sweep's deepest): called right after each timed run (`measure.run_workload`'s probe), so that the
-    run's bound is the disk's rate at that time.
+    PAIRED_DEPTH_MAX; the bench passes the sweep's deepest): called right after each timed run
+    (`measure.run_workload`'s probe), so that the run's bound is the disk's rate at that time.
 
     Returns:
         probe() → {"bytes_per_s", "depth", "seconds"}.

@@ -223,21 +223,26 @@ def child_compute(store: Path, o: BenchOptions) -> dict:
     # longer than a chunk streams layer by layer (`Transformer.pass_forward`): the same bits in another
     # order, so its bound is the faster of the two orders, the later runs taking turns from layer by layer
     model = engine.model
-    layered = lambda n: n > model.chunk and model.prefill_pass > model.chunk  # noqa: E731
+
+    def turns(n: int) -> list[str]:  # the orders of prompt n's further runs: at least one layer by layer
+        if n > model.chunk and model.prefill_pass > model.chunk:
+            return [("layer by layer", "chunk by chunk")[i % 2] for i in range(max(o.workload.runs - 1, 1))]
+        return ["chunk by chunk"] * (o.workload.runs - 1)
+
     by_order = {str(n): {"chunk by chunk": p["ttft_s"]} for n, p in r["prefill"].items()}
     prompt = w.prompt(engine.args.vocab_size)
-    for i in range(max(o.workload.runs - 1, 1)):
-        for n in w.prefill_tokens:
-            if i >= o.workload.runs - 1 and not layered(n):
+    plan = {n: turns(n) for n in w.prefill_tokens}
+    for i in range(max(map(len, plan.values()), default=0)):  # round by round, every length in each
+        for n, orders in plan.items():
+            if i >= len(orders):
                 continue
-            order = "layer by layer" if layered(n) and i % 2 == 0 else "chunk by chunk"
-            model.layer_by_layer = order == "layer by layer"
+            model.layer_by_layer = orders[i] == "layer by layer"
             try:
                 t = timed_prefill(engine, prompt[:n])["ttft_s"]
             finally:
                 model.layer_by_layer = False
             mine = by_order[str(n)]
-            mine[order] = min(mine.get(order, t), t)
+            mine[orders[i]] = min(mine.get(orders[i], t), t)
     best = {n: min(v.values()) for n, v in by_order.items()}
     engine.reset()
     return {

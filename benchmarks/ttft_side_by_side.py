@@ -7,8 +7,8 @@ child of its own (the streamed one in a `--cgroup-memory` cgroup, the resident o
 experts memory-mapped and page-cache warm), and they take turns: each round, both generate `--decode`
 tokens and then prefill the same fresh `--prompt-tokens` random ids, one after the other, the order
 alternating round by round. Each round's bound is the larger of the resident prefill and reading what
-the streamed prompt read at the disk's best rate (random expert-sized O_DIRECT reads at 16 and 64 in
-flight, probed by this process after the rounds, with the engines gone); each round's ratio is its
+the streamed prompt read at the disk's best rate (random expert-sized O_DIRECT reads, the bench's sweep of
+1-64 in flight, probed by this process after the rounds, with the engines gone); each round's ratio is its
 streamed TTFT over that bound. Prints every round, the median ratio, and the ratio of the medians.
 `--aa` runs a second resident engine in the streamed one's place (outside the cgroup): the spread of a
 ratio whose true value is 1.0, on this machine, at this time.
@@ -72,13 +72,11 @@ def serve(a) -> int:
 
 
 def best_rate(store_path: str, seconds: float) -> float:
-    """The disk's best rate for random expert reads, bytes/s: 16 and 64 in flight, the faster."""
+    """The disk's best rate for random expert reads, bytes/s: the bench's own sweep of 1-64 in flight."""
     from inference.bench import bounds
     from inference.store import Store
 
-    st = Store(store_path)
-    rates = [bounds.sustained_bandwidth(st, d, seconds=seconds, seed=7_000 + d)["bytes_per_s"] for d in (16, 64)]
-    return max(r for r in rates if r)
+    return bounds.best_bandwidth(Store(store_path), seconds=seconds, seed=7_000)["bytes_per_s"]
 
 
 def main() -> int:
@@ -90,7 +88,7 @@ def main() -> int:
     p.add_argument("--decode", type=int, default=16, help="tokens generated before each timed prompt")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--probe-seconds", type=float, default=5.0)
+    p.add_argument("--probe-seconds", type=float, default=14.0, help="the disk sweep's time, split over its depths")
     p.add_argument("--aa", action="store_true", help="a second resident engine in the streamed one's place")
     p.add_argument("--serve", choices=("streamed", "resident"), help=argparse.SUPPRESS)
     a = p.parse_args()

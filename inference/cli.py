@@ -103,6 +103,7 @@ def cmd_bench(a) -> int:
         compute_bound=not a.no_compute_bound,
         drop_caches=not a.no_drop_caches,
         cgroup_memory=a.cgroup_memory,
+        turns=not a.no_turns,
     )
     run_bench(resolve_model(a.store), o, json_out=a.json, trace_out=a.trace)
     return 0
@@ -424,6 +425,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--cgroup-memory",
         default=None,
         help="run the streaming part inside a cgroup-v1 memory limit of this size, e.g. 4G (root)",
+    )
+    b.add_argument(
+        "--no-turns",
+        action="store_true",
+        help="time the streamed and the all-resident prompts one child after the other only, not also in turns "
+        "with both children loaded at once (which needs RAM for the store and the streaming limit together)",
     )
     b.add_argument("--json", help="also write the results to this JSON file")
     b.add_argument(

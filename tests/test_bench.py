@@ -20,6 +20,7 @@ from inference.bench.cachesim import Call, TraceRecorder, belady, replay
 from inference.bench.cgroup import ROOT, MemoryCgroup, check_limit
 from inference.bench.measure import run_workload
 from inference.bench.run import ttft_bounds
+from inference.bench.turns import ttft_ratios, turns_problem
 from inference.engine import Engine
 from inference.errors import RkmojoError
 from inference.store import Store
@@ -80,6 +81,61 @@ def test_bench_json_has_every_field(tiny, tmp_path, monkeypatch):
     assert len(d["efficiencies"]) == 2 and d["efficiency"] == pytest.approx(np.median(d["efficiencies"]))
     assert d["fault"] == (d["efficiency"] > 1.0) and sorted(r["paired"]["ttft"]) == ["20", "8"]
     assert any(line.startswith("paired") for line in lines)
+    # RAM holds both children here: each timed prompt took a turn with the same prompt all-resident
+    turns = r["ttft_turns"]
+    assert {n: len(x["ratios"]) for n, x in turns.items()} == {"8": 2, "20": 1}
+    assert turns["8"]["orders"] == ["streamed first", "resident first"]
+    assert len(r["bounds"]["compute"]["turns_served"]) == 3
+    for n, x in turns.items():
+        runs = r["prefill"][n]["runs"]
+        assert x["resident_runs_s"] == [p["resident"]["ttft_s"] for p in runs]
+        assert x["same_first_token"]  # streamed bits are the resident ones
+        assert x["ratio"] == pytest.approx(np.median(x["ratios"])) and x["fault"] == (x["ratio"] < 1.0)
+    shown = ", ".join(f"{x:.2f}" for x in turns["20"]["ratios"])
+    assert any(line.startswith("TTFT turns 20") and f"per run: {shown};" in line for line in lines)
+    assert all(p[k] >= 0 for p in r["prefill"]["8"]["runs"] for k in ("user_s", "system_s"))
+
+
+def test_no_turns_times_the_children_one_after_the_other_and_says_so(tiny):
+    o = BenchOptions(
+        engine=EngineConfig(expert_slots=5),
+        workload=Workload(prompt_tokens=8, prefill_tokens=(8,), decode_tokens=2, runs=1),
+        bandwidth_seconds=0.1,
+        paired_seconds=0,
+        compute_tokens=2,
+        drop_caches=False,
+        turns=False,
+    )
+    lines: list[str] = []
+    r = run_bench(tiny, o, echo=lines.append)
+    assert r["ttft_turns"] == {"skipped": "--no-turns"} and r["bounds"]["compute"]["turns_served"] == []
+    assert "resident" not in r["prefill"]["8"]["runs"][0]
+    assert any(line.startswith("TTFT in turns") and "--no-turns" in line for line in lines)
+
+
+def test_turns_need_ram_for_both_children_at_once(tiny):
+    why = turns_problem(Store(tiny), 2**50)
+    assert why.startswith("both children at once need 1048") and "GiB available" in why
+    assert turns_problem(Store(tiny), 2**20) is None
+
+
+def test_a_turns_ratio_is_bounded_by_the_resident_run_beside_it_or_its_reads():
+    def run(ttft, resident, read_bytes, order="streamed first", nxt=3):
+        cpu = {"user_s": ttft * 1.5, "system_s": 0.5}
+        return {
+            "ttft_s": ttft,
+            "bytes_read": read_bytes,
+            "next": 3,
+            **cpu,
+            "resident": {"ttft_s": resident, "next": nxt, "major_faults": 0, "order": order, **cpu, "user_s": 7.0},
+        }
+
+    prefill = {"128": {"runs": [run(6.0, 5.0, 0), run(9.0, 5.0, 8e9, "resident first"), run(4.0, 5.0, 0, nxt=4)]}}
+    t = ttft_ratios(prefill, 1e9)["128"]
+    assert t["ratios"] == pytest.approx([1.2, 9.0 / 8.0, 0.8]) and t["ratio"] == pytest.approx(9.0 / 8.0)
+    assert t["beyond"] == 1 and not t["fault"] and not t["same_first_token"]
+    assert t["cpu_s"] == {"streamed": {"user_s": 9.0, "system_s": 0.5}, "resident": {"user_s": 7.0, "system_s": 0.5}}
+    assert ttft_ratios({"8": {"runs": [{"ttft_s": 1.0}]}}, 1e9) == {}  # no run took a turn
 
 
 def test_a_layered_prompts_resident_bound_is_the_faster_of_its_two_orders(tiny):

@@ -89,16 +89,21 @@ def _since(engine, before: dict) -> dict:
 def timed_prefill(engine, ids: np.ndarray) -> dict:
     """Prefill `ids` into a fresh sequence; the time to the first token's logits."""
     engine.reset()
-    c, mark = counters(engine), cpu_mark()
+    c, mark, cpu = counters(engine), cpu_mark(), os.times()
     t = time.perf_counter()
     logits = engine.forward(ids)
     dt = time.perf_counter() - t
+    used = os.times()
     return {
         "tokens": len(ids),
         "ttft_s": dt,
         "tok_s": len(ids) / dt,
         "next": int(np.argmax(logits[-1])),
         "others_cpu": others_cpu(mark),
+        # this process's CPU over the prompt, every thread (kernels, readers, landers): where a slower
+        # prompt's time went, when it went to CPU
+        "user_s": used.user - cpu.user,
+        "system_s": used.system - cpu.system,
         **_since(engine, c),
     }
 
@@ -118,7 +123,11 @@ def timed_decode(engine, first: int, feed: np.ndarray | None, n: int) -> dict:
 
 
 def run_workload(
-    engine, w: Workload, recorder: TraceRecorder | None = None, probe: Callable[[], dict] | None = None
+    engine,
+    w: Workload,
+    recorder: TraceRecorder | None = None,
+    probe: Callable[[], dict] | None = None,
+    resident=None,
 ) -> dict:
     """Decode runs (each after a prefill of the prompt) and the extra prefill prompts.
 
@@ -126,6 +135,8 @@ def run_workload(
         probe: measures the disk; called after each decode run and each extra prompt, its result kept
             in that run's record (and in the prefill's before a decode run) as "disk": a bound measured
             beside the run it bounds, which a disk whose speed drifts from minute to minute needs.
+        resident: a `turns.Resident`: each timed prompt is paired with the same prompt all-resident in
+            the other child, right before or after it (kept in the prompt's record as "resident").
 
     Returns:
         {"decode": {...}, "prefill": {str(n): {...}}} with per-run details and medians.
@@ -137,11 +148,16 @@ def run_workload(
         if recorder is not None:
             recorder.phase = p
 
+    def prefill(n: int) -> dict:
+        if resident is None:
+            return timed_prefill(engine, prompt[:n])
+        return resident.paired(lambda: timed_prefill(engine, prompt[:n]), n)
+
     prefills: dict[int, list[dict]] = {}
     decodes = []
     for _ in range(w.runs):
         phase("prefill")
-        p = timed_prefill(engine, prompt[: w.prompt_tokens])
+        p = prefill(w.prompt_tokens)
         prefills.setdefault(w.prompt_tokens, []).append(p)
         phase("decode")
         d = timed_decode(engine, p["next"], feed if w.feed == "random" else None, w.decode_tokens)
@@ -151,7 +167,7 @@ def run_workload(
     phase("prefill")
     for n in w.prefill_tokens:
         if n not in prefills:
-            p = timed_prefill(engine, prompt[:n])
+            p = prefill(n)
             if probe is not None:
                 p["disk"] = probe()
             prefills[n] = [p]

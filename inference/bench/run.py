@@ -5,6 +5,9 @@ The work happens in two child processes, so each starts with clean memory:
    runs, the routing trace, then the read bandwidth with the engine's own read pattern;
 2. compute-only (never in the cgroup; only when RAM holds the whole store): the same tokens with
    every expert resident in a page-cache-warm memory map.
+Where RAM holds both at once, the compute-only child starts first and, its own runs done, serves the
+streaming one: each streamed prompt is timed in turns with the same prompt all-resident (`turns`), a
+ratio a machine whose speed drifts between the children cannot skew.
 The parent replays the trace through the cache simulator, combines, prints a table and writes JSON.
 
     IO bound      = read bandwidth / expert bytes read per decoded token (at the measured hit rate)
@@ -23,6 +26,7 @@ used are part of the result (`env`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -40,6 +44,7 @@ from .cgroup import children_die_with_us
 from .cachesim import Call, TraceRecorder, popularity, replay, hit_rate, sweep
 from .measure import Workload, cpu_mark, others_cpu, peak_rss_bytes, run_workload
 from .paired import paired_bounds, paired_lines, ttft_bound
+from .turns import Resident, serve, ttft_ratios, turns_lines, turns_problem, wait_ready
 
 EFFICIENCY_FORMULA = "decode_tok_s / min(io_bound_tok_s, compute_only_tok_s)"
 # the JSON's fields as dotted paths (`prefill.N` for each timed prompt length N)
@@ -77,6 +82,7 @@ REQUIRED_FIELDS = (
     "bounds.fault",
     "bounds.efficiency_formula",
     "ttft_bounds",
+    "ttft_turns",
     "paired.decode",
     "paired.ttft",
     "routing.share",
@@ -104,6 +110,9 @@ class BenchOptions:
     compute_bound: bool = True
     drop_caches: bool = True
     cgroup_memory: str | None = None
+    turns: bool = True  # streamed prompts timed in turns with resident ones where RAM holds both (`turns`)
+    turns_socket: str | None = None  # set by the parent: where the resident child serves the turns
+    turns_ready: str | None = None  # created by the resident child once it serves
 
     @classmethod
     def from_dict(cls, d: dict) -> "BenchOptions":
@@ -148,7 +157,12 @@ def child_streaming(store: Path, o: BenchOptions) -> dict:
         # and a shallower probe than the engine's reads understates the disk
         deepest = max(x["depth"] for x in before["sweep"])
         probe = paired_probe(engine.store, deepest, o.paired_seconds, seed=o.workload.seed + 5)
-    out = run_workload(engine, o.workload, rec, probe)
+    resident = Resident(o.turns_socket) if o.turns_socket else None
+    try:
+        out = run_workload(engine, o.workload, rec, probe, resident)
+    finally:
+        if resident is not None:
+            resident.close()  # the resident child's serving ends
     st = engine.expert_stats
     out["engine"] = {
         "slots": engine.slots,
@@ -247,6 +261,7 @@ def child_compute(store: Path, o: BenchOptions) -> dict:
             every[str(n)].append(t)
     best = {n: min(v.values()) for n, v in by_order.items()}
     engine.reset()
+    served = serve(engine, prompt, o.turns_socket, o.turns_ready) if o.turns_socket else []
     return {
         "mode": "resident",
         "tok_s": r["decode"]["tok_s"],
@@ -258,27 +273,53 @@ def child_compute(store: Path, o: BenchOptions) -> dict:
         "prefill_ttft_runs_s": every,  # every run: the bound is their fastest, and they show the drift
         "others_cpu": r["decode"]["others_cpu_max"],
         "major_faults": resource.getrusage(resource.RUSAGE_SELF).ru_majflt - majflt,
+        "turns_served": served,  # the prompts timed in turns with the streaming child's (`turns`)
     }
 
 
 CHILDREN = {"streaming": child_streaming, "compute": child_compute}
 
 
-def _spawn(role: str, store: Path, o: BenchOptions, tmp: Path, cgroup=None) -> tuple[dict, dict | None]:
+def _command(role: str, store: Path, o: BenchOptions, tmp: Path) -> tuple[list[str], Path]:
     spec, out = tmp / f"{role}.spec.json", tmp / f"{role}.json"
     spec.write_text(json.dumps({"store": str(store), "options": dataclasses.asdict(o)}))
-    cmd = [sys.executable, "-m", "inference.bench", role, str(spec), str(out)]
+    return [sys.executable, "-m", "inference.bench", role, str(spec), str(out)], out
+
+
+def _result(role: str, returncode: int, out: Path, use: dict | None) -> dict:
+    if returncode != 0 or not out.exists():
+        why = f"exit status {returncode}"
+        if use and use["oom_kills"]:
+            why = f"killed by the OOM killer in the {use['limit_bytes'] / GiB:.2f} GiB cgroup"
+        raise RkmojoError(f"bench: the {role} run failed ({why}); its error is printed above")
+    return json.loads(out.read_text())
+
+
+def _spawn(role: str, store: Path, o: BenchOptions, tmp: Path, cgroup=None) -> tuple[dict, dict | None]:
+    cmd, out = _command(role, store, o, tmp)
     env = child_env()
     if cgroup is None:
         proc, use = subprocess.run(cmd, env=env), None
     else:
         proc, use = cgroup.run(cmd, env=env)
-    if proc.returncode != 0 or not out.exists():
-        why = f"exit status {proc.returncode}"
-        if use and use["oom_kills"]:
-            why = f"killed by the OOM killer in the {use['limit_bytes'] / GiB:.2f} GiB cgroup"
-        raise RkmojoError(f"bench: the {role} run failed ({why}); its error is printed above")
-    return json.loads(out.read_text()), use
+    return _result(role, proc.returncode, out, use), use
+
+
+def _spawn_in_turns(store: Path, o: BenchOptions, tmp: Path, cgroup=None) -> tuple[dict, dict | None, dict]:
+    """Both children at once (`turns`): the resident one started first and serving once it has done its own
+    runs, then the streaming one, whose timed prompts each take a turn with a resident one."""
+    o = dataclasses.replace(o, turns_socket=str(tmp / "turns.sock"), turns_ready=str(tmp / "turns.ready"))
+    cmd, out = _command("compute", store, o, tmp)
+    server = subprocess.Popen(cmd, env=child_env())
+    try:
+        wait_ready(server, Path(o.turns_ready))
+        s, use = _spawn("streaming", store, o, tmp, cgroup)
+        server.wait()
+    finally:
+        if server.poll() is None:  # the streaming run failed: the server would wait for it forever
+            server.kill()
+            server.wait()
+    return s, use, _result("compute", server.returncode, out, None)
 
 
 def child_env() -> dict:
@@ -309,17 +350,25 @@ def run_bench(
             "the engine would be OOM-killed: give it a budget within the limit"
         )
     load_before, busy_before = os.getloadavg(), cpu_busy()
-    # a `kill` of the bench ends its child too, and removes its cgroup and temp files
+    limit = parse_size(o.cgroup_memory) if o.cgroup_memory else budget
+    streams = o.engine.expert_slots is not None or budget is not None
+    in_turns = streams and o.compute_bound and o.turns
+    no_turns = turns_problem(st, limit) if in_turns else "--no-turns" if streams and o.compute_bound else None
+    # a `kill` of the bench ends its children too, and removes its cgroup and temp files
     with children_die_with_us(), tempfile.TemporaryDirectory(prefix="rkmojo-bench-") as tmp:
-        if o.cgroup_memory:
-            with MemoryCgroup(o.cgroup_memory) as g:
+        with MemoryCgroup(o.cgroup_memory) if o.cgroup_memory else contextlib.nullcontext() as g:
+            if in_turns and not no_turns:
+                s, use, c = _spawn_in_turns(st.path, o, Path(tmp), g)
+            else:
                 s, use = _spawn("streaming", st.path, o, Path(tmp), g)
-        else:
-            s, use = _spawn("streaming", st.path, o, Path(tmp))
+                c = None
         streaming = "trace" in s
-        c = _spawn("compute", st.path, o, Path(tmp))[0] if streaming and o.compute_bound else None
+        if c is None and streaming and o.compute_bound:
+            c = _spawn("compute", st.path, o, Path(tmp))[0]
     calls = [Call.from_row(x) for x in s.pop("trace", [])]
     r = combine(st, o, s, c, calls, use)
+    if no_turns:
+        r["ttft_turns"] = {"skipped": no_turns}
     r["load"] = {
         "before": list(load_before),
         "after": list(os.getloadavg()),
@@ -383,6 +432,7 @@ def combine(st, o: BenchOptions, s: dict, c: dict | None, calls: list[Call], use
         },
         "routing": popularity(calls, n_experts) if calls else {"share": None},
         "ttft_bounds": ttft_bounds(st, s["prefill"], bw, c) if s["engine"]["slots"] else {},
+        "ttft_turns": ttft_ratios(s["prefill"], bw),
         "paired": paired_bounds(dec, s["prefill"], compute, c),
         "sweep": {"slots": [], "lfu": [], "lru": [], "belady": [], "check": None},
     }
@@ -560,6 +610,8 @@ def table(r: dict) -> list[str]:
                 f"{'TTFT bound ' + n:<14} {t['bound_s']:.2f} s = max(read the experts it read, once, at the disk's "
                 f"best rate: {read}, the same prefill all-resident, its fastest run: {res}); {verdict}"
             )
+    if r.get("ttft_turns"):
+        out.extend(turns_lines(r["ttft_turns"]))
     c = b["compute"] or {}
     if c.get("mode") == "resident":
         out.append(

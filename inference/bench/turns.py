@@ -12,7 +12,7 @@ bound is the larger of that resident prefill and the streamed prompt's reads at 
 figure is the median of the pairs' ratios (`ttft_ratios`).
 
 Protocol: one JSON line per request, {"tokens": n}, answered by one JSON line, the resident prefill of
-the workload's prompt[:n] ({"ttft_s", "next", "major_faults"}); the streaming child's closing the
+the workload's prompt[:n] ({"ttft_s", "next", "major_faults", "user_s", …}); the streaming child's closing the
 connection ends the serving.
 """
 
@@ -29,6 +29,7 @@ from pathlib import Path
 
 from ..errors import RkmojoError
 from ..sysmem import meminfo
+from .paired import ttft_bound
 
 GiB = 2**30
 HEADROOM = GiB  # besides the two children: the parent, the kernel's own, what a cgroup's page cache spills
@@ -147,11 +148,8 @@ def ttft_ratios(prefill: dict, bw: float | None) -> dict:
         runs = [x for x in p["runs"] if x.get("resident")]
         if not runs:
             continue
-        ratios, resident = [], []
-        for x in runs:
-            read_s = x.get("bytes_read", 0) / bw if bw else 0.0
-            resident.append(x["resident"]["ttft_s"])
-            ratios.append(x["ttft_s"] / max(x["resident"]["ttft_s"], read_s))
+        resident = [x["resident"]["ttft_s"] for x in runs]
+        ratios = [x["ttft_s"] / ttft_bound(x.get("bytes_read", 0), bw, r)[0] for x, r in zip(runs, resident)]
         med = statistics.median(ratios)
         out[n] = {
             "ratios": ratios,

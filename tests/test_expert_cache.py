@@ -513,3 +513,30 @@ def test_the_lookahead_for_the_next_layer_follows_the_current_layers_reads(tmp_p
         assert ("prefetch", layers[1]) in log
     finally:
         e.close()
+
+
+def test_a_read_whose_landing_is_only_its_views_lands_on_the_engine_s_thread(tmp_path):
+    """A read whose digest is unchecked lands on a lander thread (the check runs while the engine computes);
+    once checked, on a store that holds its experts repacked, landing is only making views: the engine does
+    it itself rather than wait for a thread to wake. The logits do not change."""
+    from inference.engine import Engine
+    from inference.synth import synth_store
+
+    path = synth_store(tmp_path / "s", "tiny-qwen3-moe", progress=False)
+    out = []
+    for verify in ("first", "off"):
+        e = Engine.open(path, expert_slots=2, verify_experts=verify, io="threads")
+        try:
+            ex, landers = e.model.experts, []
+            submit = ex.lander.submit
+            ex.lander.submit = lambda *a, submit=submit, landers=landers: landers.append(a) or submit(*a)
+            first = np.asarray(e.forward(np.arange(1, 13)))
+            in_prompt = len(landers)
+            e.reset()
+            again = np.asarray(e.forward(np.arange(1, 13)))  # every expert checked by now
+            out.append((first, again, in_prompt, len(landers) - in_prompt))
+        finally:
+            e.close()
+    (first, again, checked, later), (first_off, again_off, off, off_later) = out
+    assert checked > 0 and later == 0 and off == off_later == 0
+    assert np.array_equal(first, again) and np.array_equal(first, first_off) and np.array_equal(again, again_off)

@@ -377,6 +377,44 @@ def test_with_no_prefetch_slots_a_token_reads_its_guesses_into_two_small_pools(t
         e.close()
 
 
+def test_a_token_s_guesses_go_through_a_ring_of_their_own_and_change_no_bit(tmp_path, monkeypatch):
+    """Where the demand reads use io_uring, a generated token's guesses are read through a ring of their own
+    (a prompt's still through the prefetch threads, which land them in parallel), and the logits are those
+    of reading every guess through threads."""
+    import inference.experts as experts
+    from inference.engine import Engine
+    from inference.experts.io import uring_problem
+    from inference.synth import synth_store
+
+    if uring_problem():
+        pytest.skip(f"io_uring cannot be used here: {uring_problem()}")
+    path = synth_store(tmp_path / "s", "tiny-qwen3-moe", progress=False)
+    monkeypatch.setenv(experts.TOKEN_PREFETCH_ENV, "2")
+    out = {}
+    for io in ("auto", "threads"):
+        e = Engine.open(path, expert_slots=2, io=io)
+        try:
+            ex = e.model.experts
+            assert (ex.guess_reader is not None) == (io == "auto")
+            rings = []
+            if ex.guess_reader is not None:
+                submit = ex.guess_reader.submit
+                ex.guess_reader.submit = lambda reqs, then=None, rings=rings, submit=submit: (
+                    rings.append(len(reqs)) or submit(reqs, then)
+                )
+            prompt = np.asarray(e.forward(np.arange(1, 13)))
+            on_ring_in_prompt = len(rings)
+            ex.reset_stats()
+            token = np.asarray(e.forward([5]))
+            guessed = sum(ex.caches[i].stats.prefetched for i in ex.pf_pools)
+            out[io] = (prompt, token, on_ring_in_prompt, len(rings), guessed)
+        finally:
+            e.close()
+    (p_ring, t_ring, in_prompt, on_ring, guessed), (p_threads, t_threads, *_) = out["auto"], out["threads"]
+    assert in_prompt == 0 and guessed > 0 and on_ring == guessed  # every guess of the token, none of the prompt
+    assert np.array_equal(p_ring, p_threads) and np.array_equal(t_ring, t_threads)
+
+
 def test_a_prompt_reads_the_next_layer_into_slots_the_finished_layers_lend(tmp_path, monkeypatch):
     """Beyond its pool, a prompt's lookahead reads the next layer's experts into cache slots lent by the
     layers its pass has finished, and where those are too few (its first layers) by the layers after the

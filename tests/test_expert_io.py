@@ -1,4 +1,5 @@
-"""The expert reader's io_uring path under signals: a wait that a signal interrupts goes on waiting."""
+"""The expert reader's io_uring paths: a wait that a signal interrupts goes on waiting; a token's guesses
+on a ring of their own."""
 
 import os
 import signal
@@ -7,7 +8,7 @@ import time
 
 import pytest
 
-from inference.experts.io import LayerFiles, ReadRequest, UringReader, uring_problem
+from inference.experts.io import LayerFiles, ReadRequest, UringQueue, UringReader, uring_problem
 
 
 def test_a_signal_during_an_io_uring_wait_does_not_end_the_read(tmp_path):
@@ -48,3 +49,83 @@ def test_a_signal_during_an_io_uring_wait_does_not_end_the_read(tmp_path):
         os.close(wfd)
     assert len(alarms) >= 3  # the wait was interrupted, more than once
     assert [(r.layer, r.expert) for r in got] == [(0, 0)] and bytes(buf) == payload
+
+
+def _queue_files(tmp_path, data: bytes):
+    """A one-"layer" LayerFiles over a plain file holding `data` (buffered: tmp may refuse O_DIRECT)."""
+    path = tmp_path / "layer.bin"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    files = LayerFiles.__new__(LayerFiles)
+    files.fds, files.buffered, files.direct = {0: fd}, {0: fd}, False
+    return files
+
+
+def test_a_uring_queue_hands_each_batch_its_own_reads_whichever_batch_reaps_the_ring(tmp_path):
+    """A token's guesses share one ring, a batch each: a batch asked first may reap the others' completions,
+    which stay theirs; `then` runs on the asking thread; a ring smaller than the reads queues the rest."""
+    if uring_problem():
+        pytest.skip(f"io_uring cannot be used here: {uring_problem()}")
+    blob = 8192
+    data = os.urandom(blob * 6)
+    files = _queue_files(tmp_path, data)
+    q = UringQueue(files, depth=2)  # 6 reads through a ring of 2
+    bufs = [bytearray(blob) for _ in range(6)]
+    threads = set()
+
+    def then(r):
+        threads.add(threading.get_ident())
+        return r.expert
+
+    try:
+        batches = [q.submit([ReadRequest(0, e, 0, memoryview(bufs[e]), e * blob, blob)], then) for e in range(6)]
+        assert sum(bool(b.mine) for b in batches) == 2 and all(b.pending for b in batches)
+        got = {}
+        for e in reversed(range(6)):  # the last batch waits first: its read starts once others have landed
+            b = batches[e]
+            while b.pending:
+                got.setdefault(e, []).extend(b.wait_one())
+        assert got == {e: [e] for e in range(6)}
+        assert all(bytes(bufs[e]) == data[e * blob : (e + 1) * blob] for e in range(6))
+        assert threads == {threading.get_ident()} and not q.inflight and not q.landed
+    finally:
+        q.close()
+        os.close(files.fds[0])
+
+
+def test_a_uring_queue_batch_does_not_wait_for_another_batch_s_read(tmp_path):
+    """A batch whose read lands at once is handed it while another batch's read still waits (a FIFO with no
+    writer yet); `abandon` then drops that read once it lands, and `cancel` drops only unsubmitted reads."""
+    if uring_problem():
+        pytest.skip(f"io_uring cannot be used here: {uring_problem()}")
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    rfd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    wfd = os.open(fifo, os.O_WRONLY)
+    os.set_blocking(rfd, True)
+    plain = tmp_path / "plain.bin"
+    plain.write_bytes(b"x" * 4096)
+    pfd = os.open(plain, os.O_RDONLY)
+    files = LayerFiles.__new__(LayerFiles)
+    files.fds, files.buffered, files.direct = {0: rfd, 1: pfd}, {0: wfd, 1: pfd}, True
+    q = UringQueue(files, depth=4)
+    slow, fast = bytearray(4096), bytearray(4096)
+    try:
+        waiting = q.submit([ReadRequest(0, 0, 0, memoryview(slow), 0, 4096)])
+        landed = q.submit([ReadRequest(1, 1, 0, memoryview(fast), 0, 4096)])
+        assert [r.expert for r in landed.wait_one()] == [1] and bytes(fast) == b"x" * 4096
+        assert waiting.pending and waiting.ready() == [] and waiting.cancel() == 0 and waiting.pending
+        os.write(wfd, b"y" * 4096)
+        # a FIFO read's completion is polled for: a blocking wait for it (unlike a disk read's) can sleep on
+        # here until a signal comes, which the test above relies on
+        for _ in range(500):
+            q._reap()
+            if q.landed:
+                break
+            time.sleep(0.01)
+        waiting.abandon()
+        assert not waiting.pending and not q.inflight and bytes(slow) == b"y" * 4096
+    finally:
+        q.close()
+        for fd in (rfd, wfd, pfd):
+            os.close(fd)

@@ -34,7 +34,7 @@ from ..store.format import digest_bytes
 from ..sysmem import meminfo
 from .cache import PAGE, CacheSnapshot, LayerCache, LayerStats, SlotPool, _switch
 from ..kernels.repack import as_repacked, repack_expert, repackable_kind
-from .io import LayerFiles, ReadRequest, ThreadReader, open_reader
+from .io import LayerFiles, ReadRequest, ThreadReader, UringQueue, open_reader
 
 log = logging.getLogger(__name__)
 
@@ -239,8 +239,16 @@ class StreamingExperts:
         # requests alone cannot know (they depend on timing): `cachesim.TraceRecorder`
         self.observer = None
         pools, n = lookahead_pools(prefetch, len(order), guesses)
+        self.guess_reader = None  # a token's guesses, where the demand reads go through io_uring too
         if pools:
             self.pf_reader = ThreadReader(LayerFiles(store, direct), workers=PREFETCH_WORKERS)
+            if self.reader.name == "uring":
+                files = LayerFiles(store, direct)
+                try:
+                    self.guess_reader = UringQueue(files)
+                except (ImportError, OSError) as e:
+                    files.close()
+                    log.info("a token's guesses read through threads: %s", e)
             blob = max(lay.blob_size for lay in self.layouts.values())
             shared = [SlotPool(n, blob) for _ in range(pools)]
             for k, layer in enumerate(order):
@@ -303,8 +311,12 @@ class StreamingExperts:
         elif self.token_prefetch:
             self._deferred = (layer, list(experts), min(self.pf_pools[layer].n, self.token_prefetch), True)
 
-    def _start_prefetch(self, layer: int, experts, n: int) -> None:
+    def _start_prefetch(self, layer: int, experts, n: int, token: bool = False) -> None:
         pool = self.pf_pools[layer]
+        # a token's guesses on their own ring, where landing them takes the engine no more than a digest
+        # check (nothing to repack): it lands them on its own thread
+        ring = token and self.guess_reader is not None and (not self.repacked or self._stored_repacked[layer])
+        reader = self.guess_reader if ring else self.pf_reader
         self._settle_prefetch(layer, wait=True)
         cache, lay = self.caches[layer], self.layouts[layer]
         length = -(-lay.blob_size // PAGE) * PAGE
@@ -315,7 +327,7 @@ class StreamingExperts:
         for (buf, s, lender), e in zip(slots, todo):
             r = ReadRequest(layer, e, s, buf.memoryview(s), e * lay.stride, length)
             land = functools.partial(self._landed, buf.view(s))  # lands in its reader thread
-            batch = self.pf_reader.submit([r], then=land)
+            batch = reader.submit([r], then=land)
             self.pf_pending[layer][e] = (r, batch)
             if lender is not None:
                 self.loans.setdefault(lender, []).append((s, batch, layer, e))
@@ -384,9 +396,9 @@ class StreamingExperts:
         """Start the lookahead `prefetch` left for this layer's `run`: a prompt's once the layer's reads
         are submitted, a token's once they have `landed` too."""
         if self._deferred is not None and (landed or not self._deferred[3]):
-            layer, experts, n, _ = self._deferred
+            layer, experts, n, token = self._deferred
             self._deferred = None
-            self._start_prefetch(layer, experts, n)
+            self._start_prefetch(layer, experts, n, token)
 
     def _settle_prefetch(self, layer: int, wait: bool = False) -> None:
         """Forget the layer's unused prefetches: the queued ones are cancelled; one still running is
@@ -668,6 +680,8 @@ class StreamingExperts:
         for layer in self.pf_pending:
             self._settle_prefetch(layer, wait=True)
         self.lander.shutdown(wait=True)
-        for r in [self.reader] + ([self.pf_reader] if self.pf_pools else []):
+        for r in (
+            [self.reader] + ([self.pf_reader] if self.pf_pools else []) + [self.guess_reader] * bool(self.guess_reader)
+        ):
             r.close()
             r.files.close()

@@ -377,10 +377,10 @@ def test_with_no_prefetch_slots_a_token_reads_its_guesses_into_two_small_pools(t
         e.close()
 
 
-def test_a_token_s_guesses_go_through_a_ring_of_their_own_and_change_no_bit(tmp_path, monkeypatch):
-    """Where the demand reads use io_uring, a generated token's guesses are read through a ring of their own
-    (a prompt's still through the prefetch threads, which land them in parallel), and the logits are those
-    of reading every guess through threads."""
+def test_a_token_s_guesses_go_on_the_demand_reads_ring_and_change_no_bit(tmp_path, monkeypatch):
+    """Where the demand reads use io_uring, a generated token's guesses go on that ring, behind the layer's
+    reads (a prompt's still through the prefetch threads, which land them in parallel), and the logits are
+    those of reading every guess through threads."""
     import inference.experts as experts
     from inference.engine import Engine
     from inference.experts.io import uring_problem
@@ -399,8 +399,8 @@ def test_a_token_s_guesses_go_through_a_ring_of_their_own_and_change_no_bit(tmp_
             rings = []
             if ex.guess_reader is not None:
                 submit = ex.guess_reader.submit
-                ex.guess_reader.submit = lambda reqs, then=None, rings=rings, submit=submit: (
-                    rings.append(len(reqs)) or submit(reqs, then)
+                ex.guess_reader.submit = lambda reqs, then=None, rings=rings, submit=submit, **kw: (
+                    (then is not None and rings.append(len(reqs))) or submit(reqs, then, **kw)
                 )
             prompt = np.asarray(e.forward(np.arange(1, 13)))
             on_ring_in_prompt = len(rings)

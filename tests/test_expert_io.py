@@ -1,5 +1,5 @@
-"""The expert reader's io_uring paths: a wait that a signal interrupts goes on waiting; a token's guesses
-on a ring of their own."""
+"""The expert reader's io_uring path: a wait that a signal interrupts goes on waiting; batches sharing the
+ring; a token's guesses chained behind the layer's reads."""
 
 import os
 import signal
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from inference.experts.io import LayerFiles, ReadRequest, UringQueue, UringReader, uring_problem
+from inference.experts.io import LayerFiles, ReadRequest, UringReader, uring_problem
 
 
 def test_a_signal_during_an_io_uring_wait_does_not_end_the_read(tmp_path):
@@ -61,15 +61,15 @@ def _queue_files(tmp_path, data: bytes):
     return files
 
 
-def test_a_uring_queue_hands_each_batch_its_own_reads_whichever_batch_reaps_the_ring(tmp_path):
-    """A token's guesses share one ring, a batch each: a batch asked first may reap the others' completions,
+def test_a_uring_reader_hands_each_batch_its_own_reads_whichever_batch_reaps_the_ring(tmp_path):
+    """Reads share one ring, a batch each: a batch asked first may reap the others' completions,
     which stay theirs; `then` runs on the asking thread; a ring smaller than the reads queues the rest."""
     if uring_problem():
         pytest.skip(f"io_uring cannot be used here: {uring_problem()}")
     blob = 8192
     data = os.urandom(blob * 6)
     files = _queue_files(tmp_path, data)
-    q = UringQueue(files, depth=2)  # 6 reads through a ring of 2
+    q = UringReader(files, depth=2)  # 6 reads through a ring of 2
     bufs = [bytearray(blob) for _ in range(6)]
     threads = set()
 
@@ -93,9 +93,9 @@ def test_a_uring_queue_hands_each_batch_its_own_reads_whichever_batch_reaps_the_
         os.close(files.fds[0])
 
 
-def test_a_uring_queue_batch_does_not_wait_for_another_batch_s_read(tmp_path):
-    """A batch whose read lands at once is handed it while another batch's read still waits (a FIFO with no
-    writer yet); `abandon` then drops that read once it lands, and `cancel` drops only unsubmitted reads."""
+def _fifo_and_file(tmp_path, data: bytes):
+    """LayerFiles of two "layers": 0 a FIFO with no writer yet (its reads wait for a write to the FIFO's
+    write end), 1 a plain file holding `data`; and the three fds (read, write, plain) to close."""
     if uring_problem():
         pytest.skip(f"io_uring cannot be used here: {uring_problem()}")
     fifo = tmp_path / "fifo"
@@ -104,11 +104,18 @@ def test_a_uring_queue_batch_does_not_wait_for_another_batch_s_read(tmp_path):
     wfd = os.open(fifo, os.O_WRONLY)
     os.set_blocking(rfd, True)
     plain = tmp_path / "plain.bin"
-    plain.write_bytes(b"x" * 4096)
+    plain.write_bytes(data)
     pfd = os.open(plain, os.O_RDONLY)
     files = LayerFiles.__new__(LayerFiles)
     files.fds, files.buffered, files.direct = {0: rfd, 1: pfd}, {0: wfd, 1: pfd}, True
-    q = UringQueue(files, depth=4)
+    return files, rfd, wfd, pfd
+
+
+def test_a_uring_batch_does_not_wait_for_another_batch_s_read(tmp_path):
+    """A batch whose read lands at once is handed it while another batch's read still waits (a FIFO with no
+    writer yet); `abandon` then drops that read once it lands, and `cancel` drops only unsubmitted reads."""
+    files, rfd, wfd, pfd = _fifo_and_file(tmp_path, b"x" * 4096)
+    q = UringReader(files, depth=4)
     slow, fast = bytearray(4096), bytearray(4096)
     try:
         waiting = q.submit([ReadRequest(0, 0, 0, memoryview(slow), 0, 4096)])
@@ -125,6 +132,39 @@ def test_a_uring_queue_batch_does_not_wait_for_another_batch_s_read(tmp_path):
             time.sleep(0.01)
         waiting.abandon()
         assert not waiting.pending and not q.inflight and bytes(slow) == b"y" * 4096
+    finally:
+        q.close()
+        for fd in (rfd, wfd, pfd):
+            os.close(fd)
+
+
+def test_a_chained_read_waits_on_the_ring_until_the_read_it_follows_lands(tmp_path):
+    """A chained read (a token's guess) is held back until the next batch's reads, then linked behind its
+    last one: it does not start while that read waits (a FIFO with no writer yet), and lands after it."""
+    files, rfd, wfd, pfd = _fifo_and_file(tmp_path, b"g" * 4096)
+    q = UringReader(files, depth=4)
+    demand, guess = bytearray(4096), bytearray(4096)
+    try:
+        g = q.submit(
+            [ReadRequest(1, 7, 0, memoryview(guess), 0, 4096)], then=lambda r: ("landed", r.expert), chained=True
+        )
+        assert g.pending and not q.inflight  # held back: nothing on the ring yet
+        d = q.submit([ReadRequest(0, 3, 0, memoryview(demand), 0, 4096)])
+        assert len(q.inflight) == 2 and g.mine and not q.chained  # linked behind the demand read
+        time.sleep(0.3)
+        assert g.ready() == [] and d.ready() == []  # the guess has not started: the read it follows waits
+        os.write(wfd, b"d" * 4096)
+        got = []
+        for _ in range(500):  # polled: see the test above
+            got += g.ready()
+            if got:
+                break
+            time.sleep(0.01)
+        assert got == [("landed", 7)] and bytes(guess) == b"g" * 4096
+        assert [r.expert for r in d.ready()] == [3] and bytes(demand) == b"d" * 4096
+        held = q.submit([ReadRequest(1, 8, 0, memoryview(guess), 0, 4096)], chained=True)
+        q.flush()  # no read came to follow: it goes on the ring alone
+        assert [r.expert for r in held.wait_one()] == [8] and not q.inflight
     finally:
         q.close()
         for fd in (rfd, wfd, pfd):

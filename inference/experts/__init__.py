@@ -34,7 +34,7 @@ from ..store.format import digest_bytes
 from ..sysmem import meminfo
 from .cache import PAGE, CacheSnapshot, LayerCache, LayerStats, SlotPool, _switch
 from ..kernels.repack import as_repacked, repack_expert, repackable_kind
-from .io import LayerFiles, ReadRequest, ThreadReader, UringQueue, open_reader
+from .io import LayerFiles, ReadRequest, ThreadReader, open_reader
 
 log = logging.getLogger(__name__)
 
@@ -239,16 +239,11 @@ class StreamingExperts:
         # requests alone cannot know (they depend on timing): `cachesim.TraceRecorder`
         self.observer = None
         pools, n = lookahead_pools(prefetch, len(order), guesses)
-        self.guess_reader = None  # a token's guesses, where the demand reads go through io_uring too
+        # a token's guesses go on the demand reads' ring where there is one (`io.UringReader`), chained
+        # behind the layer's last reads
+        self.guess_reader = self.reader if self.reader.name == "uring" else None
         if pools:
             self.pf_reader = ThreadReader(LayerFiles(store, direct), workers=PREFETCH_WORKERS)
-            if self.reader.name == "uring":
-                files = LayerFiles(store, direct)
-                try:
-                    self.guess_reader = UringQueue(files)
-                except (ImportError, OSError) as e:
-                    files.close()
-                    log.info("a token's guesses read through threads: %s", e)
             blob = max(lay.blob_size for lay in self.layouts.values())
             shared = [SlotPool(n, blob) for _ in range(pools)]
             for k, layer in enumerate(order):
@@ -311,12 +306,17 @@ class StreamingExperts:
         elif self.token_prefetch:
             self._deferred = (layer, list(experts), min(self.pf_pools[layer].n, self.token_prefetch), True)
 
-    def _start_prefetch(self, layer: int, experts, n: int, token: bool = False) -> None:
+    def _on_ring(self, layer: int) -> bool:
+        """Whether a token's guesses for `layer` go on the demand reads' ring: where there is one, and landing
+        them takes the engine no more than a digest check (nothing to repack), for it lands them itself."""
+        return self.guess_reader is not None and (not self.repacked or self._stored_repacked[layer])
+
+    def _start_prefetch(self, layer: int, experts, n: int, token: bool = False, chained: bool = False) -> None:
+        """`chained`: a token's guesses, held back to follow the reads submitted next (`io.UringReader`)."""
         pool = self.pf_pools[layer]
-        # a token's guesses on their own ring, where landing them takes the engine no more than a digest
-        # check (nothing to repack): it lands them on its own thread
-        ring = token and self.guess_reader is not None and (not self.repacked or self._stored_repacked[layer])
+        ring = token and self._on_ring(layer)
         reader = self.guess_reader if ring else self.pf_reader
+        more = {"chained": True} if ring and chained else {}
         self._settle_prefetch(layer, wait=True)
         cache, lay = self.caches[layer], self.layouts[layer]
         length = -(-lay.blob_size // PAGE) * PAGE
@@ -327,7 +327,7 @@ class StreamingExperts:
         for (buf, s, lender), e in zip(slots, todo):
             r = ReadRequest(layer, e, s, buf.memoryview(s), e * lay.stride, length)
             land = functools.partial(self._landed, buf.view(s))  # lands in its reader thread
-            batch = reader.submit([r], then=land)
+            batch = reader.submit([r], then=land, **more)
             self.pf_pending[layer][e] = (r, batch)
             if lender is not None:
                 self.loans.setdefault(lender, []).append((s, batch, layer, e))
@@ -392,13 +392,13 @@ class StreamingExperts:
         if got is not None and got[1] is batch:
             del self.pf_pending[layer][e]
 
-    def _start_deferred(self, landed: bool) -> None:
+    def _start_deferred(self, landed: bool, chained: bool = False) -> None:
         """Start the lookahead `prefetch` left for this layer's `run`: a prompt's once the layer's reads
-        are submitted, a token's once they have `landed` too."""
-        if self._deferred is not None and (landed or not self._deferred[3]):
+        are submitted, a token's once they have `landed` too, or (`chained`) held back to follow them."""
+        if self._deferred is not None and (landed or chained or not self._deferred[3]):
             layer, experts, n, token = self._deferred
             self._deferred = None
-            self._start_prefetch(layer, experts, n, token)
+            self._start_prefetch(layer, experts, n, token, chained)
 
     def _settle_prefetch(self, layer: int, wait: bool = False) -> None:
         """Forget the layer's unused prefetches: the queued ones are cancelled; one still running is
@@ -498,6 +498,11 @@ class StreamingExperts:
         for the next layer starts (`prefetch`), and a token's too when no read is in flight."""
         cache = self.caches[layer]
         n = min(len(queue), cache.pool.n - len(cache.pinned))
+        d = self._deferred
+        if n == len(queue) and d is not None and d[3] and self._on_ring(d[0]):
+            # a token's guesses, on the ring behind the reads submitted now (the layer's last): each starts
+            # as one of them lands
+            self._start_deferred(landed=False, chained=True)
         if n > 0:
             reqs = self._requests(layer, queue[:n])
             del queue[:n]
@@ -505,6 +510,8 @@ class StreamingExperts:
                 batch = self.reader.submit(reqs)
             else:
                 batch.add(reqs)
+        if self.guess_reader is not None and self.guess_reader.chained:
+            self.guess_reader.flush()  # no read of this layer was left to follow
         if not queue:
             self._start_deferred(landed=batch is None or not batch.pending)
         return batch
@@ -680,8 +687,6 @@ class StreamingExperts:
         for layer in self.pf_pending:
             self._settle_prefetch(layer, wait=True)
         self.lander.shutdown(wait=True)
-        for r in (
-            [self.reader] + ([self.pf_reader] if self.pf_pools else []) + [self.guess_reader] * bool(self.guess_reader)
-        ):
+        for r in [self.reader] + ([self.pf_reader] if self.pf_pools else []):
             r.close()
             r.files.close()

@@ -152,7 +152,16 @@ class ThreadBatch:
 
 
 class UringReader:
-    """Reads through one io_uring (liburing); the ring is driven from the engine's thread only."""
+    """Reads through one io_uring (liburing), driven from the engine's thread only. Each `submit` is a batch
+    of its own; whichever batch is asked what has landed reaps the ring for all, so the layer's reads and a
+    token's lookahead guesses (each a batch) share the ring. A batch's `then` runs on the engine's thread,
+    when the batch hands the read out (`ready`, `wait_one`).
+
+    A guess submitted `chained` waits to be put on the ring behind one of the next submission's reads,
+    linked (IOSQE_IO_HARDLINK): the kernel starts it as that read lands, so the disk goes from the layer's
+    last reads to the guesses with no idle gap and the guesses do not slow the reads the layer waits for.
+    Started by the engine once it saw those reads land, a guess reached the disk ~1 ms after the disk
+    went idle (`benchmarks/README.md`, "a token's guesses on the ring, behind the layer's reads")."""
 
     name = "uring"
 
@@ -165,136 +174,55 @@ class UringReader:
         self.cqe = liburing.Cqe()
         self.depth = depth
         liburing.io_uring_queue_init(depth, self.ring, 0)
-        self.inflight: dict[int, tuple] = {}
+        self.inflight: dict[int, tuple] = {}  # id -> (request, its Iovec, which must outlive the read)
+        self.landed: dict[int, int] = {}  # id -> the completion's result, not handed out yet
+        self.chained: list[tuple[ReadRequest, "UringBatch"]] = []  # waiting for the next submission's reads
         self.next_id = 0
 
-    def _prep(self, r: ReadRequest) -> int:
+    def submit(self, reqs: list[ReadRequest], then: Callable | None = None, chained: bool = False) -> "UringBatch":
+        """A batch reading `reqs`. `chained`: held back until the next batch's reads (or `flush`), see above."""
+        if chained:
+            batch = UringBatch(self, [], then)
+            self.chained += [(r, batch) for r in reqs]
+            return batch
+        return UringBatch(self, list(reqs), then)
+
+    def flush(self) -> None:
+        """Submit the chained reads still held back (no reads came to follow), unlinked."""
+        held, self.chained = self.chained, []
+        for r, batch in held:
+            batch.add([r])
+
+    def _prep(self, r: ReadRequest, flags: int = 0) -> int:
         sqe = self.L.io_uring_get_sqe(self.ring)
         iov = self.L.Iovec([r.dest[: r.length]])
         self.L.io_uring_prep_readv(sqe, self.files.fds[r.layer], iov, r.offset)
+        if flags:
+            self.L.io_uring_sqe_set_flags(sqe, flags)
         rid = self.next_id
         self.next_id += 1
         self.L.io_uring_sqe_set_data64(sqe, rid)
-        self.inflight[rid] = (r, iov)  # the Iovec must outlive the read
+        self.inflight[rid] = (r, iov)
         return rid
 
-    def submit(self, reqs: list[ReadRequest]) -> "UringBatch":
-        return UringBatch(self, list(reqs))
-
-    def wait(self) -> None:
-        """Block until a completion is at the queue's head. A signal that interrupts the wait (EINTR: a
-        child process exiting, a profiler attaching) does not end it: the wait resumes, as Python resumes
-        its own system calls (PEP 475), and a signal handler that raises still stops it."""
-        while True:
-            try:
-                self.L.io_uring_wait_cqe(self.ring, self.cqe)
-                return
-            except InterruptedError:
-                continue
-
-    def close(self) -> None:
-        self.L.io_uring_queue_exit(self.ring)
-
-
-class UringBatch:
-    def __init__(self, reader: UringReader, reqs: list[ReadRequest]):
-        self.reader = reader
-        self.queue = reqs
-        self.mine: set[int] = set()
-        self._fill()
-
-    def _fill(self) -> None:
-        r = self.reader
-        n = 0
-        while self.queue and len(r.inflight) < r.depth:
-            self.mine.add(r._prep(self.queue.pop(0)))
-            n += 1
-        if n:
-            r.L.io_uring_submit(r.ring)
-
-    def add(self, reqs: list[ReadRequest]) -> None:
-        """More reads into this batch, also while `completed()` is being iterated (they are yielded too)."""
-        self.queue.extend(reqs)
-        self._fill()
-
-    @property
-    def pending(self) -> bool:
-        """Whether reads of this batch are still to land."""
-        return bool(self.mine or self.queue)
-
-    def _reap(self) -> ReadRequest:
-        """The read of the completion queue's head (a completion must be there)."""
-        r, L = self.reader, self.reader.L
-        rid = L.io_uring_cqe_get_data64(r.cqe[0])
-        res = r.cqe[0].res
-        L.io_uring_cqe_seen(r.ring, r.cqe[0])
-        req, _ = r.inflight.pop(rid)
-        self.mine.discard(rid)
-        if res < 0:
-            raise RkmojoError(f"layer {req.layer} expert {req.expert}: read failed ({os.strerror(-res)})")
-        if res < req.length:
-            read_rest(r.files, req, res)
-        after_read(r.files, req)
-        self._fill()
-        return req
-
-    def completed(self):
-        r = self.reader
-        while self.mine:
-            r.wait()
-            yield self._reap()
-
-    def ready(self) -> list[ReadRequest]:
-        """The requests whose reads have landed by now (no waiting)."""
-        r, L, out = self.reader, self.reader.L, []
-        while self.mine:
-            try:
-                L.io_uring_peek_cqe(r.ring, r.cqe)
-            except BlockingIOError:
-                break
-            out.append(self._reap())
-        return out
-
-    def wait_one(self) -> list[ReadRequest]:
-        """Waits until at least one read lands; the requests landed by then."""
-        if not self.mine:
-            return []
-        self.reader.wait()
-        return [self._reap(), *self.ready()]
-
-    def abandon(self) -> None:
-        """Wait for the reads still in flight (and drop the queued ones), ignoring their results."""
-        r, L = self.reader, self.reader.L
-        self.queue = []
-        while self.mine:
-            r.wait()
-            rid = L.io_uring_cqe_get_data64(r.cqe[0])
-            L.io_uring_cqe_seen(r.ring, r.cqe[0])
-            r.inflight.pop(rid, None)
-            self.mine.discard(rid)
-
-
-class UringQueue(UringReader):
-    """Reads through an io_uring of their own, each `submit` a batch of its own, driven from the engine's
-    thread only: a generated token's lookahead guesses. Through the thread pool a guess waited for a
-    reader thread to wake and take the GIL, which on 2 busy cores took 0.8 ms (median), while the layer
-    that started it had 1.6 ms left (`benchmarks/README.md`, "a token's guesses on a ring of their own");
-    here the read is at the disk when `submit` returns. A batch's `then` runs on the engine's thread, when
-    the batch is asked what has landed (`ready`, `wait_one`); whichever batch asks reaps the ring for all."""
-
-    def __init__(self, files: LayerFiles, depth: int = 32):
-        super().__init__(files, depth)
-        self.landed: dict[int, int] = {}  # id -> the completion's result, not handed out yet
-
-    def submit(self, reqs: list[ReadRequest], then: Callable | None = None) -> "QueueBatch":
-        return QueueBatch(self, list(reqs), then)
+    def _room(self) -> int:
+        return self.depth - (len(self.inflight) - len(self.landed))  # the kernel's reads
 
     def _start(self, queue: list[ReadRequest]) -> set[int]:
-        """Submit as many of `queue` as the ring has room for (taken off it); their ids."""
+        """Submit as many of `queue` as the ring has room for (taken off it), the held-back chained reads
+        linked behind its last ones; the ids of `queue`'s reads (a chained read's id goes to its batch)."""
+        n = min(len(queue), self._room())
+        chain = self.chained[: max(0, min(n, self._room() - n))]
+        del self.chained[: len(chain)]
         ids = set()
-        while queue and len(self.inflight) - len(self.landed) < self.depth:  # the kernel's reads
-            ids.add(self._prep(queue.pop(0)))
-        if ids:
+        for k in range(n):
+            follow = n - 1 - k  # the last read is followed by the first guess, the one before by the second...
+            linked = follow < len(chain)
+            ids.add(self._prep(queue.pop(0), self.L.IOSQE_IO_HARDLINK if linked else 0))
+            if linked:
+                r, batch = chain[follow]
+                batch.mine.add(self._prep(r))
+        if n:
             self.L.io_uring_submit(self.ring)
         return ids
 
@@ -312,37 +240,46 @@ class UringQueue(UringReader):
         self.landed[rid] = self.cqe[0].res
         self.L.io_uring_cqe_seen(self.ring, self.cqe[0])
 
-    def _wait(self) -> None:
-        """Block until one more completion is in `landed` (a signal does not end the wait: `UringReader.wait`)."""
-        self.wait()
+    def wait(self) -> None:
+        """Block until one more completion is in `landed`. A signal that interrupts the wait (EINTR: a
+        child process exiting, a profiler attaching) does not end it: the wait resumes, as Python resumes
+        its own system calls (PEP 475), and a signal handler that raises still stops it."""
+        while True:
+            try:
+                self.L.io_uring_wait_cqe(self.ring, self.cqe)
+                break
+            except InterruptedError:
+                continue
         self._seen()
 
     def close(self) -> None:
+        self.chained = []
         while self.inflight.keys() - self.landed.keys():  # no read may land in memory handed back
-            self._wait()
-        super().close()
+            self.wait()
+        self.L.io_uring_queue_exit(self.ring)
 
 
-class QueueBatch:
-    """One `UringQueue.submit`: the ThreadBatch interface."""
+class UringBatch:
+    """One `UringReader.submit`: the ThreadBatch interface."""
 
-    def __init__(self, q: UringQueue, reqs: list[ReadRequest], then: Callable | None):
-        self.q = q
+    def __init__(self, reader: UringReader, reqs: list[ReadRequest], then: Callable | None = None):
+        self.reader = reader
         self.queue = reqs
         self.then = then
-        self.mine = q._start(self.queue)
+        self.mine = reader._start(self.queue)
 
     @property
     def pending(self) -> bool:
-        """Whether reads of this batch are still to land."""
-        return bool(self.mine or self.queue)
+        """Whether reads of this batch are still to land (or held back, chained)."""
+        return bool(self.mine or self.queue or any(b is self for _, b in self.reader.chained))
 
     def add(self, reqs: list[ReadRequest]) -> None:
+        """More reads into this batch, also while `completed()` is being iterated (they are yielded too)."""
         self.queue.extend(reqs)
-        self.mine |= self.q._start(self.queue)
+        self.mine |= self.reader._start(self.queue)
 
     def _collect(self) -> list:
-        q, out = self.q, []
+        q, out = self.reader, []
         for rid in sorted(self.mine & q.landed.keys()):
             self.mine.discard(rid)
             res = q.landed.pop(rid)
@@ -358,30 +295,36 @@ class QueueBatch:
 
     def ready(self) -> list:
         """The requests (or what `then` made of them) landed by now and not handed out yet (no waiting)."""
-        self.q._reap()
+        self.reader._reap()
         return self._collect()
 
     def wait_one(self) -> list:
         """Waits until at least one read of this batch lands; those landed by then."""
+        if any(b is self for _, b in self.reader.chained):
+            self.reader.flush()  # asked for before any read came to follow it
         while True:
             out = self.ready()
             if out or not self.pending:
                 return out
-            self.q._wait()
+            self.reader.wait()
 
     def completed(self):
+        """Yield each request as its read lands (completion order)."""
         while self.pending:
             yield from self.wait_one()
 
     def cancel(self) -> int:
         """Drop the reads not submitted yet; how many were dropped (those submitted still land)."""
-        n, self.queue = len(self.queue), []
+        q = self.reader
+        held = [x for x in q.chained if x[1] is self]
+        q.chained = [x for x in q.chained if x[1] is not self]
+        n, self.queue = len(self.queue) + len(held), []
         return n
 
     def abandon(self) -> None:
         """Wait for the reads still in flight (and drop the queued ones), ignoring their results."""
-        q = self.q
-        self.queue = []
+        q = self.reader
+        self.cancel()
         while self.mine:
             q._reap()
             for rid in self.mine & q.landed.keys():
@@ -389,7 +332,7 @@ class QueueBatch:
                 q.landed.pop(rid)
                 q.inflight.pop(rid)
             if self.mine:
-                q._wait()
+                q.wait()
 
 
 _URING_PROBE = (

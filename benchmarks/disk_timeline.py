@@ -16,7 +16,8 @@ so the page cache plays no part.
 
 `--decode N` times N generated tokens after the prompt instead, and prints per layer and token the time
 before its expert phase and in it, with the time no read was in flight in each (the token's LM head, which
-precedes the first layer, is in that layer's "before"):
+precedes the first layer, is in that layer's "before"), and how much of the idle time inside the phases
+fell in their last thirds (where the layer's reads have landed and its lookahead should keep the disk busy):
 
     .venv/bin/python -m inference.bench.cgroup 3G -- .venv/bin/python benchmarks/disk_timeline.py \
         /work/stores/gemma4-26b-a4b-uniform --memory-budget 3G --prefetch 0 --decode 24 --period-ms 1
@@ -145,9 +146,11 @@ def main() -> None:
     if a.decode:  # per layer over every token: time in the expert phase, idle before and inside it
         per: dict[int, list[float]] = {}
         prev = t0
+        tail = 0.0  # idle in the last third of the expert phases: after the layer's reads, before the next layer's
         for enter, leave, layer in marks:
             before = float(dt[(ts >= prev) & (ts < enter) & (depth == 0)].sum())
             inside = float(dt[(ts >= enter) & (ts < leave) & (depth == 0)].sum())
+            tail += float(dt[(ts >= enter + (leave - enter) * 2 / 3) & (ts < leave) & (depth == 0)].sum())
             p = per.setdefault(layer, [0.0, 0.0, 0.0, 0.0])
             p[0] += enter - prev
             p[1] += leave - enter
@@ -161,7 +164,7 @@ def main() -> None:
         tot = np.sum(list(per.values()), axis=0) / n * 1e3
         print(
             f"per token: {wall / n * 1e3:.0f} ms; between expert phases {tot[0]:.0f} ms (idle {tot[2]:.0f}), "
-            f"in them {tot[1]:.0f} ms (idle {tot[3]:.0f})"
+            f"in them {tot[1]:.0f} ms (idle {tot[3]:.0f}, of which {tail / n * 1e3:.0f} in their last thirds)"
         )
         return
     print("layer  enter s  in run s  GB read since the previous expert phase  idle s: before the run, in it")

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from inference.experts.io import LayerFiles, ReadRequest, UringReader, uring_problem
+from inference.experts.io import LayerFiles, ReadRequest, UringReader, kernel_release, uring_problem
 
 
 def test_a_signal_during_an_io_uring_wait_does_not_end_the_read(tmp_path):
@@ -169,3 +169,9 @@ def test_a_chained_read_waits_on_the_ring_until_the_read_it_follows_lands(tmp_pa
         q.close()
         for fd in (rfd, wfd, pfd):
             os.close(fd)
+
+
+def test_the_kernel_release_is_read_from_uname_s_form():
+    """Linking a guess behind a read needs Linux 5.5; an unreadable release counts as too old."""
+    assert kernel_release("6.1.0-18-arm64") == (6, 1) and kernel_release("5.10.160-rockchip-rk3588") == (5, 10)
+    assert kernel_release("5.4.0") < (5, 5) <= kernel_release("5.5") and kernel_release("garbage") == (0, 0)

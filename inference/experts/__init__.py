@@ -240,8 +240,8 @@ class StreamingExperts:
         self.observer = None
         pools, n = lookahead_pools(prefetch, len(order), guesses)
         # a token's guesses go on the demand reads' ring where there is one (`io.UringReader`), chained
-        # behind the layer's last reads
-        self.guess_reader = self.reader if self.reader.name == "uring" else None
+        # behind the layer's last reads (a kernel too old to link them: the prefetch threads)
+        self.guess_reader = self.reader if self.reader.name == "uring" and self.reader.links else None
         if pools:
             self.pf_reader = ThreadReader(LayerFiles(store, direct), workers=PREFETCH_WORKERS)
             blob = max(lay.blob_size for lay in self.layouts.values())

@@ -178,6 +178,7 @@ class UringReader:
         self.landed: dict[int, int] = {}  # id -> the completion's result, not handed out yet
         self.chained: list[tuple[ReadRequest, "UringBatch"]] = []  # waiting for the next submission's reads
         self.next_id = 0
+        self.links = kernel_release() >= (5, 5)  # IOSQE_IO_HARDLINK came in Linux 5.5
 
     def submit(self, reqs: list[ReadRequest], then: Callable | None = None, chained: bool = False) -> "UringBatch":
         """A batch reading `reqs`. `chained`: held back until the next batch's reads (or `flush`), see above."""
@@ -333,6 +334,15 @@ class UringBatch:
                 q.inflight.pop(rid)
             if self.mine:
                 q.wait()
+
+
+def kernel_release(release: str | None = None) -> tuple[int, int]:
+    """(major, minor) of the running kernel (`uname -r`, e.g. "6.1.0-18-arm64"), (0, 0) if unreadable."""
+    head = (release or os.uname().release).split("-")[0].split(".")
+    try:
+        return int(head[0]), int(head[1]) if len(head) > 1 else 0
+    except ValueError:
+        return 0, 0
 
 
 _URING_PROBE = (

@@ -34,6 +34,7 @@ from .stats import Sampler
 
 log = logging.getLogger("rkmojo.worker")
 POPULARITY_EVERY = 60.0  # s between saves of a used model's expert popularity
+CHECK_SLICE = 0.2  # s of expert digest checks per idle heartbeat (a task arriving waits at most this long)
 _BOARD: "Board | None" = None
 
 
@@ -54,6 +55,7 @@ class Loaded:
     keep_alive: float | None = None  # the last request's own keep-alive; None: the worker's default
     used_at: float = 0.0  # when the last request finished (its expiry counts from here)
     warmed: bool = False  # its expert caches were filled from saved popularity (or there was none)
+    unchecked: int | None = None  # experts whose digest is still to check while idle (None: not asked yet)
     popularity_saved: float = 0.0  # when its expert popularity was last written
 
     def __post_init__(self):
@@ -200,6 +202,8 @@ class Board:
                     self.unload(name)
                 elif not ld.warmed:
                     self.warm(name)
+                elif ld.unchecked != 0:
+                    self.check(name)
                 elif now - ld.popularity_saved >= POPULARITY_EVERY and ld.used_at > ld.popularity_saved:
                     self.save_popularity(name)
         finally:
@@ -226,6 +230,22 @@ class Board:
             return
         if n:
             log.info("%s: warmed its expert caches with %d popular experts in %.2fs", name, n, time.perf_counter() - t0)
+
+    def check(self, name: str) -> None:
+        """Check the digests of `name`'s experts that no read has checked yet, a slice per heartbeat (while
+        idle): the first prompt after a load then reads them without hashing them. A task waits at most
+        one slice for the worker."""
+        from inference.errors import RkmojoError
+
+        ld = self.loaded[name]
+        try:
+            ld.unchecked = ld.engine.check_experts(CHECK_SLICE)
+        except (RkmojoError, OSError) as e:  # the prompt that reads them checks them instead
+            log.warning("%s: expert digests not checked while idle: %s", name, e)
+            ld.unchecked = 0
+            return
+        if ld.unchecked == 0:
+            log.info("%s: every expert's digest checked while idle", name)
 
     def save_popularity(self, name: str) -> None:
         ld = self.loaded[name]

@@ -7,7 +7,9 @@ reads, as a first prompt after start does) and reports each time to first token 
 wait and landing time (the engine waiting for reads, and for their digest check and repack). The
 machine's page cache plays no part: expert reads are O_DIRECT. For the bound and the memory cgroup, use
 `rkmojo bench`; this script is for telling two versions apart on a machine whose speed drifts.
-`--baseline-store` gives the baseline another store (this checkout, unless `--baseline-src` too):
+`--baseline-store` gives the baseline another store (this checkout, unless `--baseline-src` too);
+`--check-idle` has this checkout check every expert's digest before its first prompt, as the worker does
+in idle time after a load (with `--baseline-store` the same store: the same code without it):
 
     .venv/bin/python benchmarks/streamed_ttft_ab.py /work/stores/gemma4-26b-a4b-repacked \
         --baseline-store /work/stores/gemma4-26b-a4b-uniform --prompt-tokens 128 --rounds 3
@@ -39,7 +41,13 @@ def child(a) -> dict:
     e = Engine.open(a.store, prefetch=a.prefetch, threads=a.threads, **plan)
     ids = np.random.default_rng(0).integers(0, e.model.args.vocab_size, a.prompt_tokens)
     runs = []
+    check_s = None
     try:
+        if a.check_idle:  # what a worker does in idle heartbeats after a load, untimed in the prompts
+            t = time.perf_counter()
+            left = e.check_experts(1e9)
+            check_s = time.perf_counter() - t
+            assert left == 0, f"{left} experts left unchecked"
         for _ in range(a.prefills):
             n = a.decode if runs else 0
             t = time.perf_counter()
@@ -63,7 +71,7 @@ def child(a) -> dict:
             )
     finally:
         e.close()
-    return {"runs": runs}
+    return {"runs": runs, "check_s": check_s}
 
 
 def run(variant: str, a) -> dict:
@@ -75,6 +83,7 @@ def run(variant: str, a) -> dict:
     cmd += ["--memory-budget", a.memory_budget] if a.memory_budget else []
     cmd += ["--prefetch", str(a.prefetch), "--prompt-tokens", str(a.prompt_tokens), "--prefills", str(a.prefills)]
     cmd += ["--threads", str(a.threads)]
+    cmd += ["--check-idle"] if a.check_idle and variant == "this" else []
     out = subprocess.run(
         cmd,
         env=env,
@@ -102,6 +111,12 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--json", help="write the results here too")
+    p.add_argument(
+        "--check-idle",
+        action="store_true",
+        help="this checkout checks every expert's digest after opening (as the worker does in idle time), "
+        "before its first prompt; compare the first prefills (with --baseline-store STORE: the same code without)",
+    )
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
@@ -119,6 +134,8 @@ def main() -> int:
             r = run(v, a)
             results[v].extend(r["runs"])
             line.append(f"{v}: " + ", ".join(f"{x['ttft_s']:.2f}" for x in r["runs"]) + " s")
+            if r.get("check_s") is not None:
+                line[-1] += f" (digests checked before, in {r['check_s']:.1f} s)"
         print(f"round {k}: load {os.getloadavg()[0]:.2f}  " + "  |  ".join(line), flush=True)
     summary = {}
     for v, runs in results.items():
@@ -139,6 +156,8 @@ def main() -> int:
             )
         )
     print(f"this / baseline: TTFT {summary['this']['ttft_s'] / summary['baseline']['ttft_s']:.3f}", end="")
+    first = summary["this"]["first_ttft_s"] / summary["baseline"]["first_ttft_s"]
+    print(f", first prefill {first:.3f}", end="")
     if summary["this"]["decode_tok_s"] and summary["baseline"]["decode_tok_s"]:
         print(f", decode tok/s {summary['this']['decode_tok_s'] / summary['baseline']['decode_tok_s']:.3f}", end="")
     print()

@@ -295,6 +295,16 @@ class Engine:
         with self._lock:
             return self.model.experts.warm(counts) if counts else 0
 
+    def check_experts(self, seconds: float) -> int:
+        """Check, for about `seconds`, the digests of experts no read has checked yet (`verify_experts`
+        "first"): the first prompt after a load then need not. Returns how many are left to check (0 when
+        every expert is checked, or there is nothing to check: experts resident, or another verify mode).
+        Call while idle: it reads from disk."""
+        if not isinstance(getattr(self.model, "experts", None), StreamingExperts):
+            return 0
+        with self._lock:
+            return self.model.experts.check_unchecked(seconds)
+
     def save_prompt_cache(self, path) -> None:
         """Write the current token ids and KV state to `path` (atomic)."""
         prompt_cache.save(path, self.store.digest, self.tokens, self.cache)

@@ -578,3 +578,52 @@ def test_a_read_whose_landing_is_only_its_views_lands_on_the_engine_s_thread(tmp
     (first, again, checked, later), (first_off, again_off, off, off_later) = out
     assert checked > 0 and later == 0 and off == off_later == 0
     assert np.array_equal(first, again) and np.array_equal(first, first_off) and np.array_equal(again, again_off)
+
+
+def test_experts_checked_while_idle_are_trusted_by_the_first_prompt_and_a_bad_one_still_fails(tmp_path, caplog):
+    """`Engine.check_experts` checks the digests no read has checked yet, a slice at a time (at least one
+    expert per call), touching no slot: the first prompt then lands every read on the engine's thread. An
+    expert whose bytes changed on disk is logged, left unchecked and not tried again, and the prompt that
+    reads it fails with the digest message."""
+    from inference.engine import Engine
+    from inference.errors import ModelFormatError
+    from inference.synth import synth_store
+
+    path = synth_store(tmp_path / "s", "tiny-qwen3-moe", progress=False)
+    e = Engine.open(path, expert_slots=2, io="threads")
+    try:
+        ex = e.model.experts
+        total = sum(lay.n_experts for lay in ex.layouts.values())
+        assert e.check_experts(0) == total - 1 and len(ex.verified) == 1  # a slice of nothing still checks one
+        assert e.check_experts(60) == 0 and len(ex.verified) == total and e.check_experts(60) == 0
+        assert all(not c.where for c in ex.caches.values())  # no slot was used
+        landers = []
+        submit = ex.lander.submit
+        ex.lander.submit = lambda *a: landers.append(a) or submit(*a)
+        checked_first = np.asarray(e.forward(np.arange(1, 13)))
+        assert landers == []
+    finally:
+        e.close()
+    e = Engine.open(path, expert_slots=2, io="threads")
+    try:  # unchecked, the same prompt: the same logits
+        assert np.array_equal(np.asarray(e.forward(np.arange(1, 13))), checked_first)
+    finally:
+        e.close()
+    layer = min(e.store.expert_layers)
+    lay = e.store.expert_layers[layer]
+    with open(lay.path, "r+b") as f:  # one byte of expert 1 changes on disk
+        f.seek(lay.stride + 100)
+        b = f.read(1)
+        f.seek(lay.stride + 100)
+        f.write(bytes([b[0] ^ 0xFF]))
+    e = Engine.open(path, expert_slots=2, io="threads")
+    try:
+        ex = e.model.experts
+        assert e.check_experts(60) == 0 and ex.mismatched == {(layer, 1)} and (layer, 1) not in ex.verified
+        assert "expert 1 digest mismatch" in caplog.text
+        assert e.check_experts(60) == 0 and len(ex.verified) == total - 1  # not tried again
+        with pytest.raises(ModelFormatError, match=r"expert 1 digest mismatch; re-run `rkmojo pull`"):
+            for t in range(1, 200):  # until a token routes to the bad expert
+                e.forward([t])
+    finally:
+        e.close()

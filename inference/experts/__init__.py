@@ -282,7 +282,11 @@ class StreamingExperts:
         lander thread would first have to wake and take the GIL, which kept the engine waiting 12 ms per
         token in 3 GiB (`benchmarks/README.md`, "landing on the engine's thread")."""
         checked = self.verify == "off" or (self.verify == "first" and (r.layer, r.expert) in self.verified)
-        return checked and (not self.repacked or self._stored_repacked[r.layer])
+        return checked and self._nothing_to_repack(r.layer)
+
+    def _nothing_to_repack(self, layer: int) -> bool:
+        """Whether a read of `layer` lands without a repack: none asked for, or the store holds it repacked."""
+        return not self.repacked or self._stored_repacked[layer]
 
     @property
     def wants_prefetch(self) -> bool:
@@ -310,7 +314,7 @@ class StreamingExperts:
     def _on_ring(self, layer: int) -> bool:
         """Whether a token's guesses for `layer` go on the demand reads' ring: where there is one, and landing
         them takes the engine no more than a digest check (nothing to repack), for it lands them itself."""
-        return self.guess_reader is not None and (not self.repacked or self._stored_repacked[layer])
+        return self.guess_reader is not None and self._nothing_to_repack(layer)
 
     def _start_prefetch(self, layer: int, experts, n: int, token: bool = False, chained: bool = False) -> None:
         """`chained`: a token's guesses, held back to follow the reads submitted next (`io.UringReader`)."""

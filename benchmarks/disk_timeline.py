@@ -6,9 +6,9 @@ boundaries, in one process with no memory cgroup.
         --expert-slots 16 --prefetch 6 --tokens 128
 
 Prints the prefill's wall time, the bytes the device read and their rate, the share of the time with no
-read in flight, the time spent at each depth (and the rate then), and per layer: when the engine entered its expert phase,
-how long it stayed, what the disk read between the previous layer's expert phase and this one (the
-attention), and the time with no read in flight there and inside the expert phase. A first 128-token
+read in flight, the time spent at each depth (and the device's rate then), and per layer: when the engine
+entered its expert phase, how long it stayed, what the disk read between the previous layer's expert
+phase and this one (the attention), and the time with no read in flight there and inside the expert phase. A first 128-token
 prompt runs untimed first (it verifies the digests of the experts it reads), as in `rkmojo bench`, whose
 later prompts find its last experts in the slots (`--warm-decode N`: it also generates N tokens, so that the
 timed prompt, another one, meets a cache a chat left, as `rkmojo bench`'s prompts do). Reads are O_DIRECT,
@@ -136,8 +136,9 @@ def main() -> None:
     what = f"{a.decode} generated tokens" if a.decode else f"prefill of {a.tokens} tokens"
     print(f"{what}: {wall:.2f} s; the device read {gb:.2f} GB, {gb / wall:.2f} GB/s")
     print(f"no read in flight: {idle:.2f} s ({idle / wall:.0%}); while reading: {gb / max(wall - idle, 1e-9):.2f} GB/s")
-    # the bytes the device read in each sampling period, put at the depth the period began with
-    got = np.diff([x[1] for x in sm], append=sm[-1][1]) * 512
+    ts = np.array([x[0] for x in sm])
+    sectors = np.array([x[1] for x in sm])
+    got = np.diff(sectors, append=sectors[-1]) * 512  # read in each sampling period, at the depth it began with
     edges = [0, 1, 2, 3, 4, 8, 16, 32, 64, 1 << 30]
     for lo, hi in zip(edges, edges[1:], strict=False):
         at = (depth >= lo) & (depth < hi)
@@ -146,8 +147,6 @@ def main() -> None:
             name = f"{lo}" if hi == lo + 1 else f"{lo}-{hi - 1 if hi < 1 << 30 else 'more'}"
             rate = f", {float(got[at].sum()) / sec / 1e9:.2f} GB/s" if lo else ""
             print(f"  in flight {name}: {sec:.2f} s ({sec / wall:.0%}){rate}")
-    ts = np.array([x[0] for x in sm])
-    sectors = np.array([x[1] for x in sm])
     if a.decode:  # per layer over every token: time in the expert phase, idle before and inside it
         per: dict[int, list[float]] = {}
         prev = t0

@@ -7,12 +7,12 @@ boundaries, in one process with no memory cgroup.
 
 Prints the prefill's wall time, the bytes the device read and their rate, the share of the time with no
 read in flight, the time spent at each depth (and the device's rate then), and per layer: when the engine
-entered its expert phase, how long it stayed, what the disk read between the previous layer's expert
-phase and this one (the attention), and the time with no read in flight there and inside the expert phase. A first 128-token
-prompt runs untimed first (it verifies the digests of the experts it reads), as in `rkmojo bench`, whose
-later prompts find its last experts in the slots (`--warm-decode N`: it also generates N tokens, so that the
-timed prompt, another one, meets a cache a chat left, as `rkmojo bench`'s prompts do). Reads are O_DIRECT,
-so the page cache plays no part.
+entered its expert phase, how long it stayed, what the disk read between the previous layer's expert phase
+and this one (the attention), and the time with no read in flight there and inside the expert phase. A
+first 128-token prompt runs untimed first (it verifies the digests of the experts it reads), as in `rkmojo
+bench`, whose later prompts find its last experts in the slots (`--warm-decode N`: it also generates N
+tokens, so that the timed prompt, another one, meets a cache a chat left, as `rkmojo bench`'s prompts do).
+Reads are O_DIRECT, so the page cache plays no part.
 
 `--decode N` times N generated tokens after the prompt instead, and prints per layer and token the time
 before its expert phase and in it, with the time no read was in flight in each (the token's LM head, which

@@ -3,7 +3,9 @@
 Text: Python's own documentation topics (`pydoc_data.topics`, shipped with every CPython), the first
 --tokens tokens, teacher-forced in one prefill, or with `--decode` one token at a time (the decode
 step: on Llama models the compiled one, `kernels.llama_decode`, whose last bits differ from the
-prefill's Python layers; `f32 decode` then also compares it with the f32 prefill). Reported per model: top-1 agreement of the two paths, each path's perplexity
+prefill's Python layers; `f32 decode` then also compares it with the f32 prefill; the tiny models
+decode too, and Gemma 4 once more with int8 in its experts only, its dense products float as they were
+before they took int8). Reported per model: top-1 agreement of the two paths, each path's perplexity
 on the text, and the worst |Δlogit| / logit range. SmolLM2 (the demo GGUF, Q4_1) is a trained model;
 the tiny MoE models of the parity tests have random weights (q4 stores), where the text is just ids
 and only agreement means something.
@@ -55,6 +57,28 @@ def logits_by_mode(
     return out
 
 
+NOISE = 4e-3  # about int8's rounding of a block of 32 (±½ of max|x|/127), as a relative error
+
+
+def noisy_f32(store, ids: np.ndarray, chunk: int = 16) -> dict[str, np.ndarray]:
+    """f32 decode as is ("f32") and with each token's embedding row × (1 + NOISE·N(0, 1)) ("q8"): a model
+    this perturbation alone moves far is chaotic, and top-1 agreement there measures the model, not the
+    kernels (random tiny models, unlike trained ones, can be)."""
+    kernels.set_activations("f32")
+    out, rng = {}, np.random.default_rng(0)
+    for name, eps in (("f32", 0.0), ("q8", NOISE)):
+        m = load_model(store, chunk=chunk)
+        if eps:
+
+            def embed_ids(t, embed=m.embed_ids, H=m.args.hidden_size):
+                return embed(t) * (1.0 + NOISE * rng.standard_normal((len(t), H))).astype(np.float32)
+
+            m.embed_ids = embed_ids
+        cache = m.new_cache()
+        out[name] = np.concatenate([m.forward(ids[i : i + 1], cache) for i in range(len(ids))])
+    return out
+
+
 def perplexity(logits: np.ndarray, ids: np.ndarray) -> float:
     z = logits[:-1].astype(np.float64)
     z = z - z.max(-1, keepdims=True)
@@ -77,7 +101,12 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=1024)
     p.add_argument("--store", default=None, help="SmolLM2 store (default: the demo model, converted if needed)")
     p.add_argument("--no-tiny", action="store_true", help="skip the tiny random MoE models")
-    p.add_argument("--decode", action="store_true", help="SmolLM2 one token at a time (the decode step)")
+    p.add_argument(
+        "--decode",
+        action="store_true",
+        help="also one token at a time, in the decode mode (SmolLM2: its compiled step; the tiny models too, "
+        "and Gemma 4 with int8 in its experts only, as before its dense products took int8)",
+    )
     p.add_argument(
         "--no-repack", action="store_true", help="keep the store layout (the engine repacks, see kernels.repack)"
     )
@@ -115,6 +144,17 @@ def main() -> None:
             st = convert(src, Path(d) / arch / "q4", "q4", progress=False)
             tids = ids % cfg.vocab_size
             report(f"tiny {arch} (q4, random)", logits_by_mode(st, tids, chunk=16, repacked=rp), tids)
+            if a.decode:
+                report(f"tiny {arch}, decode", logits_by_mode(st, tids, chunk=16, decode=True, repacked=rp), tids)
+            if a.decode and arch == "gemma4":  # its generated tokens' dense products without int8, as before
+                from inference.models import gemma4
+
+                gemma4.Model.int8_dense_decode = False
+                dec = logits_by_mode(st, tids, chunk=16, decode=True, repacked=rp)
+                gemma4.Model.int8_dense_decode = True
+                report("  int8 in its experts only", dec, tids)
+            if a.decode:  # how far a perturbation of int8's size alone moves this random model
+                report(f"  f32, embedding ×(1+{NOISE:g}·N)", noisy_f32(st, tids), tids)
 
 
 if __name__ == "__main__":

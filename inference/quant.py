@@ -58,10 +58,16 @@ class QTensor:
         return dequantize(self)
 
     def rows(self, idx) -> "QTensor":
-        """The rows `idx` of this matrix in the same kind (used for embedding lookups)."""
-        parts = {k: v[idx] for k, v in self.parts.items()}
+        """The rows `idx` of this matrix (used for embedding lookups): in the same kind, or for a repacked
+        matrix in the kind it was made from, with only the panels holding those rows unpacked (a tied
+        embedding repacked for the LM head serves its lookups from the same memory)."""
         if self.kind in REPACKED:
-            return unrepack(self).rows(idx)
+            idx = np.atleast_1d(np.arange(self.shape[0])[idx])
+            panels, at = np.unique(idx // RP, return_inverse=True)
+            sel = (panels[:, None] * RP + np.arange(RP)).reshape(-1)
+            sub = QTensor(self.kind, (len(sel), *self.shape[1:]), {k: v[sel] for k, v in self.parts.items()})
+            return unrepack(sub).rows(at.reshape(-1) * RP + idx % RP)
+        parts = {k: v[idx] for k, v in self.parts.items()}
         n = len(np.atleast_1d(np.arange(self.shape[0])[idx]))
         return QTensor(self.kind, (n, *self.shape[1:]), parts)
 

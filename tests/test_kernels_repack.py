@@ -308,6 +308,19 @@ def test_the_neon_backends_match_under_qemu(build, rng, request, kind):
         assert all(np.array_equal(got[n], want.parts[n].reshape(-1)) for n in got)
 
 
+@KINDS
+def test_rows_of_a_repacked_matrix_are_the_rows_it_was_made_from(rng, kind):
+    """Embedding lookups on a tied head held repacked unpack only the panels of their rows: any rows, in
+    any order, repeated, in the last (padded) panel, bit for bit."""
+    for out, inn in ((7, 64 if kind == "q4" else 32), (203, 256)):
+        w = random_weight(kind, out, inn, rng)
+        rp = REPACK[kind](w)
+        for idx in ([0], [out - 1, 0, out - 1], rng.integers(0, out, 9), np.arange(out)):
+            got, want = rp.rows(idx), w.rows(idx)
+            assert got.kind == kind and got.shape == want.shape == (len(idx), inn)
+            assert np.array_equal(dequantize(got), dequantize(want))
+
+
 class _Model:
     def __init__(self, rng):
         self.layers = [
@@ -333,6 +346,21 @@ def test_a_model_repacks_its_dense_q4_matrices_for_int8_decode(rng, monkeypatch)
     assert m.layers[1]["q"].kind == REPACKED_Q8_0 and m.layers[1]["o"].kind == REPACKED_Q4_1
 
 
+def test_a_tied_head_is_repacked_once_and_serves_the_lookups(rng):
+    """A model whose generated tokens take int8 in their own layer calls (Gemma 4's `int8_dense_decode`)
+    repacks in "decode" mode; its tied embedding is the repacked head, one copy, with the same rows."""
+    m = _Model(rng)
+    m.int8_decode = True
+    m.lm_head = m.embed = random_weight("q4", 48, 128, rng)
+    m.lm_head.parts = {k: v.copy() for k, v in m.lm_head.parts.items()}  # writable: repacked in place
+    want = dequantize(m.embed.rows([3, 47, 3]))
+    memory = m.embed.parts["q"]
+    assert repack.repack_model(m, "decode") > 0
+    assert m.embed is m.lm_head and m.lm_head.kind == REPACKED_Q4
+    assert m.lm_head.parts["q"] is memory  # in place, not a second copy
+    assert np.array_equal(dequantize(m.embed.rows([3, 47, 3])), want)
+
+
 # ------------------------------------------------------------------ whole models
 
 
@@ -355,33 +383,65 @@ def _run(store, mode: str, repacked: bool, ids, n_prompt: int):
     return prompt, steps
 
 
-@pytest.fixture(scope="module")
-def llama_q4(tmp_path_factory):
+def _tiny_q4(name: str, tmp_path_factory):
+    import test_parity
     from parity import build_checkpoint
-    from test_parity import llama as tiny_llama
 
     from inference.convert import convert
 
-    model_cls, cfg = tiny_llama()
-    tmp = tmp_path_factory.mktemp("llama")
+    model_cls, cfg = getattr(test_parity, name)()
+    tmp = tmp_path_factory.mktemp(name)
     return convert(build_checkpoint(model_cls, cfg, tmp / "hf"), tmp / "q4", "q4", progress=False)
 
 
+@pytest.fixture(scope="module")
+def llama_q4(tmp_path_factory):
+    return _tiny_q4("llama", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def gemma4_q4(tmp_path_factory):
+    return _tiny_q4("gemma4", tmp_path_factory)
+
+
+@pytest.fixture(params=["llama_q4", "gemma4_q4"])
+def dense_q4(request):
+    """A tiny model in q4: Llama (a compiled decode step) and Gemma 4 (int8 in its own layer calls)."""
+    return request.getfixturevalue(request.param)
+
+
 @pytest.mark.parametrize("mode", ["decode", "q8"])
-def test_a_repacked_dense_model_keeps_its_prompt_bits_and_decodes_as_closely_as_int8_allows(llama_q4, mode):
-    """Float prompts (decode mode) run unpacked panels: the same bits. Int8 products (q8's prompts, the
-    compiled step's generated tokens, q8's head) differ by summation order; as in test_llama_decode, a
-    last-bit change can move an int8 rounding, so the bound is "closer to the row-major int8 run than the
-    float run is"."""
+def test_a_repacked_dense_model_keeps_its_prompt_bits_and_decodes_as_closely_as_int8_allows(dense_q4, mode):
+    """Float prompts (decode mode) run unpacked panels: the same bits. Int8 products (q8's prompts, a
+    generated token's dense products in decode mode, q8's head) differ by summation order; as in
+    test_llama_decode, a last-bit change can move an int8 rounding, so the bound is "closer to the
+    row-major int8 run than the float run is"."""
     ids = [int(t) for t in np.random.default_rng(7).integers(0, 512, 14)]
-    p_old, d_old = _run(llama_q4, mode, False, ids, 8)
-    p_new, d_new = _run(llama_q4, mode, True, ids, 8)
-    p_f32, d_f32 = _run(llama_q4, "f32", False, ids, 8)
+    p_old, d_old = _run(dense_q4, mode, False, ids, 8)
+    p_new, d_new = _run(dense_q4, mode, True, ids, 8)
+    p_f32, d_f32 = _run(dense_q4, "f32", False, ids, 8)
     if mode == "decode":
         assert np.array_equal(p_new, p_old)
     else:
         assert _worst(p_new, p_old) < _worst(p_f32, p_old)
     assert _worst(d_new, d_old) < _worst(d_f32, d_old)
+
+
+def test_gemma4_takes_int8_in_a_generated_tokens_dense_products_only(gemma4_q4, monkeypatch):
+    """Decode mode: a prompt's dense products stay float (the bits of a model without the int8 path); a
+    generated token's q/k/v/o, dense MLP and LM head take int8 (other bits, close to the float ones)."""
+    from inference.models import gemma4
+
+    ids = [int(t) for t in np.random.default_rng(9).integers(0, 512, 14)]
+    p_int8, d_int8 = _run(gemma4_q4, "decode", True, ids, 8)
+    monkeypatch.setattr(gemma4.Model, "int8_dense_decode", False)
+    p_float, d_float = _run(gemma4_q4, "decode", False, ids, 8)
+    assert np.array_equal(p_int8, p_float)
+    assert not np.array_equal(d_int8, d_float)
+    p_f32, d_f32 = _run(gemma4_q4, "f32", False, ids, 8)
+    # they move the logits less than the int8 experts that decode mode already had, and keep the argmax
+    assert _worst(d_int8, d_float) < _worst(d_f32, d_float)
+    assert (d_int8.argmax(-1) == d_float.argmax(-1)).mean() >= 0.8
 
 
 def test_a_repacked_moe_model_in_q8_mode(moe_store):

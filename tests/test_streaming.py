@@ -44,6 +44,7 @@ def ids_for(store, n=72, seed=1):
         (3, "lfu", "threads", 4, "f32"),
         (3, "lfu", "threads", 4, "experts"),
         (2, "lfu", "uring", 2, "q8"),
+        (3, "lfu", "uring", 2, "decode"),
         (16, "lfu", "uring", 0, "f32"),
     ],
 )

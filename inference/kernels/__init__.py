@@ -4,9 +4,10 @@ Every weight kind of `inference.quant` is multiplied in its stored form: each bl
 dequantized into registers and applied to up to 6 activation rows, never to a dense copy. Activations
 are float32 ("f32", the exact path), or for q4, q4_0, q4_1 and q8_0 weights quantized to int8 per block
 of 32 and multiplied by integer dot products ("q8", as llama.cpp does), or int8 only in the grouped
-calls of MoE experts ("experts"), or there and in the one-token decode steps (`llama_decode`, and the
-attention and dense matrices of `moe_decode_layer`, its router staying float; "decode", the default:
-prompts, even one row, stay on the float path; `set_activations`).
+calls of MoE experts ("experts"), or there and in a generated token's dense products (`llama_decode`,
+the attention and dense matrices of `moe_decode_layer`, Gemma 4's q/k/v/o, dense MLP and LM head calls;
+routers stay float; "decode", the default: prompts, even one row, stay on the float path;
+`set_activations`).
 Results are deterministic in every mode: the same inputs give bit-identical outputs whatever the thread
 count and whatever other rows share the batch (`llama_decode` is its own computation: see rkdecode.h).
 

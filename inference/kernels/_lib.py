@@ -36,7 +36,7 @@ _ERRORS = {1: "invalid kind or shape", 2: "out of memory for the activation scra
 Q8A = 16  # RK_Q8A in rkkernels.c: a kind code's flag for int8 activations
 # float activations (the exact path); int8 per block of 32 (q4, q4_0, q4_1, q8_0 weights) everywhere; int8
 # only in the MoE experts' grouped calls (linear_grouped), the bulk of an MoE model's compute; or there and
-# in the compiled one-token decode steps' dense matrices (llama_decode; moe_decode_layer but its router) too
+# in a generated token's dense products too (llama_decode; moe_decode_layer but its router; Gemma 4's calls)
 ACTIVATIONS = ("f32", "q8", "experts", "decode")
 _F32 = np.dtype(np.float32)
 _F16 = np.dtype(np.float16)

@@ -20,14 +20,16 @@ the row-major kernel's. Int8 calls on a repacked matrix run in lanes for any num
 rows (benchmarks/README.md, repack_bench.py --tokens).
 
 Dense matrices: the repacked copy replaces the model's reference to the store's matrix (an mmap the
-kernels then stop touching), so the weights are not held twice; a tied LM head is the one exception
-(the embedding keeps the store's rows for its lookups).
+kernels then stop touching), so the weights are not held twice. A tied LM head is repacked like the
+rest (in place where the store was read into memory) and the embedding's lookups then unpack the
+panels holding their rows (`QTensor.rows`), so a 262144-row head is not held twice either.
 
 Which dense matrices: those whose one-row products use int8 activations in the engine's mode (`_lib.ACTIVATIONS`):
 "q8", every resident dense q4, q4_1 and q8_0 matrix (q4_1, q8_0: a GGUF model's, repacked into new arrays);
-"decode", the layers of a model with a compiled decode step
-(`llama_decode`, `moe_decode_layer`: their attention and dense MLP matrices) and its LM head (int8 for a
-generated token, `Transformer.forward`), whose other calls (prompts) are float; "f32" and "experts", none.
+"decode", the layers of a model whose generated tokens take int8 in their dense products
+(`Transformer.int8_decode`: the compiled steps `llama_decode` and `moe_decode_layer`, or Gemma 4's own
+layer calls; their attention and dense MLP matrices) and its LM head (int8 for a generated token,
+`Transformer.forward`), whose other calls (prompts) are float; "f32" and "experts", none.
 
 Experts: in "q8", "experts" and "decode" (their grouped calls' int8), matrices whose rows fill whole panels.
 
@@ -102,14 +104,13 @@ def repack_model(model, mode: str) -> int:
     layers = getattr(model, "layers", None)
     if not isinstance(layers, list) or not all(isinstance(L, dict) for L in layers):
         return 0
-    if mode == "decode" and not getattr(model, "fused_decode", False):
-        return 0  # no compiled decode step (llama_decode, moe_decode_layer): no int8 one-row dense products
-    embed = getattr(model, "embed", None)
+    if mode == "decode" and not getattr(model, "int8_decode", False):
+        return 0  # no int8 one-row dense products (`Transformer.int8_decode`)
     done: dict[int, QTensor] = {}  # id of a matrix -> its repacked one (a matrix held twice is repacked once)
 
     def one(w):
         if id(w) not in done:
-            done[id(w)] = repack(w, in_place=w is not embed)  # the embedding keeps its rows for lookups
+            done[id(w)] = repack(w, in_place=True)
         return done[id(w)]
 
     def walk(d: dict) -> None:
@@ -123,4 +124,6 @@ def repack_model(model, mode: str) -> int:
         walk(L)
     if isinstance(getattr(model, "lm_head", None), QTensor):  # "decode": a generated token's head is int8
         model.lm_head = one(model.lm_head)
+    if id(getattr(model, "embed", None)) in done:  # tied: lookups read the repacked rows (`QTensor.rows`)
+        model.embed = done[id(model.embed)]
     return sum(new.nbytes for new in done.values() if new.kind in REPACKED)

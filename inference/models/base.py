@@ -206,6 +206,16 @@ class Transformer:
     embed_scale: float = 1.0
     final_softcap: float | None = None
     norm_plus_one: bool = False
+    # a generated token's attention and dense MLP products take int8 activations in the "decode" mode
+    # without a compiled decode step (Gemma 4's layer calls); see `int8_decode`
+    int8_dense_decode: bool = False
+
+    @property
+    def int8_decode(self) -> bool:
+        """Whether, in the "decode" activation mode, a generated token's dense products and LM head take
+        int8 activations on matrices repacked at load (`repack_model`): in a compiled decode step
+        (`fused_decode`: llama_decode, moe_decode_layer) or in the layers' own calls (`int8_dense_decode`)."""
+        return bool(getattr(self, "fused_decode", False) or self.int8_dense_decode)
 
     def __init__(self, args, store, *, chunk: int = 128, kv_dtype: str = "f32", prefill_pass: int = 1024):
         if kv_dtype not in KV_DTYPES:
@@ -324,8 +334,8 @@ class Transformer:
         h = self.hidden(ids, cache, progress=progress, prompt=prompt)
         one = not prompt and len(h) == 1  # a generated token (as `layers_forward` tells them)
         h = h[-1:] if last_only else h
-        if one and getattr(self, "fused_decode", False) and get_activations() == "decode":
-            # a generated token of a model with a compiled decode step: its LM head takes int8 too
+        if one and self.int8_decode and get_activations() == "decode":
+            # a generated token whose dense products take int8 (`int8_decode`): its LM head does too
             with configured(get_threads(), "q8"):
                 return self.logits(h)
         return self.logits(h)

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..kernels import linear
+from ..backends import CPU
+from ..kernels import configured, get_activations, get_threads, linear
 from .base import ACTIVATIONS, BaseArgs, KVCache, LayerKV, Transformer, apply_rope, attention, rms_norm, rope_inv_freq
 from ..experts import ResidentExperts
 from .moe import expert_mlp, lookahead, mixture, softmax, top_k
@@ -152,8 +153,12 @@ def expected_shapes(a: Args) -> dict[str, tuple]:
 
 
 class Model(Transformer):
+    # no compiled decode step: a generated token's q/k/v/o and dense MLP calls take int8 in "decode" mode
+    int8_dense_decode: bool = True
+
     def __init__(self, args: Args, store, *, experts=None, **kw):
         super().__init__(args, store, **kw)
+        self._int8_rows = False  # set for a generated token's layers (`layers_forward`)
         self.embed_scale = float(np.float32(args.hidden_size**0.5))
         self.final_softcap = args.final_logit_softcapping
         self.act = ACTIVATIONS[args.hidden_activation]
@@ -224,6 +229,29 @@ class Model(Transformer):
     def layer(self, i: int, h: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:
         return self.ffn_half(i, self.attn_half(i, h, cache, positions))
 
+    def layers_forward(self, h: np.ndarray, cache: KVCache, positions: np.ndarray, prompt: bool) -> np.ndarray:
+        """As `Transformer.layers_forward`; a generated token in the "decode" mode on the CPU has its dense
+        products (`dense`) take int8 activations, as the other architectures' compiled steps do, on the
+        matrices `repack_model` put in rows-in-lanes panels. The router stays float, as there."""
+        self._int8_rows = (
+            not prompt
+            and len(positions) == 1
+            and self.int8_dense_decode
+            and self.ops is CPU
+            and get_activations() == "decode"
+        )
+        try:
+            return super().layers_forward(h, cache, positions, prompt)
+        finally:
+            self._int8_rows = False
+
+    def dense(self, fn, *args):
+        """fn(*args), a dense product of this layer's, with int8 activations for a generated token's row."""
+        if not self._int8_rows:
+            return fn(*args)
+        with configured(get_threads(), "q8"):
+            return fn(*args)
+
     def attn_half(self, i: int, h: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:
         """The layer up to its MLP and MoE: h [T, H] → h + the normed attention [T, H]."""
         a, Lw, eps = self.args, self.layers[i], self.args.rms_norm_eps
@@ -270,7 +298,7 @@ class Model(Transformer):
         if got is not None:
             return got
         Lw = self.layers[i]
-        return self.ops.linear_many(x, [w for w in (Lw["q"], Lw["k"], Lw["v"]) if w is not None])  # shared x
+        return self.dense(self.ops.linear_many, x, [w for w in (Lw["q"], Lw["k"], Lw["v"]) if w is not None])
 
     def o_norm(self, i: int, o: np.ndarray, h: np.ndarray) -> np.ndarray:
         """o [T, Hq·D] (attention output), h [T, H] (residual) → h + rms_norm(o·Woᵀ) · post_attn_norm [T, H]."""
@@ -278,11 +306,11 @@ class Model(Transformer):
         if got is not None:
             return got[0]
         Lw = self.layers[i]
-        return h + rms_norm(self.ops.linear(o, Lw["o"]), Lw["post_attn_norm"], self.args.rms_norm_eps)
+        return h + rms_norm(self.dense(self.ops.linear, o, Lw["o"]), Lw["post_attn_norm"], self.args.rms_norm_eps)
 
     def mlp(self, i: int, x: np.ndarray) -> np.ndarray:
         """x [T, H] (the MLP-normed residual) → the dense MLP's output [T, H], before its post-norm."""
         got = self.ops.graph(i, "mlp", x)
         if got is not None:
             return got[0]
-        return expert_mlp(x, self.layers[i]["mlp"], self.act, self.ops)
+        return self.dense(expert_mlp, x, self.layers[i]["mlp"], self.act, self.ops)

@@ -54,6 +54,10 @@ def repack(w, in_place: bool = False):
     """`w` repacked when it is a q4 matrix (a new QTensor; `in_place`: in `w`'s memory where it can be,
     see `repack_q4`) or a q4_1 or q8_0 one (new arrays, `repack_q4_1`, `repack_q8_0`), else `w` itself."""
     if isinstance(w, QTensor) and w.kind == "q4" and len(w.shape) == 2:
+        if w.shape[0] % RP == 0:  # the compiled copy: in place, panel by panel (a 262144-row head in 3 GiB)
+            from . import repack_q4 as compiled  # the package imports this module's users; import late
+
+            return compiled(w, in_place and all(p.flags.writeable and p.flags.c_contiguous for p in w.parts.values()))
         return repack_q4(w, in_place)
     if isinstance(w, QTensor) and w.kind == "q4_1" and len(w.shape) == 2:
         return repack_q4_1(w)

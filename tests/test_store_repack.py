@@ -64,12 +64,12 @@ def test_a_repacked_store_gives_the_stores_bits_streamed_and_resident(stores, ac
     ids = np.random.default_rng(3).integers(0, Engine.open(store).args.vocab_size, 56)
     want = run_tokens(Engine.open(store, chunk=16, activations=activations), ids, 40)
     assert np.array_equal(want, run_tokens(Engine.open(rp, chunk=16, activations=activations), ids, 40))
-    repacks = []
+    e = Engine.open(rp, chunk=16, activations=activations, expert_slots=3, prefetch=2)
+    repacks = []  # from here on: the dense matrices were repacked at load, through the same function
     compiled = kernels.repack_q4
     monkeypatch.setattr(
         kernels, "repack_q4", lambda w, in_place=False: repacks.append(w.shape) or compiled(w, in_place)
     )
-    e = Engine.open(rp, chunk=16, activations=activations, expert_slots=3, prefetch=2)
     assert np.array_equal(want, run_tokens(e, ids, 40))
     t = e.expert_stats["total"]
     assert t["misses"] > 0 and t["prefetch_hits"] > 0

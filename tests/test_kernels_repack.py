@@ -346,18 +346,24 @@ def test_a_model_repacks_its_dense_q4_matrices_for_int8_decode(rng, monkeypatch)
     assert m.layers[1]["q"].kind == REPACKED_Q8_0 and m.layers[1]["o"].kind == REPACKED_Q4_1
 
 
-def test_a_tied_head_is_repacked_once_and_serves_the_lookups(rng):
+@pytest.mark.parametrize("writable", [True, False])
+def test_a_tied_head_is_repacked_once_and_serves_the_lookups_where_it_was_rewritten(rng, writable):
     """A model whose generated tokens take int8 in their own layer calls (Gemma 4's `int8_dense_decode`)
-    repacks in "decode" mode; its tied embedding is the repacked head, one copy, with the same rows."""
+    repacks in "decode" mode. A tied head in writable memory (a store read into memory) is repacked in
+    place and the embedding is that one copy; from a read-only map the head is a new array and the
+    embedding keeps the store's rows. The rows are the same either way."""
     m = _Model(rng)
     m.int8_decode = True
-    m.lm_head = m.embed = random_weight("q4", 48, 128, rng)
-    m.lm_head.parts = {k: v.copy() for k, v in m.lm_head.parts.items()}  # writable: repacked in place
-    want = dequantize(m.embed.rows([3, 47, 3]))
-    memory = m.embed.parts["q"]
+    tied = random_weight("q4", 48, 128, rng)
+    tied.parts = {k: v.copy() for k, v in tied.parts.items()}
+    for p in tied.parts.values():
+        p.flags.writeable = writable
+    m.lm_head = m.embed = tied
+    want = dequantize(tied.rows([3, 47, 3]))
     assert repack.repack_model(m, "decode") > 0
-    assert m.embed is m.lm_head and m.lm_head.kind == REPACKED_Q4
-    assert m.lm_head.parts["q"] is memory  # in place, not a second copy
+    assert m.lm_head.kind == REPACKED_Q4
+    assert np.shares_memory(m.lm_head.parts["q"], tied.parts["q"]) == writable
+    assert (m.embed is m.lm_head) == writable and (m.embed is tied) != writable
     assert np.array_equal(dequantize(m.embed.rows([3, 47, 3])), want)
 
 

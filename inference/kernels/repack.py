@@ -21,8 +21,10 @@ rows (benchmarks/README.md, repack_bench.py --tokens).
 
 Dense matrices: the repacked copy replaces the model's reference to the store's matrix (an mmap the
 kernels then stop touching), so the weights are not held twice. A tied LM head is repacked like the
-rest (in place where the store was read into memory) and the embedding's lookups then unpack the
-panels holding their rows (`QTensor.rows`), so a 262144-row head is not held twice either.
+rest. Where that was in place (a store read into memory: the streaming engine), the embedding's lookups
+unpack the panels holding their rows (`QTensor.rows`), so a 262144-row head is not held twice; from a
+memory map the embedding keeps the store's rows, which a lookup reads 10-50x faster than it unpacks
+panels (a few of the map's pages).
 
 Which dense matrices: those whose one-row products use int8 activations in the engine's mode (`_lib.ACTIVATIONS`):
 "q8", every resident dense q4, q4_1 and q8_0 matrix (q4_1, q8_0: a GGUF model's, repacked into new arrays);
@@ -39,6 +41,8 @@ Kill switch: RKMOJO_REPACK=0 keeps the store layout everywhere (the old kernel),
 from __future__ import annotations
 
 import os
+
+import numpy as np
 
 from ..quant import REPACKED, REPACKED_Q4, RP, QTensor, repack_q4, repack_q4_1, repack_q8_0
 
@@ -90,6 +94,11 @@ def as_repacked(weights: dict) -> dict:
     return {n: QTensor(REPACKED_Q4, w.shape, w.parts) if expert_repackable(w) else w for n, w in weights.items()}
 
 
+def _same_memory(a: QTensor, b: QTensor) -> bool:
+    """Whether `a` was made in `b`'s own memory (an in-place repacking)."""
+    return all(np.shares_memory(a.parts[n], p) for n, p in b.parts.items() if n in a.parts)
+
+
 def repack_model(model, mode: str) -> int:
     """Repacks `model`'s resident dense q4 matrices in place for activation mode `mode` (see above); the
     bytes repacked (0 when switched off or nothing applies). Call before the first forward.
@@ -128,6 +137,7 @@ def repack_model(model, mode: str) -> int:
         walk(L)
     if isinstance(getattr(model, "lm_head", None), QTensor):  # "decode": a generated token's head is int8
         model.lm_head = one(model.lm_head)
-    if id(getattr(model, "embed", None)) in done:  # tied: lookups read the repacked rows (`QTensor.rows`)
-        model.embed = done[id(model.embed)]
+    embed = getattr(model, "embed", None)
+    if id(embed) in done and _same_memory(done[id(embed)], embed):  # tied, rewritten in place: lookups
+        model.embed = done[id(embed)]  # read the repacked rows (`QTensor.rows`); else the store's rows
     return sum(new.nbytes for new in done.values() if new.kind in REPACKED)

@@ -61,15 +61,23 @@ class QTensor:
         """The rows `idx` of this matrix (used for embedding lookups): in the same kind, or for a repacked
         matrix in the kind it was made from, with only the panels holding those rows unpacked (a tied
         embedding repacked for the LM head serves its lookups from the same memory)."""
+        idx = self._row_ids(idx)
         if self.kind in REPACKED:
-            idx = np.atleast_1d(np.arange(self.shape[0])[idx])
             panels, at = np.unique(idx // RP, return_inverse=True)
             sel = (panels[:, None] * RP + np.arange(RP)).reshape(-1)
             sub = QTensor(self.kind, (len(sel), *self.shape[1:]), {k: v[sel] for k, v in self.parts.items()})
             return unrepack(sub).rows(at.reshape(-1) * RP + idx % RP)
-        parts = {k: v[idx] for k, v in self.parts.items()}
-        n = len(np.atleast_1d(np.arange(self.shape[0])[idx]))
-        return QTensor(self.kind, (n, *self.shape[1:]), parts)
+        return QTensor(self.kind, (len(idx), *self.shape[1:]), {k: v[idx] for k, v in self.parts.items()})
+
+    def _row_ids(self, idx) -> np.ndarray:
+        """`idx` (ids, or a slice) as row numbers [n], negatives from the end, without an arange of every
+        row (a 262144-row embedding: 75 us per lookup). Raises IndexError for a row out of range."""
+        if isinstance(idx, slice):
+            return np.arange(self.shape[0])[idx]
+        i, n = np.atleast_1d(np.asarray(idx, dtype=np.int64)), self.shape[0]
+        if i.size and (i.min() < -n or i.max() >= n):
+            raise IndexError(f"row {int(i.max() if i.max() >= n else i.min())} of a matrix of {n} rows")
+        return np.where(i < 0, i + n, i)
 
 
 def quantize(w: np.ndarray, kind: str) -> QTensor:

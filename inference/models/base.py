@@ -207,15 +207,16 @@ class Transformer:
     final_softcap: float | None = None
     norm_plus_one: bool = False
     # a generated token's attention and dense MLP products take int8 activations in the "decode" mode
-    # without a compiled decode step (Gemma 4's layer calls); see `int8_decode`
+    # without a compiled decode step (Gemma 4's layer calls), with the dense matmuls on the CPU; see `int8_decode`
     int8_dense_decode: bool = False
 
     @property
     def int8_decode(self) -> bool:
         """Whether, in the "decode" activation mode, a generated token's dense products and LM head take
         int8 activations on matrices repacked at load (`repack_model`): in a compiled decode step
-        (`fused_decode`: llama_decode, moe_decode_layer) or in the layers' own calls (`int8_dense_decode`)."""
-        return bool(getattr(self, "fused_decode", False) or self.int8_dense_decode)
+        (`fused_decode`: llama_decode, moe_decode_layer) or in the layers' own calls (`int8_dense_decode`,
+        on the CPU backend: an NPU backend's matrices stay in the store's layout, where int8 is no faster)."""
+        return bool(getattr(self, "fused_decode", False) or (self.int8_dense_decode and self.ops is CPU))
 
     def __init__(self, args, store, *, chunk: int = 128, kv_dtype: str = "f32", prefill_pass: int = 1024):
         if kv_dtype not in KV_DTYPES:

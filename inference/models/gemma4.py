@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..backends import CPU
 from ..kernels import configured, get_activations, get_threads, linear
 from .base import ACTIVATIONS, BaseArgs, KVCache, LayerKV, Transformer, apply_rope, attention, rms_norm, rope_inv_freq
 from ..experts import ResidentExperts
@@ -233,13 +232,7 @@ class Model(Transformer):
         """As `Transformer.layers_forward`; a generated token in the "decode" mode on the CPU has its dense
         products (`dense`) take int8 activations, as the other architectures' compiled steps do, on the
         matrices `repack_model` put in rows-in-lanes panels. The router stays float, as there."""
-        self._int8_rows = (
-            not prompt
-            and len(positions) == 1
-            and self.int8_dense_decode
-            and self.ops is CPU
-            and get_activations() == "decode"
-        )
+        self._int8_rows = not prompt and len(positions) == 1 and self.int8_decode and get_activations() == "decode"
         try:
             return super().layers_forward(h, cache, positions, prompt)
         finally:

@@ -363,6 +363,30 @@ def test_the_disk_bound_is_the_best_depth_of_the_sweep(tiny):
     assert r["bytes_per_s"] == max(s["bytes_per_s"] for s in r["sweep"])
 
 
+def test_a_depths_rate_is_the_median_of_its_windows_not_the_fastest(tiny):
+    r = best_bandwidth(Store(tiny), seconds=0.09, depths=(1, 4, 16), rounds=3)
+    for s in r["sweep"]:
+        assert len(s["windows"]) == 3 and s["bytes_per_s"] == sorted(s["windows"])[1]
+    best = max(r["sweep"], key=lambda s: s["bytes_per_s"])
+    assert r["depth"] == best["depth"] and r["bytes_per_s"] == best["bytes_per_s"]
+    every = [(s["depth"], w) for s in r["sweep"] for w in s["windows"]]
+    assert (r["fastest_window"]["depth"], r["fastest_window"]["bytes_per_s"]) == max(every, key=lambda t: t[1])
+    assert r["fastest_window"]["bytes_per_s"] >= r["bytes_per_s"]
+    with pytest.raises(ValueError, match="rounds=0"):
+        best_bandwidth(Store(tiny), seconds=0.01, rounds=0)
+
+
+def test_no_window_of_a_sweep_reads_the_blobs_another_read(tiny, monkeypatch):
+    from inference.bench import bounds
+
+    seeds = []
+    real = bounds.sustained_bandwidth
+    monkeypatch.setattr(bounds, "sustained_bandwidth", lambda *a, **k: seeds.append(k["seed"]) or real(*a, **k))
+    bounds.best_bandwidth(Store(tiny), seconds=0.03, seed=3, depths=(1, 4), rounds=2)
+    bounds.best_bandwidth(Store(tiny), seconds=0.03, seed=4, depths=(1, 4), rounds=2)
+    assert len(set(seeds)) == len(seeds) == 8
+
+
 def test_one_ttft_definition_gives_the_prefill_speed_of_the_same_figure():
     from inference.bench.measure import summarize_prefill
 

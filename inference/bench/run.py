@@ -198,6 +198,14 @@ def child_streaming(store: Path, o: BenchOptions) -> dict:
             **best,
             "runs_bytes_per_s": [r["bytes_per_s"] for r in runs],
             "when": "before the runs" if best is before else "after the runs",
+            "sweeps": [
+                {
+                    "when": "before" if r is before else "after",
+                    "sweep": r["sweep"],
+                    "fastest_window": r["fastest_window"],
+                }
+                for r in runs
+            ],
         }
     return out
 
@@ -397,6 +405,14 @@ def router_label(st) -> str:
     return src["router"] + (f" (skew {src['skew']})" if src.get("skew") else "")
 
 
+def sweep_windows(su: dict) -> list:
+    """The windows behind a sustained rate's best depth (one for a sweep from before they were medians)."""
+    for x in su.get("sweep", []):
+        if x["depth"] == su.get("depth"):
+            return x.get("windows") or [x["bytes_per_s"]]
+    return [su.get("bytes_per_s")]
+
+
 def combine(st, o: BenchOptions, s: dict, c: dict | None, calls: list[Call], use: dict | None) -> dict:
     dec = s["decode"]
     miss = dec["miss_bytes_per_token"]
@@ -581,13 +597,20 @@ def table(r: dict) -> list[str]:
             f"GB/s ({rd['io']}, {rd['mean_batch']:.1f} random blobs per batch as in decode) and "
             + (
                 f"{su['bytes_per_s'] / 1e9:.2f} GB/s (random expert-sized O_DIRECT reads, the best of 1-64 "
-                f"in flight: {su['depth']}; the faster of {len(su.get('runs_bytes_per_s', [1]))} sweeps before "
-                "and after the runs)"
+                f"in flight: {su['depth']}, the median of its {len(sweep_windows(su))} windows; the faster of "
+                f"{len(su.get('runs_bytes_per_s', [1]))} sweeps before and after the runs)"
                 if su.get("bytes_per_s")
                 else "no sustained measurement"
             )
             + f"; caches {'dropped' if rd.get('drop_caches') else 'not dropped'}"
         )
+        for sw in su.get("sweeps", []):
+            fw = sw["fastest_window"]
+            out.append(
+                f"{'':<14}sweep {sw['when']}, GB/s by reads in flight (median of each depth's windows): "
+                + " · ".join(f"{x['depth']}: {x['bytes_per_s'] / 1e9:.2f}" for x in sw["sweep"])
+                + f"; its fastest single window {fw['bytes_per_s'] / 1e9:.2f} at {fw['depth']}"
+            )
     for n, t in r.get("ttft_bounds", {}).items():
         if t["bound_s"]:
             read = (

@@ -3,6 +3,7 @@ the read-bandwidth probe, and the memory-cgroup helper."""
 
 import itertools
 import json
+import mmap
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 from inference.bench import REQUIRED_FIELDS, BenchOptions, Workload, run_bench
 from inference.engine import EngineConfig
 from inference.bench.bounds import best_bandwidth, read_bandwidth, sustained_bandwidth
+from inference.bench.measure import device_counters, device_stat
 from inference.bench.cachesim import Call, TraceRecorder, belady, replay
 from inference.bench.cgroup import ROOT, MemoryCgroup, check_limit
 from inference.bench.measure import run_workload
@@ -63,6 +65,16 @@ def test_bench_json_has_every_field(tiny, tmp_path, monkeypatch):
     assert b["io_bound_tok_s"] > 0 and b["compute_only_tok_s"] > 0 and b["efficiency"] > 0
     assert b["fault"] == (b["efficiency"] > 1.0)
     assert [s["depth"] for s in b["read"]["sustained"]["sweep"]] == [1, 2, 4, 8, 16, 32, 64]
+    # the store's device over the decode runs, from its kernel counters (none for a store on tmpfs)
+    dev = saved["decode"]["device"]
+    if device_stat(tiny) is None:
+        assert dev is None
+    else:
+        assert 0 < dev["busy_share"] <= 1 and dev["busy_s"] > 0
+        assert dev["bytes_per_token"] > 0 and dev["busy_bytes_per_s"] == pytest.approx(
+            dev["bytes_per_token"] * saved["workload"]["decode_tokens"] * saved["workload"]["runs"] / dev["busy_s"]
+        )
+        assert any(x.startswith("decode disk") and "of the bound's rate" in x for x in lines)
     t = r["ttft_bounds"]["20"]
     assert t["bound_s"] == max(t["read_experts_s"] or 0, t["resident_s"]) and t["ratio"] > 0
     assert t["fault"] == (t["ratio"] < 1.0)
@@ -483,3 +495,25 @@ def test_the_first_tokens_read_bound_is_what_the_prompt_read_not_every_expert_of
     t = ttft_bounds(st, {"64": {"ttft_s": 1.0, "runs": runs}}, every / 4, {"mode": "resident", "prefill_ttft_s": {}})
     assert t["64"]["read_bytes"] == every // 2 and t["64"]["read_experts_s"] == pytest.approx(2.0)
     assert t["64"]["bound_s"] == t["64"]["read_experts_s"] and t["64"]["fault"]
+
+
+def test_the_device_counters_are_the_store_devices_own(tiny, tmp_path):
+    stat = device_stat(tiny)
+    if stat is None:  # a store on tmpfs has no block device
+        assert device_counters(None) is None
+        return
+    st = os.stat(tiny / "experts")
+    assert stat == f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/stat"
+    assert device_stat(tmp_path) == stat  # the same file system: a file here is read from that device
+    f = tmp_path / "blob"
+    f.write_bytes(np.random.default_rng(0).bytes(1 << 20))  # no holes: every byte is on the device
+    os.sync()
+    before = device_counters(stat)
+    fd = os.open(f, os.O_RDONLY | os.O_DIRECT)
+    try:
+        assert os.preadv(fd, [mmap.mmap(-1, 1 << 20)], 0) == 1 << 20
+    finally:
+        os.close(fd)
+    after = device_counters(stat)
+    assert after[0] - before[0] >= 1 << 20 and after[1] >= before[1]
+    assert device_stat(tmp_path / "no-such-store") is None

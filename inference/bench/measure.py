@@ -13,6 +13,7 @@ import resource
 import statistics
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -108,18 +109,53 @@ def timed_prefill(engine, ids: np.ndarray) -> dict:
     }
 
 
+def device_stat(store_path) -> str | None:
+    """The `/sys/dev/block/M:m/stat` of the block device that holds the store's expert files (a partition's
+    own), or None where there is none (a store on tmpfs or an overlay)."""
+    experts = Path(store_path) / "experts"
+    try:
+        st = os.stat(experts if experts.exists() else store_path)
+    except OSError:
+        return None
+    path = f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/stat"
+    return path if os.path.exists(path) else None
+
+
+def device_counters(stat: str | None) -> tuple[int, int] | None:
+    """(bytes read, milliseconds with at least one I/O in flight: `io_ticks`) of a device's stat file."""
+    if stat is None:
+        return None
+    try:
+        with open(stat) as f:
+            v = f.read().split()
+        return int(v[2]) * 512, int(v[9])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def timed_decode(engine, first: int, feed: np.ndarray | None, n: int) -> dict:
-    """`n` decode steps after the current sequence; the fed ids are `feed`, or the argmax when None."""
+    """`n` decode steps after the current sequence; the fed ids are `feed`, or the argmax when None.
+
+    Where the store is on a block device, the run's record also has "device": what that device did over
+    the run, read from its kernel counters before and after (nothing sampled, nothing in the way): the
+    bytes it read and the time it had a read in flight ("busy_s"). The rest of the run the disk stood idle,
+    the part of a streamed token that no read rate can shorten."""
     c, mark = counters(engine), cpu_mark()
+    stat = device_stat(engine.store.path) if getattr(engine, "slots", None) else None
+    dev0 = device_counters(stat)
     nxt = first
     t = time.perf_counter()
     for i in range(n):
         logits = engine.forward([nxt])
         nxt = int(feed[i]) if feed is not None else int(np.argmax(logits[-1]))
     dt = time.perf_counter() - t
+    dev1 = device_counters(stat)
     if not np.isfinite(logits).all():
         raise FloatingPointError("decode produced non-finite logits; the store's weights are not usable")
-    return {"tokens": n, "seconds": dt, "tok_s": n / dt, "others_cpu": others_cpu(mark), **_since(engine, c)}
+    out = {"tokens": n, "seconds": dt, "tok_s": n / dt, "others_cpu": others_cpu(mark), **_since(engine, c)}
+    if dev0 is not None and dev1 is not None:
+        out["device"] = {"read_bytes": dev1[0] - dev0[0], "busy_s": (dev1[1] - dev0[1]) / 1e3}
+    return out
 
 
 def run_workload(
@@ -203,6 +239,25 @@ def summarize_decode(runs: list[dict]) -> dict:
             / 1e6
         ),
         "others_cpu_max": max(r["others_cpu"] for r in runs),
+        "device": summarize_device(runs),
+    }
+
+
+def summarize_device(runs: list[dict]) -> dict | None:
+    """What the store's device did over the decode runs together (`timed_decode`): the share of their
+    time it had a read in flight, its rate then, and the bytes it read per token (the experts used, the
+    guesses that were not, and anything else read from that device meanwhile)."""
+    if not runs or any("device" not in r for r in runs):
+        return None
+    seconds = sum(r["seconds"] for r in runs)
+    busy = sum(r["device"]["busy_s"] for r in runs)
+    read = sum(r["device"]["read_bytes"] for r in runs)
+    return {
+        "busy_share": min(busy / seconds, 1.0) if seconds else None,
+        "busy_bytes_per_s": read / busy if busy else None,
+        "bytes_per_token": read / sum(r["tokens"] for r in runs),
+        "busy_s": busy,
+        "seconds": seconds,
     }
 
 

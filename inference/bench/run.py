@@ -611,6 +611,16 @@ def table(r: dict) -> list[str]:
                 + " · ".join(f"{x['depth']}: {x['bytes_per_s'] / 1e9:.2f}" for x in sw["sweep"])
                 + f"; its fastest single window {fw['bytes_per_s'] / 1e9:.2f} at {fw['depth']}"
             )
+    dev = r["decode"].get("device")
+    if dev and dev["busy_bytes_per_s"]:
+        best = b["read_bandwidth_bytes_per_s"]
+        out.append(
+            f"{'decode disk':<14}a read in flight {dev['busy_share']:.0%} of the decode runs' time (idle the "
+            f"rest), {dev['busy_bytes_per_s'] / 1e9:.2f} GB/s then"
+            + (f" = {dev['busy_bytes_per_s'] / best:.2f} of the bound's rate" if best else "")
+            + f"; the device read {dev['bytes_per_token'] / 1e6:.0f} MB per token, of which "
+            f"{b['miss_bytes_per_token'] / 1e6:.0f} MB were experts the tokens used (its kernel counters)"
+        )
     for n, t in r.get("ttft_bounds", {}).items():
         if t["bound_s"]:
             read = (

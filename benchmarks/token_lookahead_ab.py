@@ -33,6 +33,13 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--guesses", type=int, default=3, help="the lookahead's guesses per layer when on")
     ap.add_argument("--against", type=int, default=0, help="the other mode's guesses per layer (default 0: off)")
+    ap.add_argument(
+        "--min-precision",
+        type=float,
+        default=None,
+        help="on: read only the guess ranks right at least this share of the time ($RKMOJO_GUESS_PRECISION); "
+        "off: every guess (0)",
+    )
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
@@ -56,13 +63,18 @@ def main() -> None:
         for t in range(a.tokens):
             mode = ("on", "off")[(t // 2) % 2]
             ex.token_prefetch = min(a.guesses if mode == "on" else a.against, pool_n)
+            if a.min_precision is not None:
+                ex.guess_min = a.min_precision if mode == "on" else 0.0
+            reading = ex.guess_ranks()
             before = ex.stats()["total"]
             t0 = time.perf_counter()
             e.forward([int(rng.integers(10, vocab))])
             dt = time.perf_counter() - t0
             after = ex.stats()["total"]
             if t % 2:  # the second of the pair
-                seen[mode].append((dt, after["misses"] - before["misses"], after["bytes_read"] - before["bytes_read"]))
+                seen[mode].append(
+                    (dt, after["misses"] - before["misses"], after["bytes_read"] - before["bytes_read"], reading)
+                )
         print(
             f"{e.slots} cache slots per layer · {a.tokens} tokens · lookahead {a.guesses} guesses when on, {a.against} off"
         )
@@ -74,9 +86,15 @@ def main() -> None:
                 f"{mode:>4}: median {med[mode] * 1e3:.0f} ms, mean {statistics.mean(ts) * 1e3:.0f} ms per token "
                 f"({1 / med[mode]:.2f} tok/s) over {len(ts)} tokens · "
                 f"{statistics.mean(r[1] for r in rows):.0f} misses, "
-                f"{statistics.mean(r[2] for r in rows) / 1e6:.0f} MB read per token"
+                f"{statistics.mean(r[2] for r in rows) / 1e6:.0f} MB read per token · "
+                f"{statistics.mean(r[3] for r in rows):.2f} guess ranks read"
             )
         print(f"on / off: {med['off'] / med['on']:.3f}x tok/s")
+        g = ex.stats()["guesses"]
+        print(
+            "guess ranks right (all tokens): "
+            + ", ".join(f"{r / max(n, 1):.2f}" for r, n in zip(g["right"], g["scored"]) if n)
+        )
     finally:
         e.close()
 

@@ -627,3 +627,68 @@ def test_experts_checked_while_idle_are_trusted_by_the_first_prompt_and_a_bad_on
                 e.forward([t])
     finally:
         e.close()
+
+
+def test_a_guess_rank_is_read_while_it_is_right_often_enough_and_scored_even_when_not_read(tmp_path, monkeypatch):
+    """A token's k-th guess is read while the k-th candidates have been right at least $RKMOJO_GUESS_PRECISION of
+    the time; a rank left out is still scored against what each layer asks for, so it can come back."""
+    import inference.experts as experts
+    from inference.engine import Engine
+    from inference.synth import synth_store
+
+    path = synth_store(tmp_path / "s", "tiny-qwen3-moe", progress=False)
+    monkeypatch.setenv(experts.TOKEN_PREFETCH_ENV, "3")
+    monkeypatch.setenv(experts.PROMPT_LEND_ENV, "0")
+    e = Engine.open(path, expert_slots=2)
+    try:
+        ex = e.model.experts
+        layers = sorted(ex.pf_pools)
+        assert ex.guess_min == experts.GUESS_PRECISION_DEFAULT and ex.guess_ranks() == 3  # unmeasured: all read
+        e.forward(np.arange(1, 13))
+        assert ex.stats()["guesses"]["scored"] == [0, 0, 0]  # a prompt's lookahead is not a token's guess
+        ex.guess_right[:] = [1.0, 0.5, 1.0]  # the second rank wrong half the time: only the first is read
+        ex.reset_stats()
+        e.forward([5])
+        assert [ex.caches[i].stats.prefetched for i in layers] == [0] + [1] * (len(layers) - 1)
+        g = ex.stats()["guesses"]
+        # every layer after the first named three candidates not cached, and scored them
+        assert g["scored"] == [len(layers) - 1] * 3 and g["reading"] == 1
+        assert all(0 <= r <= n for r, n in zip(g["right"], g["scored"]))
+        ex.guess_right[:] = 0.0  # no rank right enough: nothing read, yet every candidate scored
+        ex.reset_stats()
+        e.forward([6])
+        assert sum(ex.caches[i].stats.prefetched for i in layers) == 0
+        scored = ex.stats()["guesses"]["scored"]  # fewer later ranks where the cache holds a candidate
+        assert scored[0] == 2 * (len(layers) - 1) and all(len(layers) - 1 < n <= scored[0] for n in scored)
+        assert ex.guess_ranks() == 0
+        ex.guess_min = 0.0  # 0: every guess, whatever its record
+        ex.reset_stats()
+        e.forward([7])
+        assert [ex.caches[i].stats.prefetched for i in layers] == [0] + [3] * (len(layers) - 1)
+    finally:
+        e.close()
+
+
+def test_the_scores_move_toward_what_the_layer_asked_for():
+    from inference.experts import GUESS_WINDOW, StreamingExperts
+
+    ex = StreamingExperts.__new__(StreamingExperts)  # the scoring alone, on its own state
+    ex.guess_right, ex.guess_scored, ex.guess_used = np.ones(3), np.zeros(3, np.int64), np.zeros(3, np.int64)
+    ex._candidates = {4: [10, 11, 12]}
+    ex._score_guesses(4, [12, 10, 7])
+    assert ex.guess_used.tolist() == [1, 0, 1] and ex.guess_scored.tolist() == [1, 1, 1]
+    assert ex.guess_right.tolist() == [1.0, 1.0 - 1.0 / GUESS_WINDOW, 1.0]
+    assert 4 not in ex._candidates
+    ex._score_guesses(4, [1])  # no candidates named for it: nothing scored
+    assert ex.guess_scored.tolist() == [1, 1, 1]
+
+
+def test_a_bad_guess_precision_names_the_variable(tmp_path, monkeypatch):
+    import inference.experts as experts
+
+    for bad in ("most", "1.5", "-0.1"):
+        monkeypatch.setenv(experts.GUESS_PRECISION_ENV, bad)
+        with pytest.raises(OptionError, match=rf"RKMOJO_GUESS_PRECISION.*{bad}.*between 0 and 1"):
+            experts.guess_precision()
+    monkeypatch.setenv(experts.GUESS_PRECISION_ENV, "0.9")
+    assert experts.guess_precision() == 0.9

@@ -177,6 +177,7 @@ def child_streaming(store: Path, o: BenchOptions) -> dict:
         "activations": e.activations or get_activations(),
         "kernels": BACKEND,
     }
+    out["guesses"] = st.get("guesses")  # a token's guess ranks: how often each was right, how many were read
     out["peak_rss_bytes"] = peak_rss_bytes()
     if rec is not None:
         out["trace"] = [c.row() for c in rec.calls]
@@ -405,6 +406,17 @@ def router_label(st) -> str:
     return src["router"] + (f" (skew {src['skew']})" if src.get("skew") else "")
 
 
+def guesses_note(g: dict | None) -> str:
+    """How often each rank of a token's guesses was right over the whole run, and how many ranks it reads now."""
+    if not g or not any(g["scored"]):
+        return ""
+    right = "/".join(f"{r / n:.0%}" for r, n in zip(g["right"], g["scored"]) if n)
+    return (
+        f" · guess ranks right {right} of the time; {g['reading']} read now "
+        f"(those right at least {g['min_precision']:.0%} of the recent layers)"
+    )
+
+
 def sweep_windows(su: dict) -> list:
     """The windows behind a sustained rate's best depth (one for a sweep from before they were medians)."""
     for x in su.get("sweep", []):
@@ -434,6 +446,7 @@ def combine(st, o: BenchOptions, s: dict, c: dict | None, calls: list[Call], use
         "decode": dec,
         "prefill": s["prefill"],
         "peak_rss_bytes": s["peak_rss_bytes"],
+        "guesses": s.get("guesses"),
         "bounds": {
             "read_bandwidth_bytes_per_s": bw,
             "read": {**s.get("read", {}), "drop_caches": s.get("drop_caches")},
@@ -584,6 +597,7 @@ def table(r: dict) -> list[str]:
             f"prefetched · {d['prefetch_precision']:.0%} of the prefetches were used · "
             f"{d['prefetch_wasted_mb_per_token']:.0f} MB per token read and not used"
             + (f" · {d['promoted']} used ones promoted into the cache" if d.get("promoted") else "")
+            + guesses_note(r.get("guesses"))
         )
     out.append(f"{'memory':<14}{mem}")
     if not e["slots"]:

@@ -98,6 +98,37 @@ def promote_prefetched() -> bool:
     return _switch(PROMOTE_ENV, False, "lookahead reads enter the cache")
 
 
+# A generated token's k-th guess is read only while the k-th guesses have been right often enough: each
+# layer's candidates (the best `token_prefetch` experts not cached, in the router's order) are scored against
+# the experts the layer then asks for, read or not, so a rank left out keeps being measured. Per rank, an
+# average over about the last GUESS_WINDOW layer calls; a rank is read while its share is at least
+# $RKMOJO_GUESS_PRECISION (default GUESS_PRECISION_DEFAULT; 0: every guess, as before). A wrong guess takes
+# the disk from a miss, and the more the cache holds, the less often a later guess is right. On the uniform
+# Gemma 4 store the third guess was right 85-87 % of the time in 3 GiB and paid (3 guesses against 2: 1.05x),
+# 77-79 % in 6 GiB and did not (2 against 3: 1.04-1.09x); a fourth, right 80 % in 3 GiB, did not either
+# (0.98x). This rule in 6 GiB against every guess: 0.99-1.07x, 2.1 ranks read (benchmarks/README.md,
+# "guesses read while they are right", token_lookahead_ab.py --min-precision).
+GUESS_PRECISION_ENV = "RKMOJO_GUESS_PRECISION"
+GUESS_PRECISION_DEFAULT = 0.82
+GUESS_WINDOW = 256
+
+
+def guess_precision() -> float:
+    """$RKMOJO_GUESS_PRECISION (see above).
+
+    Raises:
+        OptionError: the variable is not a share between 0 and 1.
+    """
+    text = os.environ.get(GUESS_PRECISION_ENV, str(GUESS_PRECISION_DEFAULT)).strip()
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not 0.0 <= v <= 1.0:
+        raise OptionError(GUESS_PRECISION_ENV, text, "a share between 0 and 1 that a guess rank must be right (0: all)")
+    return v
+
+
 PREFETCH_WORKERS = 16  # reader threads of the prefetch (the demand reads have their own reader); a prompt fills a pool
 
 
@@ -220,6 +251,14 @@ class StreamingExperts:
         self.prefetch_slots = prefetch
         guesses = token_prefetch() if guesses is None else guesses
         self.token_prefetch = min(prefetch, guesses) if prefetch else guesses
+        # per guess rank: the share of recent layer calls whose k-th candidate the layer then asked for
+        # (starts at 1: every rank read until measured), and the counts behind it (`stats`)
+        self.guess_min = guess_precision()
+        ranks = max(self.token_prefetch, lookahead_pools(prefetch, len(self.layouts), guesses)[1])
+        self.guess_right = np.ones(ranks)
+        self.guess_scored = np.zeros(ranks, np.int64)
+        self.guess_used = np.zeros(ranks, np.int64)
+        self._candidates: dict[int, list[int]] = {}  # layer -> this token's candidates, in rank order
         # landing (digest check, repack) off the engine's thread: a demand read's on these threads, while
         # the engine computes the experts landed before it; a prefetch's on its reader thread
         self.lander = ThreadPoolExecutor(max_workers=LAND_WORKERS, thread_name_prefix="rkmojo-land")
@@ -305,11 +344,37 @@ class StreamingExperts:
         if layer not in self.pf_pools:
             return
         self._deferred = None
+        self._candidates.pop(layer, None)
         if rows > 1:  # the pool, then (`lend`) as many lent slots as the layer's other guesses need
             n = self.layouts[layer].n_experts if self.lend else self.pf_pools[layer].n
             self._deferred = (layer, list(experts), n, False)
         elif self.token_prefetch:
-            self._deferred = (layer, list(experts), min(self.pf_pools[layer].n, self.token_prefetch), True)
+            cache = self.caches[layer]
+            cands = [e for e in dict.fromkeys(int(e) for e in experts) if e not in cache.where]
+            self._candidates[layer] = cands[: min(self.token_prefetch, len(self.guess_right))]
+            n = self.guess_ranks()
+            if n:
+                self._deferred = (layer, list(experts), min(self.pf_pools[layer].n, n), True)
+
+    def guess_ranks(self) -> int:
+        """How many of a token's guesses to read now: the leading ranks right at least `guess_min` of the time."""
+        n, most = 0, min(self.token_prefetch, len(self.guess_right))
+        while n < most and self.guess_right[n] >= self.guess_min:
+            n += 1
+        return n
+
+    def _score_guesses(self, layer: int, experts) -> None:
+        """Score the candidates a token's lookahead named for `layer` (read or not) against what it asks for."""
+        cands = self._candidates.pop(layer, None)
+        if not cands:
+            return
+        want = {int(e) for e in experts}
+        rate = 1.0 / GUESS_WINDOW
+        for k, e in enumerate(cands):
+            used = e in want
+            self.guess_right[k] += rate * (used - self.guess_right[k])
+            self.guess_scored[k] += 1
+            self.guess_used[k] += used
 
     def _on_ring(self, layer: int) -> bool:
         """Whether a token's guesses for `layer` go on the demand reads' ring: where there is one, and landing
@@ -579,6 +644,7 @@ class StreamingExperts:
         cache = self.caches[layer]
         if layer in self.loans:
             self._reclaim(layer)
+        self._score_guesses(layer, experts)
         hits, misses = cache.request(experts)
         cache.pin(hits.values())
         batch = None
@@ -628,6 +694,14 @@ class StreamingExperts:
             "total": total.as_dict(),
             "io": self.io_name,
             "slots": next(iter(self.caches.values())).pool.n if self.caches else 0,
+            # per rank of a token's guesses: how often the layer asked for its candidate, read or not
+            "guesses": {
+                "min_precision": self.guess_min,
+                "scored": self.guess_scored.tolist(),
+                "right": self.guess_used.tolist(),
+                "recent": self.guess_right.round(3).tolist(),
+                "reading": self.guess_ranks(),
+            },
         }
 
     def snapshot(self) -> dict[int, CacheSnapshot]:

@@ -32,10 +32,7 @@ import time
 
 import numpy as np
 
-
-def stat_path(path: str) -> str:
-    st = os.stat(path)
-    return f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/stat"
+from inference.bench.measure import device_stat
 
 
 def read_stat(f) -> tuple[int, int]:
@@ -112,7 +109,10 @@ def main() -> None:
                 marks.append((t, time.perf_counter(), layer))
 
         src.run = run
-        s = Sampler(stat_path(os.path.join(a.store, "experts")), a.period_ms / 1000)
+        stat = device_stat(a.store)
+        if stat is None:
+            raise SystemExit(f"{a.store}: its experts are on no block device (tmpfs, overlay): nothing to sample")
+        s = Sampler(stat, a.period_ms / 1000)
         s.start()
         time.sleep(0.05)
         t0 = time.perf_counter()

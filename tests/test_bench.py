@@ -61,6 +61,10 @@ def test_bench_json_has_every_field(tiny, tmp_path, monkeypatch):
     for path in REQUIRED_FIELDS + ("prefill.8.tok_s", "prefill.8.ttft_s", "prefill.20.ttft_s"):
         field(saved, path)  # KeyError names the missing one
     assert saved["router"].startswith("skewed") and saved["engine"]["slots"] == 5
+    # every digest checked before the timed runs, as a worker does while idle after a load
+    checked = saved["engine"]["digests_checked_before"]
+    assert checked["left"] == 0 and checked["seconds"] > 0
+    assert any(x.startswith("engine") and "digest checked before the runs" in x for x in lines)
     b = r["bounds"]
     assert b["io_bound_tok_s"] > 0 and b["compute_only_tok_s"] > 0 and b["efficiency"] > 0
     assert b["fault"] == (b["efficiency"] > 1.0)

@@ -42,6 +42,7 @@ def kernel_builds() -> list[Extension]:
                 "inference/kernels/rkattention.h",
                 "inference/kernels/rkdecode.h",
                 "inference/kernels/rkmoedecode.h",
+                "inference/kernels/rkgemma4.h",
             ],
             extra_compile_args=["-O3", "-fopenmp", "-std=c11", *arch_flags(), f"-DRK_MODULE={name}", *flags],
             extra_link_args=["-fopenmp"],

@@ -113,6 +113,8 @@ int rk_linear(int, int64_t, int64_t, int64_t, const float *, float *, const void
 int rk_llama_decode(const int64_t *);
 int rk_moe_decode_layer(const int64_t *, int64_t);
 int rk_moe_experts(int, int64_t, int64_t, int64_t, const float *, const int64_t *, float *);
+int rk_gemma4_attn(const int64_t *, int64_t);
+int rk_gemma4_route(const int64_t *, int64_t);
 void rk_moe_combine(int64_t, int64_t, const float *, const float *, float *);
 int rk_repack_q4(int64_t, int64_t, const uint8_t *, const uint16_t *, const uint16_t *, uint8_t *, uint16_t *,
                  uint16_t *);
@@ -127,7 +129,8 @@ static void *slurp(int64_t n) {
  * length then its bytes, relocations (descriptor index, blob index: that field becomes the blob's
  * address); runs rk_llama_decode and writes every blob back, in order. "moe_layer L": the same with
  * rk_moe_decode_layer(desc, L); "moe_experts": the descriptor is (n, H, I, flag, x, y, w, h, K, then the
- * n experts' fields): rk_moe_experts, then rk_moe_combine. */
+ * n experts' fields): rk_moe_experts, then rk_moe_combine; "gemma4_attn L", "gemma4_route L": as
+ * "moe_layer" with rk_gemma4_attn(desc, L), rk_gemma4_route(desc, L). */
 static int decode(int mode, int64_t layer) {
     int64_t h[4];
     if (fread(h, 8, 4, stdin) != 4) return 2;
@@ -145,6 +148,10 @@ static int decode(int mode, int64_t layer) {
         rc = rk_llama_decode(desc);
     else if (mode == 1)
         rc = rk_moe_decode_layer(desc, layer);
+    else if (mode == 3)
+        rc = rk_gemma4_attn(desc, layer);
+    else if (mode == 4)
+        rc = rk_gemma4_route(desc, layer);
     else {
         float *x = (float *)(intptr_t)desc[4], *y = (float *)(intptr_t)desc[5];
         rc = rk_moe_experts((int)desc[0], desc[1], desc[2], desc[3], x, desc + 9, y);
@@ -174,6 +181,8 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "decode")) return decode(0, 0);
     if (argc > 2 && !strcmp(argv[1], "moe_layer")) return decode(1, atoll(argv[2]));
     if (argc > 1 && !strcmp(argv[1], "moe_experts")) return decode(2, 0);
+    if (argc > 2 && !strcmp(argv[1], "gemma4_attn")) return decode(3, atoll(argv[2]));
+    if (argc > 2 && !strcmp(argv[1], "gemma4_route")) return decode(4, atoll(argv[2]));
     if (argc > 1) { puts(rk_backend()); return 0; }
     if (fread(h, 8, 8, stdin) != 8) return 2;
     rk_set_threads((int)h[1]);

@@ -35,6 +35,9 @@ from ._lib import (
     DECODE_MAT_FIELDS,
     DECODE_MATRICES,
     DEFAULT_ACTIVATIONS,
+    GEMMA4_HEADER,
+    GEMMA4_LAYER,
+    GEMMA4_MATRICES,
     MOE_EXPERT_FIELDS,
     MOE_HEADER,
     MOE_LAYER,
@@ -51,6 +54,9 @@ __all__ = [
     "DECODE_MATRICES",
     "DECODE_MAT_FIELDS",
     "DOT",
+    "GEMMA4_HEADER",
+    "GEMMA4_LAYER",
+    "GEMMA4_MATRICES",
     "MOE_EXPERT_FIELDS",
     "MOE_HEADER",
     "MOE_LAYER",
@@ -67,6 +73,8 @@ __all__ = [
     "matrix_fields",
     "moe_combine",
     "repack_q4",
+    "gemma4_attn",
+    "gemma4_route",
     "moe_decode_flags",
     "moe_decode_layer",
     "moe_experts",
@@ -179,6 +187,33 @@ def moe_decode_flags(model: np.ndarray) -> int:
     q/k/v/o as `llama_decode`'s, the router as `linear`'s. Returns the experts' flag for `moe_experts`
     (int8 unless "f32", as `linear_grouped`)."""
     return _LIB.moe_decode_flags(model)
+
+
+def gemma4_attn(model: np.ndarray, layer: int) -> None:
+    """Gemma 4's attention half of one layer for one token (rkgemma4.h): the T = 1 case of
+    `inference.models.gemma4.Model.attn_half`.
+
+    Args:
+        model: the int64 descriptor: GEMMA4_HEADER fields, then per layer GEMMA4_LAYER fields and the
+            GEMMA4_MATRICES' `matrix_fields`. Its `h` is updated in place (h + the normed attention), as
+            are the layer's K/V rows (a sliding layer's ring row pos % cap, a full layer's row pos).
+        layer: the layer's index.
+
+    Raises:
+        ValueError: the kernel rejected a shape or layer, or ran out of memory.
+    """
+    _LIB.gemma4_attn(model, layer)
+
+
+def gemma4_route(model: np.ndarray, layer: int) -> None:
+    """Gemma 4's router of one layer on the descriptor's `h` (rkgemma4.h), as `gemma4.Model.route` for
+    one row: writes the descriptor's `ids` and `wts` (top-k, largest first; weights renormalised and
+    scaled per expert).
+
+    Raises:
+        ValueError: the kernel rejected a shape or layer, or ran out of memory.
+    """
+    _LIB.gemma4_route(model, layer)
 
 
 def moe_decode_layer(model: np.ndarray, layer: int) -> None:

@@ -56,6 +56,14 @@ MOE_LAYER = DECODE_LAYER + ("q_norm", "k_norm", "routed")
 MOE_MATRICES = DECODE_MATRICES + ("router",)
 MOE_EXPERT_FIELDS = 13
 MM_ROUTER_Q8A = MOE_HEADER.index("router_q8a")
+# Gemma 4's one-token step between two expert phases (rkgemma4.h): its own header, per layer its fields
+# and the GEMMA4_MATRICES (a layer with K = V leaves "v" zeroed)
+GEMMA4_HEADER = "layers hidden heads kv_f16 eps pos h q8a experts top_k router_q8a ids wts".split()
+GEMMA4_LAYER = (
+    "attn_norm post_attn_norm q_norm k_norm router_in expert_scale k v kpos cap window head_dim kv_heads k_eq_v "
+    "rot_half cos sin"
+).split()
+GEMMA4_MATRICES = ("q", "k", "v", "o", "router")
 
 # An ndarray's data pointer sits right after the object header (PyArrayObject: PyObject_HEAD, then
 # `char *data`, numpy's stable C ABI). Reading it there takes 0.1 µs where `.ctypes.data` takes 1.2 µs,
@@ -247,6 +255,10 @@ class KernelLib:
         lib.rk_llama_decode.restype = ctypes.c_int
         lib.rk_moe_decode_layer.argtypes = [vp, i64]
         lib.rk_moe_decode_layer.restype = ctypes.c_int
+        lib.rk_gemma4_attn.argtypes = [vp, i64]
+        lib.rk_gemma4_attn.restype = ctypes.c_int
+        lib.rk_gemma4_route.argtypes = [vp, i64]
+        lib.rk_gemma4_route.restype = ctypes.c_int
         lib.rk_moe_experts.argtypes = [ctypes.c_int, i64, i64, i64, vp, vp, vp]
         lib.rk_moe_experts.restype = ctypes.c_int
         lib.rk_moe_combine.argtypes = [i64, i64, vp, vp, vp]
@@ -511,6 +523,26 @@ class KernelLib:
         rc = self._lib.rk_moe_decode_layer(_data(model), layer)
         if rc:
             raise ValueError(f"moe_decode_layer: the kernel rejected layer {layer}: {_ERRORS.get(rc, rc)}")
+
+    def gemma4_attn(self, model: np.ndarray, layer: int) -> None:
+        """Gemma 4's attention half of `layer` for the token the descriptor describes (rkgemma4.h).
+
+        Raises:
+            ValueError: the kernel rejected a shape or layer, or ran out of memory.
+        """
+        rc = self._lib.rk_gemma4_attn(_data(model), layer)
+        if rc:
+            raise ValueError(f"gemma4_attn: the kernel rejected layer {layer}: {_ERRORS.get(rc, rc)}")
+
+    def gemma4_route(self, model: np.ndarray, layer: int) -> None:
+        """Gemma 4's router of `layer` on the descriptor's h into its ids and wts (rkgemma4.h).
+
+        Raises:
+            ValueError: the kernel rejected a shape or layer, or ran out of memory.
+        """
+        rc = self._lib.rk_gemma4_route(_data(model), layer)
+        if rc:
+            raise ValueError(f"gemma4_route: the kernel rejected layer {layer}: {_ERRORS.get(rc, rc)}")
 
     def moe_experts(self, desc: np.ndarray, hidden: int, inter: int, flag: int, x: np.ndarray, y: np.ndarray) -> None:
         """y[slot] = expert(x) for each expert row of `desc` [n, MOE_EXPERT_FIELDS] (slot, then the kind

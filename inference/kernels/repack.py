@@ -29,8 +29,8 @@ panels (a few of the map's pages).
 Which dense matrices: those whose one-row products use int8 activations in the engine's mode (`_lib.ACTIVATIONS`):
 "q8", every resident dense q4, q4_1 and q8_0 matrix (q4_1, q8_0: a GGUF model's, repacked into new arrays);
 "decode", the layers of a model whose generated tokens take int8 in their dense products
-(`Transformer.int8_decode`: the compiled steps `llama_decode` and `moe_decode_layer`, or Gemma 4's own
-layer calls; their attention and dense MLP matrices) and its LM head (int8 for a generated token,
+(`Transformer.int8_decode`: the compiled steps `llama_decode` and `moe_decode_layer`, or Gemma 4's
+`gemma4_attn` and layer calls; their attention and dense MLP matrices) and its LM head (int8 for a generated token,
 `Transformer.forward`), whose other calls (prompts) are float; "f32" and "experts", none.
 
 Experts: in "q8", "experts" and "decode" (their grouped calls' int8), matrices whose rows fill whole panels.

@@ -90,7 +90,7 @@ RK_INLINE float bits_f32(int64_t v)
     return f;
 }
 
-/* y[0:n] = x * (1 / sqrt(mean(x^2) + eps)) * w, the product in numpy's order */
+/* y[0:n] = x * (1 / sqrt(mean(x^2) + eps)) * w, the product in numpy's order (w NULL: no weight) */
 static void dec_rms_norm(const float *x, const float *w, int64_t n, float eps, float *y)
 {
     vf acc = vf_zero();
@@ -102,7 +102,10 @@ static void dec_rms_norm(const float *x, const float *w, int64_t n, float eps, f
     float s = vf_hsum(acc);
     for (; i < n; i++) s += x[i] * x[i];
     const float r = 1.0f / sqrtf(s / (float)n + eps);
-    for (i = 0; i < n; i++) y[i] = x[i] * r * w[i];
+    if (w)
+        for (i = 0; i < n; i++) y[i] = x[i] * r * w[i];
+    else
+        for (i = 0; i < n; i++) y[i] = x[i] * r;
 }
 
 /* heads [n, D]: dims [0, r) and [r, 2r) rotated as apply_rope in models/base.py */
@@ -137,16 +140,13 @@ static int dec_linear(const int64_t *mats, int m0, int n, int64_t flag, int64_t 
     return rk_linear_many(n, 1, in, x, desc);
 }
 
-/* Appends k, v [n_kv, D] as row `pos` of each head of the cache K, V [n_kv, cap, D] (f32, or halves when
- * f16), marks kpos[pos] = pos, and attends q [nh, D] to rows 0..pos (S = pos + 1, as kv.view(pos) in
- * Python) into att [nh, D]. Returns RK_OK or RK_ENOMEM. */
-static int dec_attend(int64_t Kp, int64_t Vp, int64_t kposp, const float *q, const float *k, const float *v,
-                      int64_t nh, int64_t nkv, int64_t D, int64_t cap, int64_t pos, int f16, float scale, float *att)
+/* Writes k, v [n_kv, D] as row `row` of each head of the cache K, V [n_kv, cap, D] (f32, or halves when f16). */
+static void dec_kv_store(uint8_t *K, uint8_t *V, const float *k, const float *v, int64_t nkv, int64_t D, int64_t cap,
+                         int64_t row, int f16)
 {
-    uint8_t *K = (uint8_t *)(intptr_t)Kp, *V = (uint8_t *)(intptr_t)Vp;
     const int64_t esz = f16 ? 2 : 4;
     for (int64_t hd = 0; hd < nkv; hd++) {
-        uint8_t *kr = K + ((hd * cap + pos) * D) * esz, *vr = V + ((hd * cap + pos) * D) * esz;
+        uint8_t *kr = K + ((hd * cap + row) * D) * esz, *vr = V + ((hd * cap + row) * D) * esz;
         if (f16)
             for (int64_t d = 0; d < D; d++) {
                 ((uint16_t *)kr)[d] = f32_to_f16(k[hd * D + d]);
@@ -157,6 +157,16 @@ static int dec_attend(int64_t Kp, int64_t Vp, int64_t kposp, const float *q, con
             memcpy(vr, v + hd * D, sizeof(float) * D);
         }
     }
+}
+
+/* Appends k, v [n_kv, D] as row `pos` of each head of the cache K, V [n_kv, cap, D] (f32, or halves when
+ * f16), marks kpos[pos] = pos, and attends q [nh, D] to rows 0..pos (S = pos + 1, as kv.view(pos) in
+ * Python) into att [nh, D]. Returns RK_OK or RK_ENOMEM. */
+static int dec_attend(int64_t Kp, int64_t Vp, int64_t kposp, const float *q, const float *k, const float *v,
+                      int64_t nh, int64_t nkv, int64_t D, int64_t cap, int64_t pos, int f16, float scale, float *att)
+{
+    uint8_t *K = (uint8_t *)(intptr_t)Kp, *V = (uint8_t *)(intptr_t)Vp;
+    dec_kv_store(K, V, k, v, nkv, D, cap, pos, f16);
     int64_t *kpos = (int64_t *)(intptr_t)kposp;
     kpos[pos] = pos;
     att_job aj = {1, nh, nkv, D, D, pos + 1, cap * D, cap * D, 0, f16, q, K, V, kpos, &pos, scale, att, 0};

@@ -1179,6 +1179,7 @@ RK_API int rk_linear(int kind, int64_t T, int64_t out, int64_t in, const float *
 #include "rkattention.h"
 #include "rkdecode.h"
 #include "rkmoedecode.h"
+#include "rkgemma4.h"
 
 #ifndef RK_NO_PYTHON
 #include "rkpython.h"

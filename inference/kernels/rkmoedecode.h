@@ -74,6 +74,34 @@ static void moe_clip(float *x, int64_t n, float c)
     for (int64_t i = 0; i < n; i++) x[i] = x[i] < -c ? -c : (x[i] > c ? c : x[i]);
 }
 
+/* The router's scores p [E] → softmax in place (moe.softmax: minus the max, exp, over the sum), then the
+ * top K: ids largest first, ties to the lower index (a stable sort's order, moe.top_k), wts their
+ * probabilities. Returns the sum of wts, added in order. */
+static float moe_softmax_top_k(float *p, int64_t E, int64_t K, int64_t *ids, float *wts)
+{
+    float mx = p[0];
+    for (int64_t e = 1; e < E; e++) mx = p[e] > mx ? p[e] : mx;
+    float sum = 0.0f;
+    for (int64_t e = 0; e < E; e++) {
+        p[e] = expf(p[e] - mx);
+        sum += p[e];
+    }
+    for (int64_t e = 0; e < E; e++) p[e] = p[e] / sum;
+    float wsum = 0.0f;
+    for (int64_t j = 0; j < K; j++) {
+        int64_t best = -1;
+        for (int64_t e = 0; e < E; e++) {
+            int taken = 0;
+            for (int64_t i = 0; i < j && !taken; i++) taken = ids[i] == e;
+            if (!taken && (best < 0 || p[e] > p[best])) best = e;
+        }
+        ids[j] = best;
+        wts[j] = p[best];
+        wsum += wts[j];
+    }
+    return wsum;
+}
+
 /* The attention half of layer l for the token at DM_POS (see above). Returns RK_OK, RK_EINVAL (shapes,
  * kinds, a layer out of range) or RK_ENOMEM; on an error h and the cache may hold a partial step. */
 RK_API int rk_moe_decode_layer(const int64_t *model, int64_t l)
@@ -132,33 +160,14 @@ RK_API int rk_moe_decode_layer(const int64_t *model, int64_t l)
             break;
         }
 
-        /* router: softmax (moe.softmax: minus the max, exp, over the sum) → top-k → renormalise */
+        /* router: softmax → top-k → renormalise */
         float *p = wide;
         float *py[1] = {p};
         const int64_t r_out[1] = {E};
         if ((rc = dec_linear(L + ML_MATS, MAT_ROUTER, 1, rflag, H, x, py, r_out))) break;
-        float mx = p[0];
-        for (int64_t e = 1; e < E; e++) mx = p[e] > mx ? p[e] : mx;
-        float sum = 0.0f;
-        for (int64_t e = 0; e < E; e++) {
-            p[e] = expf(p[e] - mx);
-            sum += p[e];
-        }
-        for (int64_t e = 0; e < E; e++) p[e] = p[e] / sum;
         int64_t *ids = (int64_t *)(intptr_t)model[MM_IDS];
         float *wts = (float *)(intptr_t)model[MM_WTS];
-        float wsum = 0.0f;
-        for (int64_t j = 0; j < K; j++) { /* the largest left; ties: the lower index (a stable sort's order) */
-            int64_t best = -1;
-            for (int64_t e = 0; e < E; e++) {
-                int taken = 0;
-                for (int64_t i = 0; i < j && !taken; i++) taken = ids[i] == e;
-                if (!taken && (best < 0 || p[e] > p[best])) best = e;
-            }
-            ids[j] = best;
-            wts[j] = p[best];
-            wsum += wts[j];
-        }
+        const float wsum = moe_softmax_top_k(p, E, K, ids, wts);
         if (model[MM_NORM_TOPK])
             for (int64_t j = 0; j < K; j++) wts[j] = wts[j] / wsum;
         memcpy(xo, x, sizeof(float) * H);

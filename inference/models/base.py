@@ -207,7 +207,7 @@ class Transformer:
     final_softcap: float | None = None
     norm_plus_one: bool = False
     # a generated token's attention and dense MLP products take int8 activations in the "decode" mode
-    # without a compiled decode step (Gemma 4's layer calls), with the dense matmuls on the CPU; see `int8_decode`
+    # whether or not a compiled step runs them (Gemma 4's), with the dense matmuls on the CPU; see `int8_decode`
     int8_dense_decode: bool = False
 
     @property

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import kernels
+from ..backends import CPU
 from ..kernels import configured, get_activations, get_threads, linear
 from .base import ACTIVATIONS, BaseArgs, KVCache, LayerKV, Transformer, apply_rope, attention, rms_norm, rope_inv_freq
 from ..experts import ResidentExperts
@@ -151,13 +153,123 @@ def expected_shapes(a: Args) -> dict[str, tuple]:
     return s
 
 
+class DecodeStep:
+    """The descriptor of `kernels.gemma4_attn` and `kernels.gemma4_route` for a model's layers (weights fixed
+    at build, the K/V cache's arrays re-read when they change, the token's fields per call) and the loop of
+    a generated token around them: each layer's attention half in one call, then its dense MLP and experts
+    through `Model.ffn_half`, whose router (and the lookahead's guess of the next layer's) is one call on
+    this step's `h` (`Model.route`)."""
+
+    def __init__(self, model: "Model"):
+        a = model.args
+        hdr, lay, mats = kernels.GEMMA4_HEADER, kernels.GEMMA4_LAYER, kernels.GEMMA4_MATRICES
+        n_mat = kernels.DECODE_MAT_FIELDS
+        self.nl, self.h0 = len(lay) + len(mats) * n_mat, len(hdr)
+        self.desc = np.zeros(self.h0 + a.num_hidden_layers * self.nl, np.int64)
+        self.field = {name: j for j, name in enumerate(hdr)}
+        self.h = np.zeros((1, a.hidden_size), np.float32)  # the residual stream, updated in place
+        self.ids = np.zeros(max(a.top_k_experts, 1), np.int64)
+        self.wts = np.zeros(max(a.top_k_experts, 1), np.float32)
+        # per RoPE kind (sliding, full): this token's cos and sin rows, written in place (`prepare`)
+        self.tables = {kind: np.zeros((2, len(f)), np.float32) for kind, f in model.inv_freq.items()}
+        for name, value in {
+            "layers": a.num_hidden_layers,
+            "hidden": a.hidden_size,
+            "heads": a.num_attention_heads,
+            "eps": float_bits(a.rms_norm_eps),
+            "h": self.h.ctypes.data,
+            "experts": a.num_experts,
+            "top_k": a.top_k_experts,
+            "ids": self.ids.ctypes.data,
+            "wts": self.wts.ctypes.data,
+        }.items():
+            self.desc[self.field[name]] = value
+        j = {name: k for k, name in enumerate(lay)}
+        for i, L in enumerate(model.layers):
+            row = self.desc[self.h0 + i * self.nl :][: self.nl]
+            D, kv = a.attn_dims(i)
+            table = self.tables[a.layer_types[i]]
+            vecs = {
+                "attn_norm": "attn_norm",
+                "post_attn_norm": "post_attn_norm",
+                "q_norm": "attn.q_norm",
+                "k_norm": "attn.k_norm",
+                "router_in": "router_in",
+                "expert_scale": "router_expert_scale",
+            }
+            for name, key in vecs.items():
+                if key in L:
+                    row[j[name]] = L[key].ctypes.data
+            row[j["window"]] = a.sliding_window if a.is_sliding(i) else 0
+            row[j["head_dim"]], row[j["kv_heads"]], row[j["k_eq_v"]] = D, kv, int(L["v"] is None)
+            row[j["rot_half"]], row[j["cos"]], row[j["sin"]] = (
+                table.shape[1],
+                table[0].ctypes.data,
+                table[1].ctypes.data,
+            )
+            for m, name in enumerate(mats):
+                w = L.get(name)
+                if w is not None:
+                    row[len(lay) + m * n_mat :][:n_mat] = kernels.matrix_fields(w)
+        self._kv: list = []  # the cache arrays the descriptor points at
+
+    def prepare(self, model: "Model", h: np.ndarray, cache: KVCache, positions: np.ndarray) -> None:
+        """`desc` for this token: its position, RoPE rows, activation flags, the cache's arrays; h in `self.h`."""
+        pos = int(positions[0])
+        for kv in cache.layers:
+            kv.reserve(pos + 1)
+        held = [x for kv in cache.layers for x in (kv.k, kv.v, kv.pos)]
+        if len(held) != len(self._kv) or any(x is not y for x, y in zip(held, self._kv)):
+            at = [kernels.GEMMA4_LAYER.index(n) for n in ("k", "v", "kpos", "cap")]
+            for i, kv in enumerate(cache.layers):
+                base = self.h0 + i * self.nl
+                self.desc[[base + k for k in at]] = (kv.k.ctypes.data, kv.v.ctypes.data, kv.pos.ctypes.data, kv.cap)
+            self.desc[self.field["kv_f16"]] = int(cache.layers[0].k.dtype == np.float16)
+            self._kv = held
+        for kind, table in self.tables.items():
+            cos, sin = model.rope(positions, model.inv_freq[kind])
+            table[0], table[1] = cos[0], sin[0]
+        mode = get_activations()  # the dense products as `Model.dense` takes them, the router as `linear`
+        self.desc[self.field["q8a"]] = int(mode == "q8" or (mode == "decode" and model.int8_decode))
+        self.desc[self.field["router_q8a"]] = int(mode == "q8")
+        self.desc[self.field["pos"]] = pos
+        self.h[...] = h
+
+    def __call__(self, model: "Model", h: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:
+        """h [1, H] at `positions` (one) through every layer, appending to `cache`; a new [1, H]."""
+        self.prepare(model, h, cache, positions)
+        for i in range(model.args.num_hidden_layers):
+            kernels.gemma4_attn(self.desc, i)
+            self.h[...] = model.ffn_half(i, self.h)
+        return self.h.copy()
+
+    def route(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Layer i's router on `self.h`: ids [1, K] and weights [1, K], as `Model.route`."""
+        kernels.gemma4_route(self.desc, i)
+        return self.ids[None].copy(), self.wts[None].copy()
+
+
+def float_bits(v: float) -> int:
+    """v as float32, its bits as an int (a descriptor field)."""
+    return int(np.array(v, np.float32).view(np.uint32))
+
+
 class Model(Transformer):
-    # no compiled decode step: a generated token's q/k/v/o and dense MLP calls take int8 in "decode" mode
+    # a generated token on the CPU through DecodeStep; False: through `layer` (the reference)
+    fused_decode: bool = True
+    # a generated token's q/k/v/o and dense MLP products take int8 in "decode" mode (step or not)
     int8_dense_decode: bool = True
+
+    @property
+    def int8_decode(self) -> bool:
+        """As `Transformer.int8_decode`, but only on the CPU backend, with or without the compiled step."""
+        return self.ops is CPU
 
     def __init__(self, args: Args, store, *, experts=None, **kw):
         super().__init__(args, store, **kw)
         self._int8_rows = False  # set for a generated token's layers (`layers_forward`)
+        self._decode: DecodeStep | None = None
+        self._live: DecodeStep | None = None  # the step a token runs through now (`route`)
         self.embed_scale = float(np.float32(args.hidden_size**0.5))
         self.final_softcap = args.final_logit_softcapping
         self.act = ACTIVATIONS[args.hidden_activation]
@@ -217,7 +329,10 @@ class Model(Transformer):
         )
 
     def route(self, i: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Top-k expert ids and weights [T, K] from the residual stream x (not the normed input)."""
+        """Top-k expert ids and weights [T, K] from the residual stream x (not the normed input); the
+        compiled router when x is the running step's own row."""
+        if self._live is not None and x is self._live.h:
+            return self._live.route(i)
         Lw = self.layers[i]
         xr = rms_norm(x, None, self.args.rms_norm_eps) * Lw["router_in"]
         probs = softmax(linear(xr, Lw["router"]))  # [T, E]
@@ -229,14 +344,23 @@ class Model(Transformer):
         return self.ffn_half(i, self.attn_half(i, h, cache, positions))
 
     def layers_forward(self, h: np.ndarray, cache: KVCache, positions: np.ndarray, prompt: bool) -> np.ndarray:
-        """As `Transformer.layers_forward`; a generated token in the "decode" mode on the CPU has its dense
-        products (`dense`) take int8 activations, as the other architectures' compiled steps do, on the
-        matrices `repack_model` put in rows-in-lanes panels. The router stays float, as there."""
-        self._int8_rows = not prompt and len(positions) == 1 and self.int8_decode and get_activations() == "decode"
+        """As `Transformer.layers_forward`; a generated token on the CPU runs through the compiled step
+        (`DecodeStep`: each layer's attention half and router in C, rkgemma4.h) unless `fused_decode` is
+        False. In the "decode" mode its dense products (`dense`, the step's q/k/v/o) take int8
+        activations, as the other architectures' compiled steps do, on the matrices `repack_model` put in
+        rows-in-lanes panels. The router stays float, as there."""
+        one = not prompt and len(positions) == 1
+        self._int8_rows = one and self.int8_decode and get_activations() == "decode"
         try:
-            return super().layers_forward(h, cache, positions, prompt)
+            if not (one and self.fused_decode and self.ops is CPU):
+                return super().layers_forward(h, cache, positions, prompt)
+            if self._decode is None:
+                self._decode = DecodeStep(self)
+            self._live = self._decode
+            return self._decode(self, h, cache, positions)
         finally:
             self._int8_rows = False
+            self._live = None
 
     def dense(self, fn, *args):
         """fn(*args), a dense product of this layer's, with int8 activations for a generated token's row."""

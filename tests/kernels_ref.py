@@ -115,6 +115,8 @@ int rk_moe_decode_layer(const int64_t *, int64_t);
 int rk_moe_experts(int, int64_t, int64_t, int64_t, const float *, const int64_t *, float *);
 int rk_gemma4_attn(const int64_t *, int64_t);
 int rk_gemma4_route(const int64_t *, int64_t);
+int rk_gemma4_ffn_out(const int64_t *, int64_t);
+int rk_moe_experts_act(int, int64_t, int64_t, int64_t, int64_t, const float *, const int64_t *, float *);
 void rk_moe_combine(int64_t, int64_t, const float *, const float *, float *);
 int rk_repack_q4(int64_t, int64_t, const uint8_t *, const uint16_t *, const uint16_t *, uint8_t *, uint16_t *,
                  uint16_t *);
@@ -129,8 +131,10 @@ static void *slurp(int64_t n) {
  * length then its bytes, relocations (descriptor index, blob index: that field becomes the blob's
  * address); runs rk_llama_decode and writes every blob back, in order. "moe_layer L": the same with
  * rk_moe_decode_layer(desc, L); "moe_experts": the descriptor is (n, H, I, flag, x, y, w, h, K, then the
- * n experts' fields): rk_moe_experts, then rk_moe_combine; "gemma4_attn L", "gemma4_route L": as
- * "moe_layer" with rk_gemma4_attn(desc, L), rk_gemma4_route(desc, L). */
+ * n experts' fields): rk_moe_experts, then rk_moe_combine; "gemma4_attn L", "gemma4_route L",
+ * "gemma4_ffn_out L": as "moe_layer" with rk_gemma4_attn, rk_gemma4_route, rk_gemma4_ffn_out (desc, L);
+ * "experts_act A": the descriptor is (n, H, I, flag, x, y, then the n experts' fields):
+ * rk_moe_experts_act with activation A. */
 static int decode(int mode, int64_t layer) {
     int64_t h[4];
     if (fread(h, 8, 4, stdin) != 4) return 2;
@@ -152,6 +156,11 @@ static int decode(int mode, int64_t layer) {
         rc = rk_gemma4_attn(desc, layer);
     else if (mode == 4)
         rc = rk_gemma4_route(desc, layer);
+    else if (mode == 5)
+        rc = rk_gemma4_ffn_out(desc, layer);
+    else if (mode == 6)
+        rc = rk_moe_experts_act((int)desc[0], desc[1], desc[2], desc[3], layer, (const float *)(intptr_t)desc[4],
+                                desc + 6, (float *)(intptr_t)desc[5]);
     else {
         float *x = (float *)(intptr_t)desc[4], *y = (float *)(intptr_t)desc[5];
         rc = rk_moe_experts((int)desc[0], desc[1], desc[2], desc[3], x, desc + 9, y);
@@ -183,6 +192,8 @@ int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "moe_experts")) return decode(2, 0);
     if (argc > 2 && !strcmp(argv[1], "gemma4_attn")) return decode(3, atoll(argv[2]));
     if (argc > 2 && !strcmp(argv[1], "gemma4_route")) return decode(4, atoll(argv[2]));
+    if (argc > 2 && !strcmp(argv[1], "gemma4_ffn_out")) return decode(5, atoll(argv[2]));
+    if (argc > 2 && !strcmp(argv[1], "experts_act")) return decode(6, atoll(argv[2]));
     if (argc > 1) { puts(rk_backend()); return 0; }
     if (fread(h, 8, 8, stdin) != 8) return 2;
     rk_set_threads((int)h[1]);

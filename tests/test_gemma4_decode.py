@@ -197,9 +197,10 @@ def test_the_other_builds_step_matches_the_python_layers(other_build, store, mod
 def pointer_fields(step: gemma4.DecodeStep, n_layers: int) -> list[int]:
     """The descriptor's fields that hold addresses."""
     hdr, lay = kernels.GEMMA4_HEADER, kernels.GEMMA4_LAYER
-    fields = [hdr.index(n) for n in ("h", "ids", "wts")]
-    addresses = ("attn_norm", "post_attn_norm", "q_norm", "k_norm", "router_in", "expert_scale")
-    addresses += ("k", "v", "kpos", "cos", "sin")
+    fields = [hdr.index(n) for n in ("h", "ids", "wts", "x_mlp", "x_moe", "mlp", "y")]
+    addresses = ("attn_norm", "post_attn_norm", "q_norm", "k_norm", "router_in", "expert_scale", "k", "v", "kpos")
+    addresses += ("cos", "sin", "mlp_norm", "moe_norm", "post_mlp_norm", "post_moe_norm", "post_ffn_norm")
+    addresses += ("layer_scalar",)
     for i in range(n_layers):
         base = step.h0 + i * step.nl
         fields += [base + lay.index(n) for n in addresses]
@@ -210,15 +211,28 @@ def pointer_fields(step: gemma4.DecodeStep, n_layers: int) -> list[int]:
     return fields
 
 
+def neon_experts(neon, ws: list[dict], inter: int, flag: int, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """y[k] = the gelu_tanh MLP of weights ws[k] on x (rk_moe_experts_act) by the NEON build; y as it left it."""
+    rows = [[k, *(f for n in ("gate", "up", "down") for f in kernels.matrix_fields(w[n]))] for k, w in enumerate(ws)]
+    desc = np.array([len(ws), len(x), inter, flag, 0, 0] + [f for r in rows for f in r], np.int64)
+    blobs = [x, y] + [p for w in ws for n in ("gate", "up", "down") for p in w[n].parts.values()]
+    where = {b.ctypes.data: j for j, b in enumerate(blobs)}
+    fields = [6 + 13 * j + 1 + 4 * m + p for j in range(len(ws)) for m in range(3) for p in (1, 2, 3)]
+    relocs = [(4, 0), (5, 1)] + [(f, where[int(desc[f])]) for f in fields if desc[f]]
+    return neon.call(["experts_act", str(kernels.EXPERT_ACTIVATIONS.index("gelu_tanh"))], desc, blobs, relocs)[1]
+
+
 @pytest.mark.parametrize("mode", ["f32", "decode"])
 def test_the_neon_step_matches_the_python_layers_under_qemu(neon, store, mode):
-    """Each layer's attention half and router by the NEON build under qemu-aarch64, the dense MLP and the
-    experts between them by this machine's (their NEON kernels have their own tests)."""
+    """Every C part of the step (attention half, router, dense MLP and experts, the layer's end) by the NEON
+    build under qemu-aarch64, against the Python layers on this machine."""
 
     def run(m, step, h0, cache, positions):
         step.prepare(m, h0, cache, positions)
-        h = step.h
-        outs = [h, step.ids, step.wts] + [a for kv in cache.layers for a in (kv.k, kv.v, kv.pos)]
+        a = m.args
+        outs = [step.h, step.ids, step.wts, step.x_mlp, step.x_moe] + [
+            x for kv in cache.layers for x in (kv.k, kv.v, kv.pos)
+        ]
         weights = [
             p
             for L in m.layers
@@ -228,21 +242,21 @@ def test_the_neon_step_matches_the_python_layers_under_qemu(neon, store, mode):
             if isinstance(p, np.ndarray)
         ]
         rows = [t[r] for t in step.tables.values() for r in (0, 1)]  # cos, sin: each row its own blob
-        blobs = outs + rows + weights
+        blobs = outs + [step.mlp, step.y] + rows + weights
         where = {b.ctypes.data: j for j, b in enumerate(blobs)}
-        fields = pointer_fields(step, m.args.num_hidden_layers)
-        relocs = [(f, where[int(step.desc[f])]) for f in fields if step.desc[f]]
-        m._int8_rows = mode == "decode"  # as `layers_forward` sets it for a generated token
-        for i in range(m.args.num_hidden_layers):
+        relocs = [(f, where[int(step.desc[f])]) for f in pointer_fields(step, a.num_hidden_layers) if step.desc[f]]
+        _, group_flag, _ = kernels.activation_flags()
+        dense_flag = group_flag if step.desc[step.field["q8a"]] else 0
+        for i in range(a.num_hidden_layers):
             for dst, src in zip(outs, neon.call(["gemma4_attn", str(i)], step.desc, blobs, relocs)):
                 dst[...] = src
             got = neon.call(["gemma4_route", str(i)], step.desc, blobs, relocs)
-            routed = (got[1][None].copy(), got[2][None].copy())
-            m.route = lambda j, x, routed=routed: routed  # this layer's; resident experts name no guesses
-            try:
-                h[...] = m.ffn_half(i, h)
-            finally:
-                del m.route
-        return h.copy(), cache
+            step.ids[...], step.wts[...] = got[1], got[2]
+            L = m.layers[i]
+            step.mlp[...] = neon_experts(neon, [L["mlp"]], a.intermediate_size, dense_flag, step.x_mlp, step.mlp)
+            ws = [m.experts.store.expert(i, int(e)) for e in step.ids]
+            step.y[...] = neon_experts(neon, ws, a.moe_intermediate_size, group_flag, step.x_moe, step.y)
+            step.h[...] = neon.call(["gemma4_ffn_out", str(i)], step.desc, blobs, relocs)[0]
+        return step.h.copy(), cache
 
     one_step(store, run, mode)

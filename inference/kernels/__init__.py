@@ -35,6 +35,7 @@ from ._lib import (
     DECODE_MAT_FIELDS,
     DECODE_MATRICES,
     DEFAULT_ACTIVATIONS,
+    EXPERT_ACTIVATIONS,
     GEMMA4_HEADER,
     GEMMA4_LAYER,
     GEMMA4_MATRICES,
@@ -54,6 +55,7 @@ __all__ = [
     "DECODE_MATRICES",
     "DECODE_MAT_FIELDS",
     "DOT",
+    "EXPERT_ACTIVATIONS",
     "GEMMA4_HEADER",
     "GEMMA4_LAYER",
     "GEMMA4_MATRICES",
@@ -73,7 +75,9 @@ __all__ = [
     "matrix_fields",
     "moe_combine",
     "repack_q4",
+    "activation_flags",
     "gemma4_attn",
+    "gemma4_ffn_out",
     "gemma4_route",
     "moe_decode_flags",
     "moe_decode_layer",
@@ -233,15 +237,35 @@ def moe_decode_layer(model: np.ndarray, layer: int) -> None:
     _LIB.moe_decode_layer(model, layer)
 
 
-def moe_experts(desc: np.ndarray, hidden: int, inter: int, flag: int, x: np.ndarray, y: np.ndarray) -> None:
-    """y[slot] = down(silu(gate(x)) × up(x)) for the experts of `desc` [n, MOE_EXPERT_FIELDS] (the row
+def moe_experts(
+    desc: np.ndarray, hidden: int, inter: int, flag: int, x: np.ndarray, y: np.ndarray, act: str = "silu"
+) -> None:
+    """y[slot] = down(act(gate(x)) × up(x)) for the experts of `desc` [n, MOE_EXPERT_FIELDS] (the row
     of y, then `matrix_fields` of gate, up, down), as `moe.experts_mlp` in two grouped calls; each row
-    has the same bits whichever experts share the call. x [hidden], y [K, hidden], float32, contiguous.
+    has the same bits whichever experts share the call. x [hidden], y [K, hidden], float32, contiguous;
+    `act` "silu" or "gelu_tanh" (Gemma 4's experts and dense MLP).
 
     Raises:
-        ValueError: the kernel rejected a shape or kind, or ran out of memory.
+        ValueError: the kernel rejected a shape or kind, or ran out of memory; an unknown `act`.
     """
-    _LIB.moe_experts(desc, hidden, inter, flag, x, y)
+    _LIB.moe_experts(desc, hidden, inter, flag, x, y, act)
+
+
+def activation_flags() -> tuple[int, int, int]:
+    """This thread's kind-code flags for its activation mode: (`linear` and `linear_many`'s,
+    `linear_grouped`'s, `llama_decode`'s), each RK_Q8A (int8) or 0."""
+    return _LIB.activation_flags()
+
+
+def gemma4_ffn_out(model: np.ndarray, layer: int) -> None:
+    """The end of one Gemma 4 layer for one token (rkgemma4.h), as `gemma4.Model.ffn_half` after its dense
+    MLP and experts: from the descriptor's `mlp` (the dense MLP's output), `y` and `wts` (the experts'
+    outputs by slot and their weights), h = (h + the normed mixture) × layer_scalar, in place.
+
+    Raises:
+        ValueError: the kernel rejected a shape or layer, or ran out of memory.
+    """
+    _LIB.gemma4_ffn_out(model, layer)
 
 
 def moe_combine(y: np.ndarray, w: np.ndarray, h: np.ndarray) -> None:

@@ -58,11 +58,12 @@ MOE_EXPERT_FIELDS = 13
 MM_ROUTER_Q8A = MOE_HEADER.index("router_q8a")
 # Gemma 4's one-token step between two expert phases (rkgemma4.h): its own header, per layer its fields
 # and the GEMMA4_MATRICES (a layer with K = V leaves "v" zeroed)
-GEMMA4_HEADER = "layers hidden heads kv_f16 eps pos h q8a experts top_k router_q8a ids wts".split()
+GEMMA4_HEADER = "layers hidden heads kv_f16 eps pos h q8a experts top_k router_q8a ids wts x_mlp x_moe mlp y".split()
 GEMMA4_LAYER = (
     "attn_norm post_attn_norm q_norm k_norm router_in expert_scale k v kpos cap window head_dim kv_heads k_eq_v "
-    "rot_half cos sin"
+    "rot_half cos sin mlp_norm moe_norm post_mlp_norm post_moe_norm post_ffn_norm layer_scalar"
 ).split()
+EXPERT_ACTIVATIONS = ("silu", "gelu_tanh")  # rk_moe_experts_act's codes, in order
 GEMMA4_MATRICES = ("q", "k", "v", "o", "router")
 
 # An ndarray's data pointer sits right after the object header (PyArrayObject: PyObject_HEAD, then
@@ -259,6 +260,10 @@ class KernelLib:
         lib.rk_gemma4_attn.restype = ctypes.c_int
         lib.rk_gemma4_route.argtypes = [vp, i64]
         lib.rk_gemma4_route.restype = ctypes.c_int
+        lib.rk_gemma4_ffn_out.argtypes = [vp, i64]
+        lib.rk_gemma4_ffn_out.restype = ctypes.c_int
+        lib.rk_moe_experts_act.argtypes = [ctypes.c_int, i64, i64, i64, i64, vp, vp, vp]
+        lib.rk_moe_experts_act.restype = ctypes.c_int
         lib.rk_moe_experts.argtypes = [ctypes.c_int, i64, i64, i64, vp, vp, vp]
         lib.rk_moe_experts.restype = ctypes.c_int
         lib.rk_moe_combine.argtypes = [i64, i64, vp, vp, vp]
@@ -544,14 +549,34 @@ class KernelLib:
         if rc:
             raise ValueError(f"gemma4_route: the kernel rejected layer {layer}: {_ERRORS.get(rc, rc)}")
 
-    def moe_experts(self, desc: np.ndarray, hidden: int, inter: int, flag: int, x: np.ndarray, y: np.ndarray) -> None:
-        """y[slot] = expert(x) for each expert row of `desc` [n, MOE_EXPERT_FIELDS] (slot, then the kind
-        code and parts of gate, up and down), x [hidden] float32, y [K, hidden] float32.
+    def gemma4_ffn_out(self, model: np.ndarray, layer: int) -> None:
+        """The end of Gemma 4's `layer` from the descriptor's mlp and y into its h (rkgemma4.h).
 
         Raises:
-            ValueError: the kernel rejected a shape or kind, or ran out of memory.
+            ValueError: the kernel rejected a shape or layer, or ran out of memory.
         """
-        rc = self._lib.rk_moe_experts(len(desc), hidden, inter, flag, _data(x), _data(desc), _data(y))
+        rc = self._lib.rk_gemma4_ffn_out(_data(model), layer)
+        if rc:
+            raise ValueError(f"gemma4_ffn_out: the kernel rejected layer {layer}: {_ERRORS.get(rc, rc)}")
+
+    def activation_flags(self) -> tuple[int, int, int]:
+        """This thread's kind-code flags: (linear and linear_many's, linear_grouped's, llama_decode's)."""
+        return self._modes[1:]
+
+    def moe_experts(
+        self, desc: np.ndarray, hidden: int, inter: int, flag: int, x: np.ndarray, y: np.ndarray, act: str = "silu"
+    ) -> None:
+        """y[slot] = expert(x) for each expert row of `desc` [n, MOE_EXPERT_FIELDS] (slot, then the kind
+        code and parts of gate, up and down), x [hidden] float32, y [K, hidden] float32, `act` one of
+        EXPERT_ACTIVATIONS.
+
+        Raises:
+            ValueError: the kernel rejected a shape or kind, or ran out of memory; an unknown `act`.
+        """
+        if act not in EXPERT_ACTIVATIONS:
+            raise ValueError(f"moe_experts: activation {act!r}: choose one of {', '.join(EXPERT_ACTIVATIONS)}")
+        code = EXPERT_ACTIVATIONS.index(act)
+        rc = self._lib.rk_moe_experts_act(len(desc), hidden, inter, flag, code, _data(x), _data(desc), _data(y))
         if rc:
             raise ValueError(f"moe_experts: the kernel rejected {len(desc)} experts: {_ERRORS.get(rc, rc)}")
 

@@ -1,9 +1,9 @@
-/* The one-token decode step (T = 1) of Gemma 4's layers, the parts between two expert phases (included by
+/* The one-token decode step (T = 1) of Gemma 4's layers around their experts (included by
  * rkkernels.c after rkmoedecode.h, whose helpers it shares). The Python layer code
  * (inference/models/gemma4.py) is the reference and runs prompts; these are its one-row case for generated
- * tokens, where the numpy steps around the kernels took about 0.2 ms per layer of the Gemma 4 26B-A4B
- * shapes (benchmarks/README.md). A streamed token waits for part of that CPU: the next layer's reads
- * cannot start before its router has run.
+ * tokens, where the numpy steps around the kernels took a fifth of an all-resident token of the Gemma 4
+ * 26B-A4B shapes (benchmarks/README.md). A streamed token waits for part of that CPU too: the next
+ * layer's reads cannot start before its router has run.
  *
  *   rk_gemma4_attn, the attention half, in the order of gemma4.py's attn_half:
  *     x = rms_norm(h) * attn_norm;  q, k[, v] = x @ Wq.T, Wk.T[, Wv.T] (one rk_linear_many; a full layer
@@ -11,15 +11,20 @@
  *     q = rms_norm per head * q_norm;  v = rms_norm per head (no weight);  k = rope(rms_norm per head * k_norm)
  *     K/V row = k, v (a sliding layer's ring: row pos % cap; a full layer's: row pos), kpos[row] = pos
  *     h += rms_norm(attention(rope(q), K, V, scale 1, the layer's window) @ Wo.T) * post_attn_norm
+ *     then the dense MLP's input x_mlp = rms_norm(h) * mlp_norm and the experts' x_moe = rms_norm(h) * moe_norm
  *   rk_gemma4_route, the router on the residual stream h (the layer's own, and the lookahead's guess of
  *     the next layer's on the same h): p = softmax((rms_norm(h) * router_in) @ Wrouter.T); ids, w = the
  *     top-k of p, largest first, ties to the lower index (moe.top_k); w = w / sum(w) * expert_scale[ids].
+ *   the dense MLP and the experts, by rk_moe_experts_act with gelu_tanh (the experts as the expert source
+ *     hands them over, the dense MLP while their reads land), then
+ *   rk_gemma4_ffn_out: moe = sum_k w_k y_k; h = (h + rms_norm(rms_norm(mlp) * post_mlp_norm +
+ *     rms_norm(moe) * post_moe_norm) * post_ffn_norm) * layer_scalar.
  *
  * Each layer has its own head size, KV heads, cache capacity, window and RoPE table (sliding and full
  * layers differ in all of them). The dense matrices take int8 activations when G4_Q8A says so, the router
  * when G4_ROUTER_Q8A does. Numerics as rkmoedecode.h: the kernels are the Python path's; elementwise steps
- * give numpy's bits except the RMS norm's sum (vector lanes; numpy: pairwise) and softmax's expf and sums,
- * so the step agrees with the Python layers within float rounding.
+ * give numpy's bits except the RMS norm's sum (vector lanes; numpy: pairwise), softmax's expf and sums and
+ * gelu's tanhf (libm), so the step agrees with the Python layers within float rounding.
  *
  * The model is one int64 array: G4_FIELDS header fields, then GL_FIELDS per layer, whose matrices are
  * G4_MAT_COUNT of DL_MAT_FIELDS each (kind code, then its parts as in rk_linear_many).
@@ -41,6 +46,10 @@ enum {
     G4_ROUTER_Q8A, /* 1: int8 activations for the router */
     G4_IDS,        /* int64 [K]: out, the chosen experts, largest weight first */
     G4_WTS,        /* float [K]: out, their weights */
+    G4_X_MLP,      /* float [H]: out (rk_gemma4_attn), the dense MLP's input rms_norm(h) * mlp_norm */
+    G4_X_MOE,      /* float [H]: out (rk_gemma4_attn, a layer with experts), the experts' rms_norm(h) * moe_norm */
+    G4_MLP,        /* float [H]: in (rk_gemma4_ffn_out), the dense MLP's output */
+    G4_Y,          /* float [K, H]: in (rk_gemma4_ffn_out), each chosen expert's output, by top-k slot */
     G4_FIELDS
 };
 enum { G4_MAT_Q, G4_MAT_K, G4_MAT_V, G4_MAT_O, G4_MAT_ROUTER, G4_MAT_COUNT };
@@ -62,6 +71,12 @@ enum {
     GL_ROT_HALF,       /* r: dims [0, r) and [r, 2r) of each head rotate */
     GL_COS,            /* float [r] for this position */
     GL_SIN,
+    GL_MLP_NORM,       /* float [H] */
+    GL_MOE_NORM,       /* float [H]; 0: a layer without experts */
+    GL_POST_MLP_NORM,  /* float [H] (a layer with experts) */
+    GL_POST_MOE_NORM,  /* float [H] (a layer with experts) */
+    GL_POST_FFN_NORM,  /* float [H] */
+    GL_LAYER_SCALAR,   /* float [1] */
     GL_MATS,
     GL_FIELDS = GL_MATS + G4_MAT_COUNT * DL_MAT_FIELDS
 };
@@ -120,6 +135,9 @@ RK_API int rk_gemma4_attn(const int64_t *model, int64_t l)
         if ((rc = dec_linear(L + GL_MATS, G4_MAT_O, 1, flag, QD, att, oy, o_out))) break;
         dec_rms_norm(o, (const float *)(intptr_t)L[GL_POST_ATTN_NORM], H, eps, o);
         for (int64_t i = 0; i < H; i++) h[i] = h[i] + o[i];
+        dec_rms_norm(h, (const float *)(intptr_t)L[GL_MLP_NORM], H, eps, (float *)(intptr_t)model[G4_X_MLP]);
+        if (L[GL_MOE_NORM])
+            dec_rms_norm(h, (const float *)(intptr_t)L[GL_MOE_NORM], H, eps, (float *)(intptr_t)model[G4_X_MOE]);
     } while (0);
     free(buf);
     return rc;
@@ -150,6 +168,38 @@ RK_API int rk_gemma4_route(const int64_t *model, int64_t l)
     }
     free(x);
     return rc;
+}
+
+/* The end of layer l once its dense MLP (G4_MLP) and experts (G4_Y, weights G4_WTS) are computed, in the
+ * order of gemma4.py's ffn_half: moe = sum_k w_k y_k (each product rounded, added in slot order, as
+ * moe.mixture); m = rms_norm(mlp) * post_mlp_norm + rms_norm(moe) * post_moe_norm (a layer without
+ * experts: m = mlp); h = (h + rms_norm(m) * post_ffn_norm) * layer_scalar. Returns RK_OK, RK_EINVAL or
+ * RK_ENOMEM. */
+RK_API int rk_gemma4_ffn_out(const int64_t *model, int64_t l)
+{
+    const int64_t nl = model[G4_LAYERS], H = model[G4_HIDDEN], K = model[G4_TOP_K];
+    if (l < 0 || l >= nl || H < 1) return RK_EINVAL;
+    const int64_t *L = model + G4_FIELDS + l * GL_FIELDS;
+    const int routed = L[GL_MOE_NORM] != 0;
+    if (routed && K < 1) return RK_EINVAL;
+    const float eps = bits_f32(model[G4_EPS]), scalar = *(const float *)(intptr_t)L[GL_LAYER_SCALAR];
+    float *h = (float *)(intptr_t)model[G4_H];
+    const float *mlp = (const float *)(intptr_t)model[G4_MLP];
+    float *buf = malloc(sizeof(float) * (size_t)(2 * H));
+    if (!buf) return RK_ENOMEM;
+    float *m = buf, *moe = buf + H;
+    if (routed) {
+        const float *y = (const float *)(intptr_t)model[G4_Y], *w = (const float *)(intptr_t)model[G4_WTS];
+        for (int64_t i = 0; i < H; i++) moe[i] = moe_mix_at(K, H, y, w, i);
+        dec_rms_norm(mlp, (const float *)(intptr_t)L[GL_POST_MLP_NORM], H, eps, m);
+        dec_rms_norm(moe, (const float *)(intptr_t)L[GL_POST_MOE_NORM], H, eps, moe);
+        for (int64_t i = 0; i < H; i++) m[i] = m[i] + moe[i];
+    } else
+        memcpy(m, mlp, sizeof(float) * H);
+    dec_rms_norm(m, (const float *)(intptr_t)L[GL_POST_FFN_NORM], H, eps, m);
+    for (int64_t i = 0; i < H; i++) h[i] = (h[i] + m[i]) * scalar;
+    free(buf);
+    return RK_OK;
 }
 
 #endif /* RKGEMMA4_H */

@@ -178,12 +178,33 @@ RK_API int rk_moe_decode_layer(const int64_t *model, int64_t l)
 
 #define MOE_EXPERT_FIELDS 13 /* slot, then gate, up, down: kind code and 3 parts each */
 #define MOE_BATCH (MAX_GROUPED / 2)
+enum { MOE_SILU, MOE_GELU_TANH }; /* the experts' activations (rk_moe_experts_act) */
 
 /* y[slot_j] = (silu(x @ Gj.T) * (x @ Uj.T)) @ Dj.T for the n experts of `desc` (MOE_EXPERT_FIELDS each:
  * the row of y, then each matrix's kind code and parts as in rk_linear_many), x [H], experts of width I,
  * `flag` (RK_Q8A or 0) on every kind code. Returns RK_OK, RK_EINVAL or RK_ENOMEM. */
+RK_API int rk_moe_experts_act(int n, int64_t H, int64_t I, int64_t flag, int64_t act, const float *x,
+                              const int64_t *desc, float *y);
+
 RK_API int rk_moe_experts(int n, int64_t H, int64_t I, int64_t flag, const float *x, const int64_t *desc, float *y)
 {
+    return rk_moe_experts_act(n, H, I, flag, MOE_SILU, x, desc, y);
+}
+
+/* gelu with the tanh approximation in models/base.py's order: 0.5 x (1 + tanh(c (x + 0.044715 x x x))) */
+RK_INLINE float moe_gelu_tanh(float x)
+{
+    const float c = (float)0.7978845608028654, a = 0.044715f;
+    const float inner = c * (x + a * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(inner));
+}
+
+/* rk_moe_experts with the activation `act` (MOE_SILU: (silu(x @ G.T) * (x @ U.T)) @ D.T; MOE_GELU_TANH:
+ * gelu_tanh in place of silu, Gemma 4's experts and dense MLP). */
+RK_API int rk_moe_experts_act(int n, int64_t H, int64_t I, int64_t flag, int64_t act, const float *x,
+                              const int64_t *desc, float *y)
+{
+    if (act != MOE_SILU && act != MOE_GELU_TANH) return RK_EINVAL;
     if (n < 0 || H < 1 || I < 1) return RK_EINVAL;
     const int nb = n < MOE_BATCH ? n : MOE_BATCH;
     float *g = malloc(sizeof(float) * (size_t)(2 * nb * I + 1));
@@ -209,7 +230,10 @@ RK_API int rk_moe_experts(int n, int64_t H, int64_t I, int64_t flag, const float
             }
         }
         if ((rc = rk_linear_grouped(2 * m, H, gd))) break;
-        for (int64_t i = 0; i < m * I; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        if (act == MOE_SILU)
+            for (int64_t i = 0; i < m * I; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        else
+            for (int64_t i = 0; i < m * I; i++) g[i] = moe_gelu_tanh(g[i]) * u[i];
         for (int j = 0; j < m; j++) { /* every down on its own expert's activations */
             const int64_t *e = desc + (j0 + j) * MOE_EXPERT_FIELDS, *mat = e + 9;
             int64_t *d = gd + 8 * j;
@@ -228,18 +252,22 @@ RK_API int rk_moe_experts(int n, int64_t H, int64_t I, int64_t flag, const float
     return rc;
 }
 
+/* sum_k w[k] y[k, i] over the K rows of y [K, H]: each product rounded, then added in slot order */
+RK_INLINE float moe_mix_at(int64_t K, int64_t H, const float *y, const float *w, int64_t i)
+{
+    float o = y[i] * w[0];
+    for (int64_t k = 1; k < K; k++) {
+        const float t = y[k * H + i] * w[k];
+        o = o + t;
+    }
+    return o;
+}
+
 /* h[0:H] += sum_k w[k] y[k] for the K rows of y [K, H]: each product rounded, then added in slot order
  * (moe.mixture's y *= weights, then out = y[:, 0] + y[:, 1] + ...), then added to h. */
 RK_API void rk_moe_combine(int64_t K, int64_t H, const float *y, const float *w, float *h)
 {
-    for (int64_t i = 0; i < H; i++) {
-        float o = y[i] * w[0];
-        for (int64_t k = 1; k < K; k++) {
-            const float t = y[k * H + i] * w[k];
-            o = o + t;
-        }
-        h[i] = h[i] + o;
-    }
+    for (int64_t i = 0; i < H; i++) h[i] = h[i] + moe_mix_at(K, H, y, w, i);
 }
 
 #endif /* RKMOEDECODE_H */

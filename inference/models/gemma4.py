@@ -16,9 +16,10 @@ import numpy as np
 from .. import kernels
 from ..backends import CPU
 from ..kernels import configured, get_activations, get_threads, linear
+from ..kernels._lib import Q8A
 from .base import ACTIVATIONS, BaseArgs, KVCache, LayerKV, Transformer, apply_rope, attention, rms_norm, rope_inv_freq
 from ..experts import ResidentExperts
-from .moe import expert_mlp, lookahead, mixture, softmax, top_k
+from .moe import expert_fields, expert_mlp, lookahead, mixture, mixture_row, softmax, top_k
 
 L = r"model\.layers\.(\d+)\."
 HF_NAMES = [
@@ -154,11 +155,12 @@ def expected_shapes(a: Args) -> dict[str, tuple]:
 
 
 class DecodeStep:
-    """The descriptor of `kernels.gemma4_attn` and `kernels.gemma4_route` for a model's layers (weights fixed
-    at build, the K/V cache's arrays re-read when they change, the token's fields per call) and the loop of
-    a generated token around them: each layer's attention half in one call, then its dense MLP and experts
-    through `Model.ffn_half`, whose router (and the lookahead's guess of the next layer's) is one call on
-    this step's `h` (`Model.route`)."""
+    """The descriptor of rkgemma4.h's calls for a model's layers (weights fixed at build, the K/V cache's
+    arrays re-read when they change, the token's fields per call) and the loop of a generated token around
+    them, per layer: the attention half (`kernels.gemma4_attn`); the lookahead's guess of the next layer's
+    experts and this layer's router (`kernels.gemma4_route`, through `Model.route` on this step's `h`);
+    the experts as the expert source hands them over, the dense MLP while their reads land
+    (`moe.mixture_row`, `kernels.moe_experts`); the layer's end (`kernels.gemma4_ffn_out`)."""
 
     def __init__(self, model: "Model"):
         a = model.args
@@ -167,9 +169,11 @@ class DecodeStep:
         self.nl, self.h0 = len(lay) + len(mats) * n_mat, len(hdr)
         self.desc = np.zeros(self.h0 + a.num_hidden_layers * self.nl, np.int64)
         self.field = {name: j for j, name in enumerate(hdr)}
-        self.h = np.zeros((1, a.hidden_size), np.float32)  # the residual stream, updated in place
-        self.ids = np.zeros(max(a.top_k_experts, 1), np.int64)
-        self.wts = np.zeros(max(a.top_k_experts, 1), np.float32)
+        H, K = a.hidden_size, max(a.top_k_experts, 1)
+        self.h = np.zeros((1, H), np.float32)  # the residual stream, updated in place
+        self.ids, self.wts = np.zeros(K, np.int64), np.zeros(K, np.float32)  # the router's (`route`)
+        self.x_mlp, self.x_moe = np.zeros(H, np.float32), np.zeros(H, np.float32)  # the MLP's, experts' inputs
+        self.mlp, self.y = np.zeros((1, H), np.float32), np.zeros((K, H), np.float32)  # their outputs
         # per RoPE kind (sliding, full): this token's cos and sin rows, written in place (`prepare`)
         self.tables = {kind: np.zeros((2, len(f)), np.float32) for kind, f in model.inv_freq.items()}
         for name, value in {
@@ -182,6 +186,10 @@ class DecodeStep:
             "top_k": a.top_k_experts,
             "ids": self.ids.ctypes.data,
             "wts": self.wts.ctypes.data,
+            "x_mlp": self.x_mlp.ctypes.data,
+            "x_moe": self.x_moe.ctypes.data,
+            "mlp": self.mlp.ctypes.data,
+            "y": self.y.ctypes.data,
         }.items():
             self.desc[self.field[name]] = value
         j = {name: k for k, name in enumerate(lay)}
@@ -196,6 +204,12 @@ class DecodeStep:
                 "k_norm": "attn.k_norm",
                 "router_in": "router_in",
                 "expert_scale": "router_expert_scale",
+                "mlp_norm": "mlp_norm",
+                "moe_norm": "moe_norm",
+                "post_mlp_norm": "post_mlp_norm",
+                "post_moe_norm": "post_moe_norm",
+                "post_ffn_norm": "post_ffn_norm",
+                "layer_scalar": "layer_scalar",
             }
             for name, key in vecs.items():
                 if key in L:
@@ -211,6 +225,11 @@ class DecodeStep:
                 w = L.get(name)
                 if w is not None:
                     row[len(lay) + m * n_mat :][:n_mat] = kernels.matrix_fields(w)
+        # each layer's dense MLP as one rk_moe_experts row (slot 0 of `mlp`); whether it has experts
+        self.mlp_rows = [np.array([[0, *expert_fields(L["mlp"])]], np.int64) for L in model.layers]
+        self.routed = ["router" in L for L in model.layers]
+        self.act = "silu" if a.hidden_activation == "silu" else "gelu_tanh"  # ACTIVATIONS' two kinds
+        self.fields: dict = {}  # resident experts' kernel fields (moe.expert_fields)
         self._kv: list = []  # the cache arrays the descriptor points at
 
     def prepare(self, model: "Model", h: np.ndarray, cache: KVCache, positions: np.ndarray) -> None:
@@ -238,9 +257,25 @@ class DecodeStep:
     def __call__(self, model: "Model", h: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:
         """h [1, H] at `positions` (one) through every layer, appending to `cache`; a new [1, H]."""
         self.prepare(model, h, cache, positions)
-        for i in range(model.args.num_hidden_layers):
-            kernels.gemma4_attn(self.desc, i)
-            self.h[...] = model.ffn_half(i, self.h)
+        a, experts = model.args, model.experts
+        H, inter, dense_inter = a.hidden_size, a.moe_intermediate_size, a.intermediate_size
+        _, group_flag, _ = kernels.activation_flags()  # the experts' (linear_grouped's), as `mixture`
+        dense_flag = Q8A if self.desc[self.field["q8a"]] else 0  # the dense MLP's, as `Model.dense`
+        memo = self.fields if isinstance(experts, ResidentExperts) else None
+        for i, routed in enumerate(self.routed):
+            kernels.gemma4_attn(self.desc, i)  # h += attention; x_mlp, x_moe
+
+            def mlp(i=i) -> None:  # the dense MLP: computed while missing experts are read
+                kernels.moe_experts(self.mlp_rows[i], H, dense_inter, dense_flag, self.x_mlp, self.mlp, self.act)
+
+            if routed:
+                lookahead(model, i, lambda j: self.h)  # the next layer's guesses (ids, wts overwritten) ...
+                kernels.gemma4_route(self.desc, i)  # ... then this layer's, which gemma4_ffn_out reads
+                args = (self.x_moe, self.ids, self.wts, i, experts, self.h, self.y, inter, group_flag, memo)
+                mixture_row(*args, act=self.act, during_io=mlp, combine=False)
+            else:
+                mlp()
+            kernels.gemma4_ffn_out(self.desc, i)
         return self.h.copy()
 
     def route(self, i: int) -> tuple[np.ndarray, np.ndarray]:

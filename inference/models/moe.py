@@ -118,10 +118,15 @@ def mixture_row(
     inter: int,
     flag: int,
     memo: dict | None = None,
+    *,
+    act: str = "silu",
+    during_io: Callable | None = None,
+    combine: bool = True,
 ) -> None:
-    """`mixture` of one row (decode) with silu experts, added to h in place: h += Σ_k weights[k] ·
-    expert_{ids[k]}(x), the products summed in slot order as `mixture` does, through the compiled
-    kernels (rkmoedecode.h) without mixture's per-row index arrays.
+    """`mixture` of one row (decode), added to h in place: h += Σ_k weights[k] · expert_{ids[k]}(x), the
+    products summed in slot order as `mixture` does, through the compiled kernels (rkmoedecode.h)
+    without mixture's per-row index arrays. `act`: the experts' activation ("silu", "gelu_tanh");
+    `during_io`: as `mixture`'s; `combine` False: leave each expert's output in y (h unused).
 
     x [H], ids [K] int64 (distinct), weights [K], h [H], y [K, H] scratch (all contiguous, float32 but
     ids); `inter` the experts' width; `flag` the experts' kind-code flag (`kernels.moe_decode_flags`);
@@ -135,10 +140,11 @@ def mixture_row(
 
     def compute(batch: list[tuple[int, dict[str, QTensor]]]) -> None:
         desc = np.array([[slot[e], *expert_fields(w, memo)] for e, w in batch], np.int64)
-        moe_experts(desc, H, inter, flag, x, y)
+        moe_experts(desc, H, inter, flag, x, y, act)
 
-    source.run(layer, sorted(order), compute)  # in id order, as mixture's np.unique
-    moe_combine(y, weights, h)
+    source.run(layer, sorted(order), compute, during_io)  # in id order, as mixture's np.unique
+    if combine:
+        moe_combine(y, weights, h)
 
 
 def lookahead(model, i: int, router_input: Callable[[int], np.ndarray]) -> None:

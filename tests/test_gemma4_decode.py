@@ -245,8 +245,7 @@ def test_the_neon_step_matches_the_python_layers_under_qemu(neon, store, mode):
         blobs = outs + [step.mlp, step.y] + rows + weights
         where = {b.ctypes.data: j for j, b in enumerate(blobs)}
         relocs = [(f, where[int(step.desc[f])]) for f in pointer_fields(step, a.num_hidden_layers) if step.desc[f]]
-        _, group_flag, _ = kernels.activation_flags()
-        dense_flag = group_flag if step.desc[step.field["q8a"]] else 0
+        dense_flag, group_flag = step.dense_flag, step.group_flag
         for i in range(a.num_hidden_layers):
             for dst, src in zip(outs, neon.call(["gemma4_attn", str(i)], step.desc, blobs, relocs)):
                 dst[...] = src

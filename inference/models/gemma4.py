@@ -16,7 +16,6 @@ import numpy as np
 from .. import kernels
 from ..backends import CPU
 from ..kernels import configured, get_activations, get_threads, linear
-from ..kernels._lib import Q8A
 from .base import ACTIVATIONS, BaseArgs, KVCache, LayerKV, Transformer, apply_rope, attention, rms_norm, rope_inv_freq
 from ..experts import ResidentExperts
 from .moe import expert_fields, expert_mlp, lookahead, mixture, mixture_row, softmax, top_k
@@ -248,9 +247,11 @@ class DecodeStep:
         for kind, table in self.tables.items():
             cos, sin = model.rope(positions, model.inv_freq[kind])
             table[0], table[1] = cos[0], sin[0]
-        mode = get_activations()  # the dense products as `Model.dense` takes them, the router as `linear`
-        self.desc[self.field["q8a"]] = int(mode == "q8" or (mode == "decode" and model.int8_decode))
-        self.desc[self.field["router_q8a"]] = int(mode == "q8")
+        # this thread's mode: the dense products as `Model.dense` takes them, the router as `linear`, the
+        # experts as `linear_grouped` (`mixture`)
+        flag, self.group_flag, decode_flag = kernels.activation_flags()
+        self.dense_flag = decode_flag if model.int8_decode else flag
+        self.desc[self.field["q8a"]], self.desc[self.field["router_q8a"]] = int(self.dense_flag != 0), int(flag != 0)
         self.desc[self.field["pos"]] = pos
         self.h[...] = h
 
@@ -259,19 +260,17 @@ class DecodeStep:
         self.prepare(model, h, cache, positions)
         a, experts = model.args, model.experts
         H, inter, dense_inter = a.hidden_size, a.moe_intermediate_size, a.intermediate_size
-        _, group_flag, _ = kernels.activation_flags()  # the experts' (linear_grouped's), as `mixture`
-        dense_flag = Q8A if self.desc[self.field["q8a"]] else 0  # the dense MLP's, as `Model.dense`
         memo = self.fields if isinstance(experts, ResidentExperts) else None
         for i, routed in enumerate(self.routed):
             kernels.gemma4_attn(self.desc, i)  # h += attention; x_mlp, x_moe
 
             def mlp(i=i) -> None:  # the dense MLP: computed while missing experts are read
-                kernels.moe_experts(self.mlp_rows[i], H, dense_inter, dense_flag, self.x_mlp, self.mlp, self.act)
+                kernels.moe_experts(self.mlp_rows[i], H, dense_inter, self.dense_flag, self.x_mlp, self.mlp, self.act)
 
             if routed:
                 lookahead(model, i, lambda j: self.h)  # the next layer's guesses (ids, wts overwritten) ...
                 kernels.gemma4_route(self.desc, i)  # ... then this layer's, which gemma4_ffn_out reads
-                args = (self.x_moe, self.ids, self.wts, i, experts, self.h, self.y, inter, group_flag, memo)
+                args = (self.x_moe, self.ids, self.wts, i, experts, self.h, self.y, inter, self.group_flag, memo)
                 mixture_row(*args, act=self.act, during_io=mlp, combine=False)
             else:
                 mlp()
@@ -380,8 +379,8 @@ class Model(Transformer):
 
     def layers_forward(self, h: np.ndarray, cache: KVCache, positions: np.ndarray, prompt: bool) -> np.ndarray:
         """As `Transformer.layers_forward`; a generated token on the CPU runs through the compiled step
-        (`DecodeStep`: each layer's attention half and router in C, rkgemma4.h) unless `fused_decode` is
-        False. In the "decode" mode its dense products (`dense`, the step's q/k/v/o) take int8
+        (`DecodeStep`: each layer in C calls, rkgemma4.h, around the expert source) unless `fused_decode`
+        is False. In the "decode" mode its dense products (`dense`, the step's q/k/v/o) take int8
         activations, as the other architectures' compiled steps do, on the matrices `repack_model` put in
         rows-in-lanes panels. The router stays float, as there."""
         one = not prompt and len(positions) == 1

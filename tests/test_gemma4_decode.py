@@ -18,7 +18,7 @@ from inference.experts import StreamingExperts
 from inference.model import load_model
 from inference.models import gemma4
 from parity import build_checkpoint
-from test_moe_decode import worst
+from test_moe_decode import relocations, worst
 from test_parity import gemma4 as tiny_gemma4
 
 # as test_moe_decode: on floats the step and the Python layers differ by the RMS norm's summation order,
@@ -216,9 +216,8 @@ def neon_experts(neon, ws: list[dict], inter: int, flag: int, x: np.ndarray, y: 
     rows = [[k, *(f for n in ("gate", "up", "down") for f in kernels.matrix_fields(w[n]))] for k, w in enumerate(ws)]
     desc = np.array([len(ws), len(x), inter, flag, 0, 0] + [f for r in rows for f in r], np.int64)
     blobs = [x, y] + [p for w in ws for n in ("gate", "up", "down") for p in w[n].parts.values()]
-    where = {b.ctypes.data: j for j, b in enumerate(blobs)}
     fields = [6 + 13 * j + 1 + 4 * m + p for j in range(len(ws)) for m in range(3) for p in (1, 2, 3)]
-    relocs = [(4, 0), (5, 1)] + [(f, where[int(desc[f])]) for f in fields if desc[f]]
+    relocs = [(4, 0), (5, 1)] + relocations(desc, fields, blobs)
     return neon.call(["experts_act", str(kernels.EXPERT_ACTIVATIONS.index("gelu_tanh"))], desc, blobs, relocs)[1]
 
 
@@ -243,8 +242,7 @@ def test_the_neon_step_matches_the_python_layers_under_qemu(neon, store, mode):
         ]
         rows = [t[r] for t in step.tables.values() for r in (0, 1)]  # cos, sin: each row its own blob
         blobs = outs + [step.mlp, step.y] + rows + weights
-        where = {b.ctypes.data: j for j, b in enumerate(blobs)}
-        relocs = [(f, where[int(step.desc[f])]) for f in pointer_fields(step, a.num_hidden_layers) if step.desc[f]]
+        relocs = relocations(step.desc, pointer_fields(step, a.num_hidden_layers), blobs)
         dense_flag, group_flag = step.dense_flag, step.group_flag
         for i in range(a.num_hidden_layers):
             for dst, src in zip(outs, neon.call(["gemma4_attn", str(i)], step.desc, blobs, relocs)):

@@ -56,7 +56,7 @@ MOE_LAYER = DECODE_LAYER + ("q_norm", "k_norm", "routed")
 MOE_MATRICES = DECODE_MATRICES + ("router",)
 MOE_EXPERT_FIELDS = 13
 MM_ROUTER_Q8A = MOE_HEADER.index("router_q8a")
-# Gemma 4's one-token step between two expert phases (rkgemma4.h): its own header, per layer its fields
+# Gemma 4's one-token step around its experts (rkgemma4.h): its own header, per layer its fields
 # and the GEMMA4_MATRICES (a layer with K = V leaves "v" zeroed)
 GEMMA4_HEADER = "layers hidden heads kv_f16 eps pos h q8a experts top_k router_q8a ids wts x_mlp x_moe mlp y".split()
 GEMMA4_LAYER = (
@@ -256,16 +256,11 @@ class KernelLib:
         lib.rk_llama_decode.restype = ctypes.c_int
         lib.rk_moe_decode_layer.argtypes = [vp, i64]
         lib.rk_moe_decode_layer.restype = ctypes.c_int
-        lib.rk_gemma4_attn.argtypes = [vp, i64]
-        lib.rk_gemma4_attn.restype = ctypes.c_int
-        lib.rk_gemma4_route.argtypes = [vp, i64]
-        lib.rk_gemma4_route.restype = ctypes.c_int
-        lib.rk_gemma4_ffn_out.argtypes = [vp, i64]
-        lib.rk_gemma4_ffn_out.restype = ctypes.c_int
+        for part in ("attn", "route", "ffn_out"):
+            getattr(lib, f"rk_gemma4_{part}").argtypes = [vp, i64]
+            getattr(lib, f"rk_gemma4_{part}").restype = ctypes.c_int
         lib.rk_moe_experts_act.argtypes = [ctypes.c_int, i64, i64, i64, i64, vp, vp, vp]
         lib.rk_moe_experts_act.restype = ctypes.c_int
-        lib.rk_moe_experts.argtypes = [ctypes.c_int, i64, i64, i64, vp, vp, vp]
-        lib.rk_moe_experts.restype = ctypes.c_int
         lib.rk_moe_combine.argtypes = [i64, i64, vp, vp, vp]
         lib.rk_moe_combine.restype = None
         lib.rk_f16_round.argtypes = [i64, vp, vp]
@@ -530,34 +525,26 @@ class KernelLib:
             raise ValueError(f"moe_decode_layer: the kernel rejected layer {layer}: {_ERRORS.get(rc, rc)}")
 
     def gemma4_attn(self, model: np.ndarray, layer: int) -> None:
-        """Gemma 4's attention half of `layer` for the token the descriptor describes (rkgemma4.h).
-
-        Raises:
-            ValueError: the kernel rejected a shape or layer, or ran out of memory.
-        """
-        rc = self._lib.rk_gemma4_attn(_data(model), layer)
-        if rc:
-            raise ValueError(f"gemma4_attn: the kernel rejected layer {layer}: {_ERRORS.get(rc, rc)}")
+        """Gemma 4's attention half of `layer` for the token the descriptor describes (rkgemma4.h)."""
+        self._gemma4("attn", model, layer)
 
     def gemma4_route(self, model: np.ndarray, layer: int) -> None:
-        """Gemma 4's router of `layer` on the descriptor's h into its ids and wts (rkgemma4.h).
-
-        Raises:
-            ValueError: the kernel rejected a shape or layer, or ran out of memory.
-        """
-        rc = self._lib.rk_gemma4_route(_data(model), layer)
-        if rc:
-            raise ValueError(f"gemma4_route: the kernel rejected layer {layer}: {_ERRORS.get(rc, rc)}")
+        """Gemma 4's router of `layer` on the descriptor's h into its ids and wts (rkgemma4.h)."""
+        self._gemma4("route", model, layer)
 
     def gemma4_ffn_out(self, model: np.ndarray, layer: int) -> None:
-        """The end of Gemma 4's `layer` from the descriptor's mlp and y into its h (rkgemma4.h).
+        """The end of Gemma 4's `layer` from the descriptor's mlp and y into its h (rkgemma4.h)."""
+        self._gemma4("ffn_out", model, layer)
+
+    def _gemma4(self, part: str, model: np.ndarray, layer: int) -> None:
+        """rk_gemma4_<part>(model, layer).
 
         Raises:
             ValueError: the kernel rejected a shape or layer, or ran out of memory.
         """
-        rc = self._lib.rk_gemma4_ffn_out(_data(model), layer)
+        rc = getattr(self._lib, f"rk_gemma4_{part}")(_data(model), layer)
         if rc:
-            raise ValueError(f"gemma4_ffn_out: the kernel rejected layer {layer}: {_ERRORS.get(rc, rc)}")
+            raise ValueError(f"gemma4_{part}: the kernel rejected layer {layer}: {_ERRORS.get(rc, rc)}")
 
     def activation_flags(self) -> tuple[int, int, int]:
         """This thread's kind-code flags: (linear and linear_many's, linear_grouped's, llama_decode's)."""

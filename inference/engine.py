@@ -24,6 +24,7 @@ from .experts.cache import PAGE
 from .experts.io import IO_MODES
 from .options import OptionError, option
 from .kernels.repack import repack_model
+from . import structured
 from .generate import ContextLengthError, EngineBusyError, Event, _is_set, decode, max_new_tokens
 from .model import empty_cache, load_model
 from .sampler import SamplingParams
@@ -182,7 +183,37 @@ class Engine:
             ContextLengthError: prompt + max_tokens exceed the context (stating both numbers).
         """
         p = self._params(params, overrides)
-        return self._start(self.tokenizer.encode_chat(messages, tools=p.tools, **p.template), p, progress)
+        return self._start(self._chat_ids(messages, p), p, progress, chat=True)
+
+    def chat_prompt(self, messages: list[dict], params: SamplingParams | dict | None = None, **overrides) -> list[int]:
+        """The token ids `chat` would prefill for `messages`: the template with tools and thinking applied.
+
+        Pass them to `generate(ids, params, chat=True)` to run them as `chat` does (a server restores a
+        saved KV state for them first). Raises as `chat` does, `StructureError` included.
+        """
+        return self._chat_ids(messages, self._params(params, overrides))
+
+    def _chat_ids(self, messages: list[dict], p: SamplingParams) -> list[int]:
+        tok = self.tokenizer
+        tools, _, use_tools = structured.check_tools(p.tools, p.tool_choice)
+        messages, shown = structured.prompt_messages(self.family, messages, tools, use_tools)
+        variables = dict(p.template)
+        if p.think is not None and self.family.reasoning is not None:
+            variables["enable_thinking"] = bool(p.think)
+        return tok.encode_chat(messages, tools=shown, **variables)
+
+    @cached_property
+    def family(self) -> structured.Family:
+        """The chat template's tool-call and thinking format (`inference.structured.families`)."""
+        return structured.detect(self.tokenizer.template_source)
+
+    @cached_property
+    def grammars(self) -> structured.Grammars:
+        """The store's grammar compiler (its llguidance tokenizer is built on first use)."""
+        tok = self.tokenizer
+        return structured.Grammars(
+            (self.store.path / "tokenizer.json").read_text(), self.model.args.vocab_size, sorted(tok.eos_ids)
+        )
 
     def complete(
         self, prompt: str, params: SamplingParams | dict | None = None, *, progress: Progress | None = None, **overrides
@@ -197,10 +228,15 @@ class Engine:
         params: SamplingParams | dict | None = None,
         *,
         progress: Progress | None = None,
+        chat: bool = False,
         **overrides,
     ) -> Iterator[Event]:
-        """Continue the token ids `ids` (no template, nothing added). As `chat` otherwise."""
-        return self._start([int(i) for i in ids], self._params(params, overrides), progress)
+        """Continue the token ids `ids` (no template, nothing added). As `chat` otherwise.
+
+        `chat`: the ids are a rendered conversation (`chat_prompt`): the answer is read in the model's
+        format (reasoning and tool calls apart from the content).
+        """
+        return self._start([int(i) for i in ids], self._params(params, overrides), progress, chat=chat)
 
     def cancel(self) -> None:
         """Stop the running generation (and any prepared one) before its next token; safe from any thread."""
@@ -239,24 +275,32 @@ class Engine:
     def _params(self, params, overrides) -> SamplingParams:
         return SamplingParams.from_any(params, **overrides).resolve(self.store.manifest.get("generation"))
 
-    def _start(self, ids: list[int], p: SamplingParams, progress: Progress | None = None) -> Iterator[Event]:
+    def _start(
+        self, ids: list[int], p: SamplingParams, progress: Progress | None = None, *, chat: bool = False
+    ) -> Iterator[Event]:
         """Check the request against the context and the engine's state; the generator that runs it."""
         if not ids:
             raise ValueError("the prompt is empty (no tokens); give some text")
         max_tokens = max_new_tokens(len(ids), p, self.context_length)
+        plan = None
+        if chat or p.format is not None or p.logit_bias:
+            plan = structured.Plan(
+                self.grammars, self.family, self.tokenizer, p, chat=chat,
+                prompt_text=self.tokenizer.decode(ids[-16:], skip_special_tokens=False) if chat else "",
+            )
         if self._lock.locked():
             raise EngineBusyError("the engine is busy with another generation; wait for it or cancel() it")
         cancel = threading.Event()
         self._live.add(cancel)
-        return self._run(ids, p, max_tokens, cancel, progress)
+        return self._run(ids, p, max_tokens, cancel, progress, plan)
 
     def _run(
-        self, ids: list[int], p: SamplingParams, max_tokens: int, cancel: threading.Event, progress: Progress | None
+        self, ids: list[int], p: SamplingParams, max_tokens: int, cancel: threading.Event, progress: Progress | None, plan
     ) -> Iterator[Event]:
         try:
             with self._exclusive():
                 yield from decode(
-                    self, ids, p, max_tokens, lambda: cancel.is_set() or _is_set(p.cancel), progress=progress
+                    self, ids, p, max_tokens, lambda: cancel.is_set() or _is_set(p.cancel), progress=progress, plan=plan
                 )
         finally:
             self._live.discard(cancel)

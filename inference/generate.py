@@ -21,59 +21,16 @@ generating thread (a server turns it into progress events for its clients).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Iterator, Union
+from typing import Iterator
 
+import numpy as np
 
 from .errors import RkmojoError
 from .sampler import Sampler, SamplingParams, top_logprobs
 from .tokenizer import TextStream
 
 
-# --- events --------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class TextDelta:
-    """New answer text (whole characters and grapheme clusters; stop strings never appear)."""
-
-    text: str
-
-
-@dataclass(frozen=True)
-class TokenEvent:
-    """One generated token. `logprob`/`top_logprobs` ((id, log-probability) pairs, best first) when asked."""
-
-    id: int
-    logprob: float | None = None
-    top_logprobs: tuple[tuple[int, float], ...] | None = None
-
-
-@dataclass(frozen=True)
-class Usage:
-    prompt_tokens: int  # the whole prompt
-    cached_tokens: int  # of which reused from the KV cache (not recomputed)
-    completion_tokens: int  # generated tokens, the end-of-sequence token not counted
-
-
-@dataclass(frozen=True)
-class Timings:
-    ttft: float  # seconds from the call to the first sampled token (prefill included)
-    prefill_tps: float  # prompt tokens computed per second (cached ones excluded)
-    decode_tps: float  # generated tokens per second after the first
-    expert_hit_rate: float | None  # expert cache hits / requests during this generation; None: no streaming
-    total: float = 0.0  # seconds for the whole generation
-
-
-@dataclass(frozen=True)
-class Final:
-    """The end of a generation: why it ended ("stop", "length" or "cancelled"), counts, timings, full text."""
-
-    finish_reason: str
-    usage: Usage
-    timings: Timings
-    text: str = ""
-
-
-Event = Union[TextDelta, TokenEvent, Final]
+from .events import Event, Final, Timings, TextDelta, TokenEvent, ToolCall, ToolCallDelta, Usage  # noqa: F401 (re-exported)
 
 
 class ContextLengthError(RkmojoError, ValueError):
@@ -105,15 +62,18 @@ def max_new_tokens(n_prompt: int, p: SamplingParams, context: int) -> int:
     return p.max_tokens
 
 
-def decode(engine, ids: list[int], p: SamplingParams, max_tokens: int, cancelled, *, progress=None) -> Iterator[Event]:
+def decode(
+    engine, ids: list[int], p: SamplingParams, max_tokens: int, cancelled, *, progress=None, plan=None
+) -> Iterator[Event]:
     """Prefill `ids` on `engine`, then sample up to `max_tokens` tokens: TokenEvent/TextDelta…, one Final.
 
     `cancelled()` is checked before every token; `progress(done, total)` is the prefill's (`Engine.prefill`).
+    `plan` (`structured.Plan`): grammar, logit bias and the reading of reasoning and tool calls.
     The caller holds the engine's generation lock.
     """
     tok = engine.tokenizer
     sampler = Sampler(p)
-    stream: TextStream = tok.stream(p.stop)
+    stream: TextStream = tok.stream(p.stop, skip_special_tokens=not (plan and plan.keep_special))
     before = _expert_counts(engine.expert_stats)
     t0 = time.perf_counter()
     generated: list[int] = []
@@ -129,24 +89,28 @@ def decode(engine, ids: list[int], p: SamplingParams, max_tokens: int, cancelled
             if cancelled():
                 reason = "cancelled"
                 break
+            raw = logits
+            if plan is not None and plan.masking:
+                logits = np.array(logits, dtype=np.float32)  # the model's own row stays as it is for logprobs
+                plan.mask(logits)
             nxt = sampler(logits, generated)
             if t_first is None:
                 t_first = time.perf_counter()
                 ttft = t_first - t0
-            if nxt in tok.eos_ids:
+            if nxt in tok.eos_ids or (plan is not None and plan.ends(nxt)):
                 reason = "stop"
                 break
             generated.append(nxt)
+            end = plan.accept(nxt) if plan is not None else False
             if p.logprobs is not None:
-                lp, top = top_logprobs(logits, nxt, p.logprobs)
+                lp, top = top_logprobs(raw, nxt, p.logprobs)
                 yield TokenEvent(nxt, lp, tuple(top))
             else:
                 yield TokenEvent(nxt)
             text = stream.push(nxt)
             if text:
-                pieces.append(text)
-                yield TextDelta(text)
-            if stream.stopped:
+                yield from _text(text, plan, pieces)
+            if stream.stopped or end:
                 reason = "stop"
                 break
             if len(generated) >= max_tokens:
@@ -155,8 +119,9 @@ def decode(engine, ids: list[int], p: SamplingParams, max_tokens: int, cancelled
             logits = engine.forward([nxt])[-1]
     tail = stream.finish()
     if tail:
-        pieces.append(tail)
-        yield TextDelta(tail)
+        yield from _text(tail, plan, pieces)
+    if plan is not None:
+        yield from _text(None, plan, pieces)
     t_end = time.perf_counter()
     computed = len(ids) - reused
     after = _expert_counts(engine.expert_stats)
@@ -172,7 +137,24 @@ def decode(engine, ids: list[int], p: SamplingParams, max_tokens: int, cancelled
         expert_hit_rate=hit_rate,
         total=t_end - t0,
     )
-    yield Final(reason, Usage(len(ids), reused, len(generated)), timings, "".join(pieces))
+    usage = Usage(len(ids), reused, len(generated))
+    if plan is None or plan.parser is None:
+        yield Final(reason, usage, timings, "".join(pieces))
+        return
+    parsed = plan.parser
+    if parsed.calls and reason == "stop":
+        reason = "tool_calls"
+    yield Final(reason, usage, timings, parsed.text, "".join(parsed.reasoning), tuple(parsed.calls))
+
+
+def _text(text: str | None, plan, pieces: list[str]):
+    """The events of new detokenized `text` (None: the end of the answer), read by the plan's parser if any."""
+    if plan is None or plan.parser is None:
+        if text:
+            pieces.append(text)
+            yield TextDelta(text)
+        return
+    yield from (plan.feed(text) if text is not None else plan.finish())
 
 
 def _is_set(token) -> bool:

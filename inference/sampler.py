@@ -55,7 +55,12 @@ class SamplingParams:
         cancel: a `threading.Event` (or anything with `is_set()`, or a callable returning bool)
             checked before every token; when set the generation ends with finish_reason "cancelled".
         template: extra chat template variables (`{"enable_thinking": False}`, …).
-        tools: function schemas offered to templates that support tools.
+        tools: function tools ({"type": "function", "function": {"name", "description", "parameters"}}).
+        tool_choice: "none", "auto" (default), "required", or {"type": "function", "function": {"name": N}}.
+        parallel_tool_calls: the model may make several calls in one answer.
+        format: a JSON schema the answer must match (constrained decoding; `inference.structured`).
+        think: a thinking model reasons before it answers; None: the template's default.
+        logit_bias: token id → a number in [-100, 100] added to its logit before sampling.
     """
 
     max_tokens: int | None = option(help="answer length limit (default: the context)", ge=1)
@@ -74,6 +79,11 @@ class SamplingParams:
     cancel: Any = None
     template: dict = field(default_factory=dict)
     tools: list | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool = True
+    format: dict | None = None
+    think: bool | None = None
+    logit_bias: dict | None = None
 
     def __post_init__(self):
         if isinstance(self.stop, str):

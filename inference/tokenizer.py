@@ -87,9 +87,12 @@ class StoreTokenizer:
         """Token ids of a rendered conversation; the template writes the special tokens itself."""
         return self.encode(self.render_chat(messages, **kwargs), add_special_tokens=False)
 
-    def stream(self, stop: list[str] = ()) -> "TextStream":
-        """A fresh detokenizer for one answer."""
-        return TextStream(IncrementalDecoder(self.tok), stop)
+    def stream(self, stop: list[str] = (), *, skip_special_tokens: bool = True) -> "TextStream":
+        """A fresh detokenizer for one answer (special tokens kept when a parser needs to see its markers)."""
+        return TextStream(self.decoder(skip_special_tokens=skip_special_tokens), stop)
+
+    def decoder(self, *, skip_special_tokens: bool = True) -> "IncrementalDecoder":
+        return IncrementalDecoder(self.tok, skip_special_tokens=skip_special_tokens)
 
 
 def _read_json(path: Path) -> dict:

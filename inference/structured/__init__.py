@@ -86,6 +86,8 @@ def check_tools(tools, tool_choice) -> tuple[list[dict], str | None, bool]:
 
 def prompt_messages(family: Family, messages: list[dict], tools: list[dict], use_tools: bool) -> tuple[list[dict], list | None]:
     """(messages, tools) to render: as they are for a native family; the generic format's otherwise."""
+    # a turn that only calls tools has no content; templates read it all the same (Qwen3's fails without it)
+    messages = [{**m, "content": ""} if m.get("content") is None else m for m in messages]
     if family.name != "generic":
         return messages, (tools if use_tools else None)
     out = []

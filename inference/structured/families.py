@@ -31,6 +31,7 @@ GENERIC_INSTRUCTIONS = (
     '{{"tool_calls": [{{"name": "<tool name>", "arguments": {{...}}}}]}} to call tools, '
     'or {{"response": "<your answer>"}} to answer the user directly.'
 )
+MAX_PARALLEL = 8  # calls in one generic answer: a small model may otherwise repeat one call to the end of the context
 # compact and fixed, as the templates render JSON: the parser may then stream `{"response": "` text
 JSON_STYLE = {"whitespace_flexible": False, "key_separator": ": ", "item_separator": ", "}
 
@@ -128,7 +129,7 @@ def generic_schema(tools: list[dict], *, required: bool, parallel: bool, respons
             for t in tools
         ]
     }
-    calls = {"type": "array", "items": call, "minItems": 1, **({} if parallel else {"maxItems": 1})}
+    calls = {"type": "array", "items": call, "minItems": 1, "maxItems": MAX_PARALLEL if parallel else 1}
     with_calls = {
         "type": "object",
         "properties": {"tool_calls": calls},

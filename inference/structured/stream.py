@@ -143,6 +143,8 @@ class OutputParser:
                 out += self._add_call(new_call_id(), c["name"], c["arguments"], name_sent=False)
             return out
         except (ValueError, KeyError, TypeError):
+            if buf.startswith('{"tool_calls"'):  # calls cut short (the length limit): no call, and no JSON as text
+                return []
             return self._emit("content", buf, boundary=True)
 
     def _call_state(self, final: bool) -> list:

@@ -224,3 +224,31 @@ def test_a_lazy_call_grammar_starts_at_the_opening_marker(engines):
     plan.mask(logits)
     allowed = [e.tokenizer.decode([int(i)]) for i in np.nonzero(np.isfinite(logits))[0]]
     assert allowed and all('\n{"name": "get_weather", "arguments": '.startswith(a) for a in allowed)
+
+
+@pytest.mark.parametrize("mostly_allowed", [True, False])
+def test_the_mask_refuses_exactly_the_tokens_the_grammar_refuses(mostly_allowed):
+    """The word-wise mask against a plain boolean unpacking of llguidance's bitmask."""
+    import numpy as np
+
+    from inference.structured.grammar import Constraint
+
+    rng = np.random.default_rng(int(mostly_allowed))
+    n = 1000 + 17
+    bits = np.full((n + 31) // 32, -1 if mostly_allowed else 0, np.int32)
+    bits[rng.integers(len(bits), size=5)] = rng.integers(-(2**31), 2**31 - 1, size=5)
+
+    class Matcher:  # llguidance's matcher as the constraint calls it: the mask is written into `bits`
+        def unsafe_compute_mask_ptr(self, ptr, nbytes):
+            pass
+
+        def is_accepting(self):
+            return False
+
+    c = Constraint(Matcher(), n, [0])
+    c._bits[:] = bits
+    logits = rng.random(n).astype(np.float32)
+    want = logits.copy()
+    want[~np.unpackbits(bits.view(np.uint8), bitorder="little", count=n).view(bool)] = -np.inf
+    c.apply(logits)
+    assert np.array_equal(logits, want)

@@ -64,18 +64,23 @@ class _CancelOnInterrupt:
         signal.signal(signal.SIGINT, self.previous)
 
 
-def stream_answer(engine: Engine, messages: list[dict], params: dict, out=sys.stdout) -> Final:
-    """Write the answer to `out` as it streams; the `Final` event.
+def stream_answer(engine: Engine, messages: list[dict], params: dict, out=sys.stdout, thoughts=sys.stderr) -> Final:
+    """Write the answer to `out` as it streams, a thinking model's reasoning to `thoughts`; the `Final` event.
 
     Raises:
         KeyboardInterrupt: a second Ctrl-C (the engine's KV state is reset first).
     """
+    thinking = False
     with _CancelOnInterrupt(engine):
         try:
             for ev in engine.chat(messages, params):
                 if isinstance(ev, TextDelta):
-                    out.write(ev.text)
-                    out.flush()
+                    if ev.channel == "content" and thinking:  # the thoughts end on their own line
+                        thoughts.write("\n\n")
+                    thinking = ev.channel == "reasoning"
+                    to = thoughts if thinking else out
+                    to.write(ev.text)
+                    to.flush()
                 elif isinstance(ev, Final):
                     return ev
         except KeyboardInterrupt:

@@ -26,34 +26,46 @@ from pathlib import Path
 import numpy as np
 
 SCHEMA = {"type": "object", "properties": {"notes": {"type": "string"}}, "required": ["notes"]}
-OTHER = {"type": "object", "properties": {"n": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}}}
+OTHER = {
+    "type": "object",
+    "properties": {"n": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}},
+}
 
 
 def synthetic_tokenizer(n_vocab: int, seed: int = 0) -> str:
-    """A byte-level BPE tokenizer.json of `n_vocab` ids: the 256 bytes, then merges of random earlier tokens
-    (short ones more often, so lengths spread as a real vocabulary's do), the last id an end token."""
+    """A byte-level BPE tokenizer.json of `n_vocab` ids laid out as Gemma's: 0-3 the special tokens (pad,
+    end, begin, unknown: the ids a synth store's config names), then the 256 bytes, then merges of random
+    earlier tokens (short ones more often, so lengths spread as a real vocabulary's do)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     rng = np.random.default_rng(seed)
-    vocab = {ch: i for i, ch in enumerate(sorted(alphabet))}
-    tokens = list(vocab)
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>"]
+    tokens = specials + sorted(alphabet)
+    vocab = {t: i for i, t in enumerate(tokens)}
     merges = []
-    letters = [t for t in tokens if t.isalpha() or t == "Ġ"]
-    while len(tokens) < n_vocab - 1:
-        a = letters[rng.integers(len(letters))] if rng.random() < 0.5 else tokens[min(len(tokens) - 1, int(rng.exponential(len(tokens) / 8)))]
-        b = tokens[int(rng.integers(len(tokens)))] if rng.random() < 0.3 else letters[rng.integers(len(letters))]
+    letters = [t for t in tokens[4:] if t.isalpha() or t == "Ġ"]
+    while len(tokens) < n_vocab:
+        a = (
+            letters[rng.integers(len(letters))]
+            if rng.random() < 0.5
+            else tokens[min(len(tokens) - 1, 4 + int(rng.exponential(len(tokens) / 8)))]
+        )
+        b = (
+            tokens[4 + int(rng.integers(len(tokens) - 4))]
+            if rng.random() < 0.3
+            else letters[rng.integers(len(letters))]
+        )
         new = a + b
         if new in vocab or len(new) > 16:
             continue
         vocab[new] = len(tokens)
         tokens.append(new)
         merges.append((a, b))
-    vocab["<eos>"] = len(tokens)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(["<eos>"])
+    tok.add_special_tokens(specials)
     return tok.to_str()
 
 
@@ -69,7 +81,11 @@ def main() -> None:
     from inference.engine import Engine
 
     store = Path(a.store)
-    where = {"memory_budget": None, "expert_slots": None, "prefetch": 0} if a.memory_budget == "all" else {"memory_budget": a.memory_budget}
+    where = (
+        {"memory_budget": None, "expert_slots": None, "prefetch": 0}
+        if a.memory_budget == "all"
+        else {"memory_budget": a.memory_budget}
+    )
     if not (store / "tokenizer.json").exists():
         from inference.store import Store
 
@@ -105,7 +121,7 @@ def main() -> None:
         seen = {False: [], True: []}
         ttft = {False: [], True: []}
         for r in range(a.rounds):
-            for constrained in ((False, True) if r % 2 == 0 else (True, False)):
+            for constrained in (False, True) if r % 2 == 0 else (True, False):
                 tps, tt, n = run(constrained, r + 1)
                 if n < a.tokens // 2:
                     print(f"  round {r}: {'constrained' if constrained else 'free'} answer ended after {n} tokens")
@@ -116,8 +132,12 @@ def main() -> None:
         print(f"  free decode         {free:8.2f} tok/s   (runs: {', '.join(f'{x:.2f}' for x in seen[False])})")
         print(f"  constrained decode  {cons:8.2f} tok/s   (runs: {', '.join(f'{x:.2f}' for x in seen[True])})")
         print(f"  constrained / free  {cons / free:8.3f}")
-        print(f"  TTFT free {statistics.median(ttft[False]) * 1e3:.1f} ms, constrained {statistics.median(ttft[True]) * 1e3:.1f} ms")
-        print(f"  grammar compile: first {first * 1e3:.0f} ms (with the tokenizer), new schema {new * 1e3:.1f} ms, cached {cached * 1e3:.2f} ms")
+        print(
+            f"  TTFT free {statistics.median(ttft[False]) * 1e3:.1f} ms, constrained {statistics.median(ttft[True]) * 1e3:.1f} ms"
+        )
+        print(
+            f"  grammar compile: first {first * 1e3:.0f} ms (with the tokenizer), new schema {new * 1e3:.1f} ms, cached {cached * 1e3:.2f} ms"
+        )
     finally:
         e.close()
 

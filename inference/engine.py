@@ -285,7 +285,11 @@ class Engine:
         plan = None
         if chat or p.format is not None or p.logit_bias:
             plan = structured.Plan(
-                self.grammars, self.family, self.tokenizer, p, chat=chat,
+                self.grammars,
+                self.family,
+                self.tokenizer,
+                p,
+                chat=chat,
                 prompt_text=self.tokenizer.decode(ids[-16:], skip_special_tokens=False) if chat else "",
             )
         if self._lock.locked():
@@ -295,7 +299,13 @@ class Engine:
         return self._run(ids, p, max_tokens, cancel, progress, plan)
 
     def _run(
-        self, ids: list[int], p: SamplingParams, max_tokens: int, cancel: threading.Event, progress: Progress | None, plan
+        self,
+        ids: list[int],
+        p: SamplingParams,
+        max_tokens: int,
+        cancel: threading.Event,
+        progress: Progress | None,
+        plan,
     ) -> Iterator[Event]:
         try:
             with self._exclusive():

@@ -92,7 +92,9 @@ def test_a_required_tool_call_is_valid_against_its_schema(engines, model):
 
 @pytest.mark.parametrize("model", ["smollm2", "qwen3", "gemma4"])
 def test_a_named_function_is_the_one_called(engines, model):
-    _, final = _run(engines[model], tools=[WEATHER, LIGHT], tool_choice={"type": "function", "function": {"name": "HassTurnOn"}})
+    _, final = _run(
+        engines[model], tools=[WEATHER, LIGHT], tool_choice={"type": "function", "function": {"name": "HassTurnOn"}}
+    )
     assert [c.name for c in final.tool_calls][:1] == ["HassTurnOn"]
 
 
@@ -142,7 +144,10 @@ def test_thinking_on_puts_the_reasoning_apart_from_the_answer():
     for i in range(0, len(text), 3):  # any split of the text gives the same events
         events += p.feed(text[i : i + 3])
     events += p.finish()
-    assert "".join(e.text for e in events if isinstance(e, TextDelta) and e.channel == "reasoning") == "The user wants\n the weather."
+    assert (
+        "".join(e.text for e in events if isinstance(e, TextDelta) and e.channel == "reasoning")
+        == "The user wants\n the weather."
+    )
     assert "".join(e.text for e in events if isinstance(e, TextDelta) and e.channel == "content") == "Let me check."
     assert [(c.name, c.arguments) for c in p.calls] == [("get_weather", {"city": "Paris"})]
 
@@ -178,7 +183,20 @@ def test_gemma4_call_syntax_reads_back_as_json_arguments():
 @pytest.mark.parametrize(
     "params, field",
     [
-        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "frob"}}}}}]}, "tools"),
+        (
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "f",
+                            "parameters": {"type": "object", "properties": {"a": {"type": "frob"}}},
+                        },
+                    }
+                ]
+            },
+            "tools",
+        ),
         ({"format": {"type": "object", "properties": {"a": {"if": {}, "then": {}}}}}, "format"),
         ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
         ({"tools": [{"type": "function", "function": {"name": ""}}]}, "tools[0].function.name"),
@@ -193,7 +211,13 @@ def test_bad_structure_is_refused_before_any_compute_naming_the_field(engines, p
 
 
 def test_an_unsupported_keyword_in_gemma4_syntax_is_named(engines):
-    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "string", "pattern": "x+"}}}}}
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "f",
+            "parameters": {"type": "object", "properties": {"a": {"type": "string", "pattern": "x+"}}},
+        },
+    }
     with pytest.raises(StructureError, match="pattern"):
         engines["gemma4"].chat(ASK, {"tools": [tool], "tool_choice": "required"})
 

@@ -75,7 +75,8 @@ def check_tools(tools, tool_choice) -> tuple[list[dict], str | None, bool]:
         forced = (choice.get("function") or {}).get("name") or choice.get("name")
         if forced not in names:
             raise StructureError(
-                "tool_choice", f"tool_choice names function {forced!r}, which is not among the tools ({', '.join(names) or 'none given'})"
+                "tool_choice",
+                f"tool_choice names function {forced!r}, which is not among the tools ({', '.join(names) or 'none given'})",
             )
     elif choice not in ("none", "auto", "required"):
         raise StructureError("tool_choice", f"tool_choice {choice!r} is not one of none, auto, required or a function")
@@ -84,7 +85,9 @@ def check_tools(tools, tool_choice) -> tuple[list[dict], str | None, bool]:
     return tools, forced, bool(tools) and choice != "none"
 
 
-def prompt_messages(family: Family, messages: list[dict], tools: list[dict], use_tools: bool) -> tuple[list[dict], list | None]:
+def prompt_messages(
+    family: Family, messages: list[dict], tools: list[dict], use_tools: bool
+) -> tuple[list[dict], list | None]:
     """(messages, tools) to render: as they are for a native family; the generic format's otherwise."""
     # a turn that only calls tools has no content; templates read it all the same (Qwen3's fails without it)
     messages = [{**m, "content": ""} if m.get("content") is None else m for m in messages]
@@ -97,10 +100,17 @@ def prompt_messages(family: Family, messages: list[dict], tools: list[dict], use
             m = {"role": "assistant", "content": json.dumps({"tool_calls": calls}, ensure_ascii=False)}
         elif m.get("role") == "tool":
             name = m.get("name") or "tool"
-            m = {"role": "tool", "content": json.dumps({"tool_response": {"name": name, "content": m.get("content")}}, ensure_ascii=False)}
+            m = {
+                "role": "tool",
+                "content": json.dumps(
+                    {"tool_response": {"name": name, "content": m.get("content")}}, ensure_ascii=False
+                ),
+            }
         out.append(m)
     if use_tools:
-        described = GENERIC_INSTRUCTIONS.format(tools="\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools))
+        described = GENERIC_INSTRUCTIONS.format(
+            tools="\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools)
+        )
         if out and out[0].get("role") == "system":
             out[0] = {**out[0], "content": f"{out[0].get('content') or ''}\n\n{described}".strip()}
         else:
@@ -130,7 +140,11 @@ class Plan:
         tools, forced, use_tools = check_tools(params.tools, params.tool_choice) if chat else ([], None, False)
         if params.think and chat and family.reasoning is None:
             raise StructureError("think", "this model's chat template has no thinking mode; leave think unset or false")
-        thinking = chat and family.reasoning is not None and (params.think if params.think is not None else family.thinks_by_default)
+        thinking = (
+            chat
+            and family.reasoning is not None
+            and (params.think if params.think is not None else family.thinks_by_default)
+        )
         in_reasoning = bool(thinking and prompt_text.rstrip().endswith(family.reasoning[0]))
         self.parallel = params.parallel_tool_calls
         if forced:

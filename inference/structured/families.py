@@ -95,8 +95,8 @@ def call_grammar(family: Family, tools: list[dict], token_id) -> list[str]:
     """Lark rules whose rule `call` is one tool call of `tools` in `family`'s syntax, markers included."""
     if family.name == "hermes":
         rules = [
-            f"call: {lark_marker(family.call_open, token_id)} \"\\n\" ({' | '.join(f'f{i}' for i in range(len(tools)))})"
-            f" \"\\n\" {lark_marker(family.call_close, token_id)}"
+            f'call: {lark_marker(family.call_open, token_id)} "\\n" ({" | ".join(f"f{i}" for i in range(len(tools)))})'
+            f' "\\n" {lark_marker(family.call_close, token_id)}'
         ]
         for i, t in enumerate(tools):
             head = json.dumps('{"name": ' + json.dumps(t["function"]["name"]) + ', "arguments": ')
@@ -154,8 +154,30 @@ _SIMPLE = {
     "boolean": '("true" | "false")',
     "null": '"null"',
 }
-_ANNOTATIONS = {"description", "title", "default", "examples", "$schema", "$id", "$comment", "nullable", "additionalProperties", "strict"}
-_KNOWN = _ANNOTATIONS | {"type", "properties", "required", "items", "enum", "anyOf", "oneOf", "const", "minItems", "maxItems"}
+_ANNOTATIONS = {
+    "description",
+    "title",
+    "default",
+    "examples",
+    "$schema",
+    "$id",
+    "$comment",
+    "nullable",
+    "additionalProperties",
+    "strict",
+}
+_KNOWN = _ANNOTATIONS | {
+    "type",
+    "properties",
+    "required",
+    "items",
+    "enum",
+    "anyOf",
+    "oneOf",
+    "const",
+    "minItems",
+    "maxItems",
+}
 
 
 class _GemmaGrammar:
@@ -166,7 +188,7 @@ class _GemmaGrammar:
         self.rules: list[str] = []
         q = token_id('<|"|>')
         if q is not None:  # the quote is one token: the text between two quote tokens is free of it
-            self.rules.append(f'gstr: <[{q}]> GTEXT <[{q}]>\nGTEXT: /[^\\x00]*/')
+            self.rules.append(f"gstr: <[{q}]> GTEXT <[{q}]>\nGTEXT: /[^\\x00]*/")
         else:
             self.rules.append('gstr: GSTR\nGSTR: "<|\\"|>" (/(?s:.*)/ & ~/(?s:.*<\\|"\\|>.*)/) "<|\\"|>"')
 
@@ -202,13 +224,15 @@ class _GemmaGrammar:
             return self._new(f'"[" ({item} ("," {item})*)? "]"')
         if kind == "object":
             return self._object(schema, where)
-        raise StructureError(where, f"{where}: type {kind!r} is not supported; use string, number, integer, boolean, array or object")
+        raise StructureError(
+            where, f"{where}: type {kind!r} is not supported; use string, number, integer, boolean, array or object"
+        )
 
     def _object(self, schema: dict, where: str) -> str:
         props = schema.get("properties") or {}
         required = set(schema.get("required") or ())
         keys = sorted(props)  # the order the template renders them in (dictsort)
-        kv = {k: f'{json.dumps(k + ":")} {self.value(props[k], f"{where}.properties.{k}")}' for k in keys}
+        kv = {k: f"{json.dumps(k + ':')} {self.value(props[k], f'{where}.properties.{k}')}" for k in keys}
         # F[i] / R[i]: the pairs from keys[i] on, before / after the first pair is written ("": nothing)
         F, R = [""] * (len(keys) + 1), [""] * (len(keys) + 1)
         for i in range(len(keys) - 1, -1, -1):

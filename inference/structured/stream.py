@@ -74,9 +74,12 @@ class OutputParser:
 
     # --- states -----------------------------------------------------------------------------------
     def _step(self):
-        return {"content": self._content, "reasoning": self._reasoning, "call": self._call_state, "generic": self._generic}[
-            self.state
-        ]
+        return {
+            "content": self._content,
+            "reasoning": self._reasoning,
+            "call": self._call_state,
+            "generic": self._generic,
+        }[self.state]
 
     def _markers(self) -> dict[str, str]:
         if self.state == "content":
@@ -175,7 +178,9 @@ class OutputParser:
         except ValueError:
             return out + self._emit("content", self.family.call_open + body, boundary=True)
         streamed = c["sent"] > 0
-        return out + self._add_call(c["id"], name, args, name_sent=c["name"] is not None, args_sent="x" if streamed else "")
+        return out + self._add_call(
+            c["id"], name, args, name_sent=c["name"] is not None, args_sent="x" if streamed else ""
+        )
 
     def _add_call(self, call_id: str, name: str, args: dict, *, name_sent: bool, args_sent: str = "") -> list:
         index = len(self.calls)
@@ -185,8 +190,6 @@ class OutputParser:
         if rest:
             out.append(ToolCallDelta(index, call_id, None, rest))
         return out
-
-
 
 
 def _prefix_overlap(text: str, marker: str) -> int:

@@ -8,11 +8,17 @@ A request's stream (`bus.k_events`) carries, in order:
 - `Loading` {model}: the worker is loading the model before it can start;
 - `Start` {prompt_tokens, load_duration}: the request is valid and computing (the HTTP status is 200 from here);
 - `PrefillProgress` {done, total}: prompt tokens computed so far;
-- `Delta` {text, tokens, logprobs?}: new answer text;
+- `Delta` {text, tokens, channel, logprobs?}: new answer text; `channel` "content" (the answer) or
+  "reasoning" (a thinking model's thoughts, which never appear in the content);
+- `ToolCallDelta` {index, id, name?, arguments}: a piece of a tool call the model writes: the first piece
+  of call `index` carries its `id` and `name` (arguments ""), the next ones pieces of its arguments' JSON
+  text (the same `id` on each); a call's pieces concatenated are a JSON object;
 - `Embeddings` {data (base64 float32), shape, prompt_tokens};
 - `Progress` {status, digest?, completed?, total?}: a pull or verify of a store (board tasks);
-- `Final` {finish_reason, usage, timings (with the expert cache hit rate), load_duration, logprobs?,
-  cancel_latency?, tokens_after_cancel?};
+- `Final` {finish_reason, usage (reasoning_tokens: those of the completion that wrote reasoning), timings
+  (with the expert cache hit rate), load_duration, logprobs?,
+  tool_calls?, cancel_latency?, tokens_after_cancel?}: finish_reason "tool_calls" when the answer ended
+  with at least one tool call, whose parsed arguments are in `tool_calls` [{id, name, arguments}];
 - `Error` {status, code, param, message} instead of `Start`, or after it when something broke.
 
 `WorkerStats` is the worker's once-a-second summary for the live view (not on a request's stream).
@@ -76,7 +82,24 @@ class Delta(_Event):
     t: Literal["delta"] = "delta"
     text: str
     tokens: int = Field(ge=0)  # tokens generated so far
+    channel: Literal["content", "reasoning"] = "content"
     logprobs: list[Logprob] | None = None
+
+
+class ToolCallDelta(_Event):
+    t: Literal["tool_call"] = "tool_call"
+    index: int = Field(ge=0)  # 0, 1, … in the order the model wrote the calls
+    id: str  # "call_…", the same on every piece of one call
+    name: str | None = None  # on the first piece of a call only
+    arguments: str = ""  # a piece of the arguments' JSON text ("" on the first)
+
+
+class ToolCallOut(_Event):
+    """A finished tool call: its arguments parsed (a JSON object)."""
+
+    id: str
+    name: str
+    arguments: dict
 
 
 def logprob_dicts(ev: Delta | Final) -> list[dict]:
@@ -103,6 +126,7 @@ class Usage(_Event):
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    reasoning_tokens: int = 0  # of the completion tokens, those that wrote reasoning (thinking)
 
 
 class Timings(_Event):
@@ -115,11 +139,12 @@ class Timings(_Event):
 
 class Final(_Event):
     t: Literal["final"] = "final"
-    finish_reason: str  # stop, length, cancelled; load, unload for the control kinds
+    finish_reason: str  # stop, length, cancelled, tool_calls; load, unload for the control kinds
     usage: Usage | None = None
     timings: Timings | None = None
     load_duration: float = 0.0
     logprobs: list[Logprob] | None = None
+    tool_calls: list[ToolCallOut] | None = None
     cancel_latency: float | None = None
     tokens_after_cancel: int | None = None
 
@@ -196,7 +221,20 @@ class WorkerStats(_Event):
 
 
 Event = Annotated[
-    Union[Claim, Queued, Loading, Start, PrefillProgress, Delta, Embeddings, Progress, Final, Error, WorkerStats],
+    Union[
+        Claim,
+        Queued,
+        Loading,
+        Start,
+        PrefillProgress,
+        Delta,
+        ToolCallDelta,
+        Embeddings,
+        Progress,
+        Final,
+        Error,
+        WorkerStats,
+    ],
     Field(discriminator="t"),
 ]
 TYPES: dict[str, type[_Event]] = {cls.model_fields["t"].default: cls for cls in get_args(get_args(Event)[0])}

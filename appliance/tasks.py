@@ -2,13 +2,14 @@
 
 The events they emit (`bus.emit`) are the contract in `appliance.events`; a generation's, in order:
 
-    Claim, Loading (only when the model was not loaded), Start, PrefillProgress…, Delta…, Final
+    Claim, Loading (only when the model was not loaded), Start, PrefillProgress…, Delta… and ToolCallDelta…, Final
 
 or Claim, [Loading], Error when the request is refused (an Error may also end the stream after Start).
 `PrefillProgress` {done, total} counts the prompt tokens computed of those to compute (tokens reused
 from the KV cache are in neither): (0, total) first, then after each prefill chunk, at most
 `1 / PREFILL_EVENT_INTERVAL` a second, and always the last (done == total). An embedding sends Claim,
-[Loading], Start, Embeddings, Final. (`Queued` is the web side's: `webui.api.jobs`.)
+[Loading], Start, Embeddings, Final. (`Queued` is the web side's: `webui.api.jobs`.) A chat's Deltas carry
+their channel (content or reasoning), its tool calls come as ToolCallDelta pieces and, parsed, in Final.
 
 While a task computes it keeps the board's live-view fields current (`Board.state`: loading, prefill with
 `Board.prefill`, decoding, embedding; `Board.tokens`; `Board.last_ttft`) for the stats thread.
@@ -45,6 +46,8 @@ from .events import (
     Progress,
     Start,
     Timings,
+    ToolCallDelta,
+    ToolCallOut,
     Usage,
 )
 from .promptcache import common_prefix
@@ -106,6 +109,7 @@ def generate(req: dict) -> None:
 
 def _run(b, req: dict) -> None:
     from inference.generate import ContextLengthError
+    from inference.structured import StructureError
     from inference.templates import ChatTemplateError
 
     rid, name, kind = req["id"], req["model"], req["kind"]
@@ -133,6 +137,8 @@ def _run(b, req: dict) -> None:
             except ContextLengthError as e:
                 raise RequestError(400, str(e), code="context_length_exceeded", param="prompt") from None
             except OptionError as e:
+                raise RequestError(400, str(e), code="invalid_value", param=e.field) from None
+            except StructureError as e:  # tools, tool_choice, format, think: the engine names the field
                 raise RequestError(400, str(e), code="invalid_value", param=e.field) from None
             except (ChatTemplateError, ValueError) as e:
                 raise RequestError(400, str(e), param="prompt") from None
@@ -166,11 +172,16 @@ def _embed(b, eng, req: dict, load_s: float) -> None:
 
 
 def _generate(b, eng, req: dict, load_s: float) -> None:
+    """A chat or completion: `req["params"]` are `SamplingParams` fields as JSON (tools, tool_choice,
+    parallel_tool_calls, format, think and logit_bias among them; logit_bias's token ids arrive as
+    strings); a chat's prompt is rendered by `eng.chat_prompt` (the template with tools and thinking)
+    and its answer parsed by the model's family format into reasoning, content and tool calls."""
     from inference.generate import Final as EngineFinal
     from inference.generate import TextDelta, TokenEvent
+    from inference.generate import ToolCallDelta as EngineToolCallDelta
     from inference.sampler import SamplingParams
 
-    rid, name = req["id"], req["model"]
+    rid, name, chat = req["id"], req["model"], req["kind"] == "chat"
     cancel_seen: dict = {}
 
     def cancelled() -> bool:
@@ -183,21 +194,19 @@ def _generate(b, eng, req: dict, load_s: float) -> None:
             cancel_seen["at"], cancel_seen["tokens"], cancel_seen["seen"] = at, n_tokens, time.time()
         return True
 
-    params = SamplingParams.from_any({**b.cfg.get("SAMPLING", {}), **(req.get("params") or {})}, cancel=cancelled)
+    params = SamplingParams.from_any(_params(b.cfg.get("SAMPLING", {}), req), cancel=cancelled)
     tok = eng.tokenizer
-    if req["kind"] == "chat":
-        ids = tok.encode_chat(req["messages"], **(req.get("template") or {}))
-    else:
-        ids = tok.encode(req["prompt"])
+    ids = eng.chat_prompt(req["messages"], params) if chat else tok.encode(req["prompt"])
     ld = b.loaded[name]
     if ld.dirty and common_prefix(np.asarray(ids), np.asarray(eng.tokens)) < len(eng.tokens):
         b.save_state(name)  # the engine's conversation is about to be cut short: keep it for later
     b.prompt_cache(name).restore(eng, ids)
     # checks the parameters and the context before any compute
-    events = eng.generate(ids, params, progress=_prefill_reporter(b, rid))
+    events = eng.generate(ids, params, progress=_prefill_reporter(b, rid), chat=chat)
     ld.dirty, ld.session = True, req.get("session")
     bus.emit(b.r, rid, Start(prompt_tokens=len(ids), load_duration=load_s))
-    n_tokens, pending_lp = 0, []
+    # tokens are counted as reasoning when the text they complete is (the first TextDelta after them)
+    n_tokens, counted, reasoning_tokens, pending_lp = 0, 0, 0, []
     for ev in events:
         if isinstance(ev, TokenEvent):
             if not n_tokens:
@@ -207,8 +216,13 @@ def _generate(b, eng, req: dict, load_s: float) -> None:
             if ev.logprob is not None:
                 pending_lp.append(_logprob(tok, ev))
         elif isinstance(ev, TextDelta):
-            bus.emit(b.r, rid, Delta(text=ev.text, tokens=n_tokens, logprobs=pending_lp or None))
+            if ev.channel == "reasoning":
+                reasoning_tokens += n_tokens - counted
+            counted = n_tokens
+            bus.emit(b.r, rid, Delta(text=ev.text, tokens=n_tokens, channel=ev.channel, logprobs=pending_lp or None))
             pending_lp = []
+        elif isinstance(ev, EngineToolCallDelta):
+            bus.emit(b.r, rid, ToolCallDelta(index=ev.index, id=ev.id, name=ev.name, arguments=ev.arguments))
         elif isinstance(ev, EngineFinal):
             if n_tokens or ev.finish_reason != "cancelled":
                 b.last_ttft = ev.timings.ttft
@@ -220,18 +234,37 @@ def _generate(b, eng, req: dict, load_s: float) -> None:
                     "cancel_latency": cancel_seen["seen"] - cancel_seen["at"],
                     "tokens_after_cancel": n_tokens - cancel_seen["tokens"],
                 }
+            calls = [ToolCallOut(id=c.id, name=c.name, arguments=c.arguments) for c in ev.tool_calls]
+            usage = Usage.model_validate(ev.usage, from_attributes=True)
             bus.emit(
                 b.r,
                 rid,
                 Final(
                     finish_reason=ev.finish_reason,
                     load_duration=load_s,
-                    usage=Usage.model_validate(ev.usage, from_attributes=True),
+                    usage=usage.model_copy(update={"reasoning_tokens": reasoning_tokens}),
                     timings=Timings.model_validate(ev.timings, from_attributes=True),
                     logprobs=pending_lp or None,
+                    tool_calls=calls or None,
                     **cancel,
                 ),
             )
+
+
+def _params(defaults: dict, req: dict) -> dict:
+    """The request's `SamplingParams` fields over the worker's defaults; JSON's spellings made the engine's
+    (logit_bias keys back to token ids) and the chat page's template variables (`req["template"]`) added."""
+    params = {**defaults, **(req.get("params") or {})}
+    if params.get("logit_bias"):
+        try:
+            params["logit_bias"] = {int(k): v for k, v in params["logit_bias"].items()}
+        except (TypeError, ValueError, AttributeError):
+            raise RequestError(
+                400, "logit_bias keys must be token ids", code="invalid_value", param="logit_bias"
+            ) from None
+    if req.get("template"):
+        params["template"] = {**(params.get("template") or {}), **req["template"]}
+    return params
 
 
 def _prefill_reporter(b, rid: str):

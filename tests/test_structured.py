@@ -195,7 +195,7 @@ def test_gemma4_call_syntax_reads_back_as_json_arguments():
                     }
                 ]
             },
-            "tools",
+            "tools[0].function.parameters",
         ),
         ({"format": {"type": "object", "properties": {"a": {"if": {}, "then": {}}}}}, "format"),
         ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),

@@ -4,9 +4,10 @@ Client → server (`webui.chat.turns.Action`): {"action": "send", "session"?, "t
 a new conversation with `new`'s model, system prompt and sampling, checked as the page's form is),
 {"action": "regenerate" | "continue", "session"}, {"action": "edit", "session", "index", "text"},
 {"action": "stop"}.
-Server → client: first {"t": "turn", "session", "index", "user"?, "prefix"} (`turns.announce`), then
-the worker's events (`appliance.events`: queued, loading, start, prefill, delta, final, error); the
-final event carries the stored answer rendered on the server (`message`) and the context used.
+Server → client: first {"t": "turn", "session", "index", "user"?, "prefix", "prefix_reasoning"?}
+(`turns.announce`), then the worker's events as they are (`appliance.events`: queued, loading, start,
+prefill, delta {text, channel: content | reasoning}, tool_call {index, id, name?, arguments}, final,
+error); the final event carries the stored answer rendered on the server (`message`) and the context used.
 `stop` asks the worker to stop at its next token: the answer so far is stored (finish_reason
 cancelled) and the socket stays open. Closing the socket cancels the running generation.
 Same-origin browser pages only: the socket is wrapped in Channels' origin check in `appliance.asgi`.

@@ -76,6 +76,9 @@ class ChatSession(models.Model):
 
 
 class ChatMessage(models.Model):
+    """One message of a conversation: role user, assistant, tool (an API's tool result) or system (API
+    sessions keep their system messages in line; the chat page's is `ChatSession.system`)."""
+
     session = models.ForeignKey(ChatSession, on_delete=models.CASCADE, related_name="messages")
     index = models.PositiveIntegerField()
     role = models.CharField(max_length=20)
@@ -90,6 +93,12 @@ class ChatMessage(models.Model):
     decode_tps = models.FloatField(null=True, blank=True)
     expert_hit_rate = models.FloatField(null=True, blank=True)
     finish_reason = models.CharField(max_length=20, blank=True)
+    # an assistant's thinking before its answer, and the tools it called: [{id, name, arguments: dict}]
+    reasoning = models.TextField(blank=True, default="")
+    tool_calls = models.JSONField(default=list, blank=True)
+    # a tool message (role "tool"): the call it answers and the tool's name
+    tool_call_id = models.CharField(max_length=200, blank=True, default="")
+    name = models.CharField(max_length=200, blank=True, default="")
 
     class Meta:
         ordering = ["session", "index"]

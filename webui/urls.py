@@ -1,7 +1,7 @@
 from django.urls import include, path
 
 from . import pages, setup_page
-from .api import ollama, openai, openapi
+from .api import ollama, openai, openapi, responses
 
 urlpatterns = [
     path("", pages.root),
@@ -13,6 +13,7 @@ urlpatterns = [
     path("openapi.json", openapi.openapi_json),
     path("v1/chat/completions", openai.chat_completions),
     path("v1/completions", openai.completions),
+    path("v1/responses", responses.responses),
     path("v1/embeddings", openai.embeddings),
     path("v1/models", openai.models),
     path("v1/models/<path:name>", openai.model_detail),

@@ -28,6 +28,7 @@ import numpy as np
 
 from .families import (
     GENERIC_INSTRUCTIONS,
+    _params,
     Family,
     call_grammar,
     detect,
@@ -157,6 +158,8 @@ class Plan:
         fmt = params.format
         if fmt is not None and not isinstance(fmt, dict):
             raise StructureError("format", "format must be a JSON schema object")
+        for i, t in enumerate(tools):  # each schema alone first, so an error names its tool
+            grammars.constraint("start: " + json_schema_lark(_params(t)), f"tools[{i}].function.parameters")
         head = self._reasoning_rule(token_id) if thinking and not in_reasoning else ""
         if generic:
             schema = generic_schema(tools, required=required, parallel=self.parallel, response=fmt)

@@ -14,6 +14,7 @@ token trie without a per-grammar precomputation over the vocabulary.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import OrderedDict
 
@@ -102,8 +103,9 @@ def _first_line(e) -> str:
 
 
 def _schema_message(error: str) -> str:
-    """llguidance's compile error as one sentence with a fix."""
-    line = _first_line(error)
+    """llguidance's compile error as one sentence with a fix (its position in the grammar text left out)."""
+    line = re.sub(r"^(at )?\d+\(\d+\):?\s*", "", _first_line(error))
+    line = re.sub(r"\s*\bat \d+\(\d+\)", "", line)
     if "Unimplemented keys" in line:
         return f"this JSON schema uses keywords the constrained decoder does not support ({line}); remove them"
     return f"the JSON schema is not valid ({line}); fix the schema"

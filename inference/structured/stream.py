@@ -22,6 +22,8 @@ from ..events import TextDelta, ToolCall, ToolCallDelta
 from .families import _HERMES_HEAD, Family, parse_call
 
 _GENERIC_RESPONSE = '{"response": "'
+_GENERIC_CALLS = '{"tool_calls": ['
+_DECODER = json.JSONDecoder()
 
 
 def new_call_id() -> str:
@@ -136,19 +138,22 @@ class OutputParser:
                 self._generic_sent = len(text)
                 out = self._emit("content", piece, boundary=done or final)
             return out
-        if not final or _GENERIC_RESPONSE.startswith(buf):
-            return []
-        try:
-            obj = json.loads(buf)
-            calls = obj["tool_calls"]
+        if buf.startswith(_GENERIC_CALLS):  # each call is sent as soon as its object is complete
             out = []
-            for c in calls:
-                out += self._add_call(new_call_id(), c["name"], c["arguments"], name_sent=False)
-            return out
-        except (ValueError, KeyError, TypeError):
-            if buf.startswith('{"tool_calls"'):  # calls cut short (the length limit): no call, and no JSON as text
-                return []
-            return self._emit("content", buf, boundary=True)
+            while True:
+                at = len(_GENERIC_CALLS) + self._generic_sent
+                at += len(buf[at:]) - len(buf[at:].lstrip(", "))
+                try:
+                    c, end = _DECODER.raw_decode(buf, at)
+                except ValueError:
+                    break
+                self._generic_sent = end - len(_GENERIC_CALLS)
+                if isinstance(c, dict) and isinstance(c.get("name"), str) and isinstance(c.get("arguments"), dict):
+                    out += self._add_call(new_call_id(), c["name"], c["arguments"], name_sent=False)
+            return out  # calls cut short by the length limit are dropped, never shown as JSON text
+        if not final or _GENERIC_RESPONSE.startswith(buf) or _GENERIC_CALLS.startswith(buf):
+            return []
+        return self._emit("content", buf, boundary=True)
 
     def _call_state(self, final: bool) -> list:
         """The `call` state: text after a call's opening marker, up to its closing one."""

@@ -65,9 +65,10 @@ def test_a_non_positive_max_tokens_is_a_400(oai, max_tokens):
 @pytest.mark.parametrize(
     "extra, param",
     [
-        ({"n": 2}, "n"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"n": 9}, "n"),
+        ({"tools": [{"type": "custom", "custom": {"name": "f"}}]}, "tools[0].type"),
+        ({"functions": [{"name": "f"}]}, "functions"),
+        ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
         ({"frobnicate": 1}, "frobnicate"),
         (
             {
@@ -84,6 +85,21 @@ def test_what_the_engine_cannot_do_is_refused_naming_the_field(oai, extra, param
     with pytest.raises(openai.BadRequestError) as e:
         oai.chat.completions.create(model="smollm2", messages=ASK, max_tokens=2, extra_body=extra)
     assert e.value.body["param"] == param
+
+
+def test_an_error_message_never_cuts_a_quoted_value_short(oai):
+    tool = {"type": "function", "function": {"name": "get_current_time", "description": "The time " * 40}}
+    r = oai.chat.completions.create(model="smollm2", messages=ASK, max_tokens=2, tools=[tool])  # Open WebUI's
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(
+            model="smollm2",
+            messages=ASK,
+            max_tokens=2,
+            extra_body={"prediction": {"type": "content", "content": "x" * 200}},
+        )
+    message = e.value.body["message"]
+    assert "'prediction' = an object" in message and message.count('"') % 2 == 0
 
 
 def test_a_prompt_longer_than_the_context_is_a_400(oai, oll):

@@ -182,6 +182,27 @@ def test_continue_extends_a_cut_off_answer_in_place(socket_of, stack):
     stack.idle(10)
 
 
+async def behind_a_long_answer(socket_of, stack, text: str) -> tuple:
+    """Two sockets: `busy` streams a long answer; `waiting` sent `text` as a new chat, which waits behind
+    it in the queue. Returns (busy, waiting, waiting's turn event, the waiting request's id)."""
+    busy, waiting = socket_of("chatter"), socket_of("chatter")
+    await busy.connect()
+    await waiting.connect()
+    await busy.send_json_to(
+        {"action": "send", "text": "Tell a long story.", "new": {"model": "smollm2", "max_tokens": 300}}
+    )
+    while (await busy.receive_json_from(timeout=30))["t"] != "delta":
+        pass
+    await waiting.send_json_to({"action": "send", "text": text, "new": {"model": "smollm2", "max_tokens": 2}})
+    turn = await waiting.receive_json_from(timeout=10)
+    assert turn["t"] == "turn", turn
+    r, running = stack.r(), stack.registration("board-a")["running"]
+    ids = await asyncio.to_thread(
+        lambda: stack.wait_until(lambda: [i for i in r.zrange("rkmojo:queue:smollm2", 0, -1) if i != running])
+    )
+    return busy, waiting, turn, ids[0]
+
+
 def test_while_it_waits_the_page_gets_the_queue_position_loading_and_prefill_progress(socket_of, stack):
     """The worker's status events (`appliance.events`: queued, loading, prefill) pass through as they come.
     Here a second request waits behind a long one, and its status events are written into its stream as
@@ -192,22 +213,9 @@ def test_while_it_waits_the_page_gets_the_queue_position_loading_and_prefill_pro
     r = stack.r()
 
     async def scenario():
-        busy, waiting = socket_of("chatter"), socket_of("chatter")
-        await busy.connect()
-        await waiting.connect()
-        await busy.send_json_to(
-            {"action": "send", "text": "Tell a long story.", "new": {"model": "smollm2", "max_tokens": 300}}
-        )
-        while (await busy.receive_json_from(timeout=30))["t"] != "delta":
-            pass
-        await waiting.send_json_to({"action": "send", "text": "hi", "new": {"model": "smollm2", "max_tokens": 2}})
-        assert (await waiting.receive_json_from(timeout=10))["t"] == "turn"
-        running = stack.registration("board-a")["running"]
-        ids = await asyncio.to_thread(
-            lambda: stack.wait_until(lambda: [i for i in r.zrange("rkmojo:queue:smollm2", 0, -1) if i != running])
-        )
+        busy, waiting, _, rid = await behind_a_long_answer(socket_of, stack, "hi")
         for ev in (Queued(position=1), Loading(model="smollm2"), PrefillProgress(done=512, total=1800)):
-            bus.emit(r, ids[0], ev)
+            bus.emit(r, rid, ev)
         got = [await waiting.receive_json_from(timeout=10) for _ in range(3)]
         await busy.send_json_to({"action": "stop"})
         await until_end(busy)
@@ -223,4 +231,69 @@ def test_while_it_waits_the_page_gets_the_queue_position_loading_and_prefill_pro
         {"t": "prefill", "done": 512, "total": 1800},
     ]
     assert rest[-1]["t"] == "final"
+    stack.idle(10)
+
+
+def test_thinking_and_tool_calls_reach_the_page_on_their_channels_and_are_stored_apart(socket_of, stack):
+    """The demo model neither thinks nor calls tools, so a worker's events for them are written into a
+    waiting request's stream (as in the test above); the request is marked cancelled first so the worker
+    skips it when its turn comes."""
+    from appliance import bus
+    from appliance.events import Delta, Final, Start, ToolCallDelta, ToolCallOut, Usage
+    from webui.api import jobs
+    from webui.models import ChatMessage
+
+    r = stack.r()
+    written = [
+        Start(prompt_tokens=12),
+        Delta(text="The user asks about ", tokens=1, channel="reasoning"),
+        Delta(text="*Paris*.", tokens=2, channel="reasoning"),
+        Delta(text="Let me check.", tokens=3),
+        ToolCallDelta(index=0, id="call_" + "a" * 24, name="get_weather"),
+        ToolCallDelta(index=0, id="call_" + "a" * 24, arguments='{"city": '),
+        ToolCallDelta(index=0, id="call_" + "a" * 24, arguments='"Paris"}'),
+        Final(
+            finish_reason="tool_calls",
+            usage=Usage(prompt_tokens=12, completion_tokens=9),
+            tool_calls=[ToolCallOut(id="call_" + "a" * 24, name="get_weather", arguments={"city": "Paris"})],
+        ),
+    ]
+
+    async def scenario():
+        busy, thinker, turn, rid = await behind_a_long_answer(socket_of, stack, "Weather in Paris?")
+        await bus.cancel(jobs.redis(), rid)
+        for ev in written:
+            bus.emit(r, rid, ev)
+        got = [e for e in await until_end(thinker) if e["t"] not in STATUS]
+        await busy.send_json_to({"action": "stop"})
+        await until_end(busy)
+        for ws in (busy, thinker):
+            await ws.disconnect()
+        return turn, got
+
+    turn, got = asyncio.run(scenario())
+    assert [(e["t"], e.get("channel")) for e in got[1:4]] == [
+        ("delta", "reasoning"),
+        ("delta", "reasoning"),
+        ("delta", "content"),
+    ]
+    assert [e["text"] for e in got[1:4]] == ["The user asks about ", "*Paris*.", "Let me check."]
+    assert got[4] == {"t": "tool_call", "index": 0, "id": "call_" + "a" * 24, "name": "get_weather", "arguments": ""}
+    assert "".join(e["arguments"] for e in got[4:7]) == '{"city": "Paris"}'
+    final = got[-1]
+    assert final["t"] == "final" and final["finish_reason"] == "tool_calls"
+    assert final["tool_calls"] == [{"id": "call_" + "a" * 24, "name": "get_weather", "arguments": {"city": "Paris"}}]
+    html = final["message"]["html"]
+    assert (
+        '<details class="thinking"><summary>Thinking…</summary><div class="md"><p>The user asks about <em>Paris</em>.'
+        in html
+    )
+    assert '<code class="tool-name">get_weather</code>' in html and "<tr><th>city</th><td>Paris</td></tr>" in html
+    msg = ChatMessage.objects.get(session_id=turn["session"], index=turn["index"])
+    assert (msg.content, msg.reasoning, msg.finish_reason) == (
+        "Let me check.",
+        "The user asks about *Paris*.",
+        "tool_calls",
+    )
+    assert msg.tool_calls == [{"id": "call_" + "a" * 24, "name": "get_weather", "arguments": {"city": "Paris"}}]
     stack.idle(10)

@@ -180,3 +180,151 @@ def test_with_chat_open_an_anonymous_browser_chats_and_keeps_its_conversations_t
     assert other.get(f"/chat/{s.pk}/").status_code == 404
     config.save({"api_keys": "always"})  # a client that needs a key: sign in instead
     assert visitor.get("/chat/").status_code == 302
+
+
+TOOL_CONVERSATION = [
+    {"role": "user", "content": "What is the weather in Paris?"},
+    {
+        "role": "assistant",
+        "content": "",
+        "reasoning": "The user wants **weather**; <img src=x onerror=alert(1)> I should call the tool.",
+        "tool_calls": [
+            {
+                "id": "call_0123",
+                "name": "get_weather",
+                "arguments": {"city": "Paris <script>alert(1)</script>", "days": 2, "units": {"temp": "C"}},
+            }
+        ],
+        "finish_reason": "tool_calls",
+    },
+    {
+        "role": "tool",
+        "content": '{"temperature": 21, "sky": "clear"}',
+        "tool_call_id": "call_0123",
+        "name": "get_weather",
+    },
+    {"role": "assistant", "content": "It is **21 °C** and clear.", "finish_reason": "stop"},
+]
+
+
+def stored(owner, rows=TOOL_CONVERSATION, title="tools"):
+    from webui.models import ChatMessage, ChatSession
+
+    s = ChatSession.objects.create(owner=owner, source="web", model="smollm2", title=title)
+    ChatMessage.objects.bulk_create([ChatMessage(session=s, index=i, **row) for i, row in enumerate(rows)])
+    return s
+
+
+def test_thinking_tool_calls_and_tool_results_render_as_readable_blocks(people):
+    from django.test import SimpleTestCase
+
+    s = stored(people["ann"])
+    r = client_of(people["ann"]).get(f"/chat/{s.pk}/")
+    page = r.content.decode()
+    thread = page[page.index('id="messages"') : page.index('id="status"')]
+    t = SimpleTestCase()
+    # the thinking: collapsed, above the answer, its markdown rendered and its markup inert
+    t.assertContains(
+        r,
+        '<details class="thinking"><summary>Thinking…</summary><div class="md"><p>The user wants <strong>weather</strong>',
+    )
+    assert '<details class="thinking" open' not in thread and thread.index("thinking") < thread.index('class="calls"')
+    # the call: the tool's name and its arguments as a table, nested ones as indented JSON
+    t.assertContains(r, '<span class="tool-label">Tool call</span> <code class="tool-name">get_weather</code>')
+    t.assertContains(r, "<tr><th>city</th><td>Paris &lt;script&gt;alert(1)&lt;/script&gt;</td></tr>")
+    t.assertContains(r, "<tr><th>days</th><td>2</td></tr>")
+    assert '<th>units</th><td><pre class="pyg"><code class="language-json">' in thread
+    # the result: labelled with the tool's name, its JSON object as a table
+    t.assertContains(r, "Tool result · <code>get_weather</code>")
+    t.assertContains(r, "<tr><th>temperature</th><td>21</td></tr><tr><th>sky</th><td>clear</td></tr>")
+    # no raw JSON, no live markup, no edit form on a tool's message
+    assert '{"city"' not in thread and '{"temperature"' not in thread and "&quot;temperature&quot;" not in thread
+    assert "<script" not in thread and "<img" not in thread
+    assert thread.count('name="action" value="edit"') == 1
+
+
+def test_an_api_conversation_with_tool_calls_is_recorded_in_one_session_and_shown_in_the_panel(people):
+    """The worker's spelling in (OpenAI's tool message names only the call's id), the stored one out."""
+    from asgiref.sync import async_to_sync
+    from django.contrib.auth import get_user_model
+
+    from webui import sessions
+    from webui.models import ChatSession
+
+    ask = [{"role": "user", "content": "Weather in Oslo? (api tools test)"}]
+    call = {"id": "call_9", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}
+    first = async_to_sync(sessions.record)(
+        "openai", "smollm2", ask, "", {"prompt_tokens": 9}, reasoning="Call the tool.", tool_calls=[call]
+    )
+    follow_up = ask + [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{**call, "function": {**call["function"], "arguments": '{"city": "Oslo"}'}}],
+        },
+        {"role": "tool", "content": "-3 °C, snow", "tool_call_id": "call_9"},
+    ]
+    second = async_to_sync(sessions.record)("openai", "smollm2", follow_up, "It snows: -3 °C.", None)
+    assert first == second
+    s = ChatSession.objects.get(pk=first)
+    rows = [
+        (m.role, m.content, m.reasoning, m.tool_calls, m.tool_call_id, m.name) for m in s.messages.order_by("index")
+    ]
+    assert rows == [
+        ("user", "Weather in Oslo? (api tools test)", "", [], "", ""),
+        (
+            "assistant",
+            "",
+            "Call the tool.",
+            [{"id": "call_9", "name": "get_weather", "arguments": {"city": "Oslo"}}],
+            "",
+            "",
+        ),
+        ("tool", "-3 °C, snow", "", [], "call_9", "get_weather"),
+        ("assistant", "It snows: -3 °C.", "", [], "", ""),
+    ]
+    staff, _ = get_user_model().objects.get_or_create(username="views-staff", defaults={"is_staff": True})
+    page = client_of(staff).get(f"/panel/sessions/{s.pk}/").content.decode()
+    assert '<details class="thinking"><summary>Thinking…</summary>' in page
+    assert '<code class="tool-name">get_weather</code>' in page and "<tr><th>city</th><td>Oslo</td></tr>" in page
+    assert "<b>tool</b> <code>get_weather</code>" in page
+
+
+def test_export_and_import_carry_thinking_tool_calls_and_tool_results(people):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    from webui.models import ChatSession
+
+    s = stored(people["ann"], title="tools round trip")
+    ann = client_of(people["ann"])
+    data = json.loads(ann.get(f"/chat/{s.pk}/export/").content)
+    msgs = data["conversations"][0]["messages"]
+    assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "assistant"]
+    assert msgs[1]["reasoning"].startswith("The user wants") and msgs[1]["tool_calls"][0]["arguments"]["days"] == 2
+    assert msgs[2]["tool_call_id"] == "call_0123"
+    md = ann.get(f"/chat/{s.pk}/export/?format=md").content.decode()
+    assert "> **Thinking**\n>\n> The user wants **weather**" in md
+    assert '**Tool call** `get_weather`\n\n```json\n{\n  "city": "Paris' in md
+    assert '## Tool result (get_weather)\n\n```json\n{\n  "temperature": 21,' in md
+
+    bob = client_of(people["bob"])
+    r = bob.post("/chat/import/", {"file": SimpleUploadedFile("c.json", json.dumps(data).encode())})
+    copy = ChatSession.objects.filter(owner=people["bob"], title="tools round trip").latest("created")
+    assert r.status_code == 302
+    fields = ("role", "content", "reasoning", "tool_calls", "tool_call_id", "name", "finish_reason")
+    as_rows = lambda session: [tuple(getattr(m, f) for f in fields) for m in session.messages.order_by("index")]  # noqa: E731
+    assert as_rows(copy) == as_rows(s)
+    # the engine's spelling of a call is read too, and a result without its tool's name gets the call's
+    msgs[1]["tool_calls"] = [{"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]
+    msgs[2].update(tool_call_id="c", name="")
+    bob.post("/chat/import/", {"file": SimpleUploadedFile("c.json", json.dumps(data).encode())})
+    again = ChatSession.objects.filter(owner=people["bob"], title="tools round trip").latest("created")
+    assert again.messages.get(index=1).tool_calls == [{"id": "c", "name": "f", "arguments": {"a": 1}}]
+    assert again.messages.get(index=2).name == "f"
+    # a part on the wrong role is refused, naming it
+    msgs[0]["tool_calls"] = msgs[1]["tool_calls"]
+    bad = bob.post("/chat/import/", {"file": SimpleUploadedFile("c.json", json.dumps(data).encode())}, follow=True)
+    assert (
+        "conversations.0.messages.0: Value error, tool_calls belongs on a message of role assistant, not user"
+        in bad.content.decode()
+    )

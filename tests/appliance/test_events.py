@@ -18,6 +18,8 @@ from appliance.events import (
     Queued,
     Start,
     Timings,
+    ToolCallDelta,
+    ToolCallOut,
     TopLogprob,
     Usage,
     WorkerStats,
@@ -42,6 +44,9 @@ ONE_OF_EACH = [
             )
         ],
     ),
+    Delta(text="Let me think.", tokens=4, channel="reasoning"),
+    ToolCallDelta(index=0, id="call_0123456789abcdef01234567", name="get_weather"),
+    ToolCallDelta(index=0, id="call_0123456789abcdef01234567", arguments='{"city": "Par'),
     Embeddings(data="AACAPw==", shape=(1, 1), prompt_tokens=2),
     Progress(status="verifying", completed=10, total=100),
     Final(
@@ -51,6 +56,11 @@ ONE_OF_EACH = [
         load_duration=0.5,
         cancel_latency=0.01,
         tokens_after_cancel=1,
+    ),
+    Final(
+        finish_reason="tool_calls",
+        usage=Usage(prompt_tokens=30, completion_tokens=20, reasoning_tokens=8),
+        tool_calls=[ToolCallOut(id="call_0123456789abcdef01234567", name="get_weather", arguments={"city": "Paris"})],
     ),
     Error(status=400, code="invalid_value", param="temperature", message="temperature=5 is out of range"),
     WorkerStats(

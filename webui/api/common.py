@@ -1,4 +1,5 @@
-"""What every API view shares: the error type, JSON in and out, API-key checks, the view decorator.
+"""What every API view shares: the error type, JSON in and out, API-key checks, the view decorator, and
+`Answer`, a generation's answer gathered from its events.
 
 Views are plain async functions under `api_view(flavor, methods)`, which checks the method and the API
 key, parses the JSON body, and turns every failure into the flavor's error format — OpenAI's
@@ -21,7 +22,7 @@ from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from appliance.events import Error
+from appliance.events import Delta, Error, Final, ToolCallDelta, logprob_dicts
 from inference.errors import disk_full
 
 log = logging.getLogger("rkmojo.api")
@@ -222,3 +223,89 @@ def api_view(flavor: str, methods: tuple[str, ...] = ("POST",), *, auth: bool = 
 def ollama_model_name(name: str) -> str:
     """Ollama clients say `name:latest`; our models have no tags."""
     return name[: -len(":latest")] if name.endswith(":latest") else name
+
+
+# --- answers -----------------------------------------------------------------------------------------
+class Answer:
+    """One generation's answer as its events arrive (`add`): content, reasoning, tool calls, log-probabilities.
+
+    Tool calls come as `ToolCallDelta` pieces (the first with id and name); the final event carries them
+    parsed, and `tool_calls()` prefers those.
+    """
+
+    def __init__(self):
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: dict[int, dict] = {}  # index → {"id", "name", "arguments": [pieces of JSON text]}
+        self.lps: list[dict] = []
+        self.final: Final | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.content)
+
+    @property
+    def thinking(self) -> str:
+        return "".join(self.reasoning)
+
+    def add(self, ev: Delta | ToolCallDelta | Final) -> None:
+        if isinstance(ev, Delta):
+            (self.reasoning if ev.channel == "reasoning" else self.content).append(ev.text)
+        elif isinstance(ev, ToolCallDelta):
+            call = self.calls.setdefault(ev.index, {"id": ev.id, "name": ev.name or "", "arguments": []})
+            call["arguments"].append(ev.arguments)
+        else:
+            self.final = ev
+        self.lps += logprob_dicts(ev) if not isinstance(ev, ToolCallDelta) else []
+
+    def whole_call(self, index: int) -> dict | None:
+        """Call `index`'s arguments once its pieces make a whole JSON object (a proper prefix never parses)."""
+        text = "".join(self.calls[index]["arguments"])
+        try:
+            args = json.loads(text) if text.strip() else None
+        except ValueError:
+            return None
+        return args if isinstance(args, dict) else None
+
+    def tool_calls(self) -> list[tuple[str, str, dict]]:
+        """(id, name, arguments) of each whole call, in the order the model wrote them."""
+        if self.final is not None and self.final.tool_calls:
+            return [(c.id, c.name, c.arguments) for c in self.final.tool_calls]
+        whole = ((c, self.whole_call(i)) for i, c in sorted(self.calls.items()))
+        return [(c["id"], c["name"], args) for c, args in whole if args is not None]  # a call cut short is left out
+
+
+async def collect(job) -> Answer:
+    """A started job's whole answer (to its final event).
+
+    Raises:
+        ApiError: the worker's error event, or a stream that ended without a final event.
+    """
+    answer = Answer()
+    async for ev in job.events():
+        if isinstance(ev, (Delta, ToolCallDelta, Final)):
+            answer.add(ev)
+            if isinstance(ev, Final):
+                return answer
+        elif isinstance(ev, Error):
+            raise ApiError.from_event(ev)
+    raise ApiError(500, "the worker's stream ended without a final event")
+
+
+async def record(source: str, model: str, messages: list[dict], answer: Answer) -> None:
+    """Store the exchange as an API chat session (`webui.sessions`); a failure is logged, never raised."""
+    from webui import sessions
+
+    final = answer.final
+    try:
+        await sessions.record(
+            source,
+            model,
+            messages,
+            answer.text,
+            final.usage_dict() if final else None,
+            reasoning=answer.thinking,
+            tool_calls=final.tool_calls or () if final else (),
+        )
+    except Exception:  # the answer is delivered; a full disk must not turn it into an error
+        log.exception("could not record the chat session")

@@ -4,31 +4,43 @@
 Streaming answers are NDJSON, one object a line, the last with `done: true`, `done_reason` and the
 durations in nanoseconds; a failure after the first line is a line `{"error": "..."}` (the ollama
 client raises it). Like Ollama, fields it does not know are ignored; values the engine cannot honour
-(images, tools, a JSON `format`, `think`, mirostat, …) are refused with 400.
+(images, mirostat, …) are refused with 400.
+
+/api/chat and /api/generate take, as Ollama does:
+- `tools` (chat): the answer's calls come as `message.tool_calls` [{id, function: {index, name,
+  arguments: object}}]; streamed, each call comes whole in one line once the model has written it.
+  Tool results are `tool` messages naming the tool (`tool_name`), answering its earliest unanswered call;
+- `format`: "json" (any JSON object) or a JSON schema object; the answer matches it (constrained decoding);
+- `think`: true or false (or "low", "medium", "high": on); a thinking model's thoughts come apart, as
+  `message.thinking` (chat) or `thinking` (generate), never in the content. Unset: the model's default.
+/api/show's capabilities say "tools" for every chat model and "thinking" where the template has a mode.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Literal
 
 import pydantic
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from appliance.events import Delta, Error, Final, Progress, Usage, logprob_dicts
+from appliance.events import Delta, Error, Final, Progress, ToolCallDelta, Usage, logprob_dicts
 
 from . import board, jobs
-from .common import ApiError, api_view, log, ollama_model_name
+from .common import Answer, ApiError, api_view, ollama_model_name, record
 from .openai import embedding_result
 from inference.engine import EngineConfig
 from inference.options import OLLAMA
 
-from .params import chat_messages, check_embed_batch, check_sampling, sampling_field, seed_value
+from .params import Tool, chat_messages, check_embed_batch, check_sampling, check_schema, check_tools, sampling_field
+from .params import seed_value
 
 VERSION = "0.9.0"  # the Ollama API level these endpoints follow; clients gate features on it
 
@@ -91,15 +103,15 @@ class _Generation(_Req):
     stream: bool | None = True
     options: Options | None = None
     keep_alive: float | int | str | None = None
-    format: str | dict | None = None
-    think: bool | str | None = None
+    format: str | dict | None = Field(None, description='"json" or a JSON schema the answer matches')
+    think: bool | Literal["low", "medium", "high"] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
 
 
 class ChatRequest(_Generation):
     messages: list[Any] | None = None
-    tools: list | None = None
+    tools: list[Tool] | None = None
 
 
 class GenerateRequest(_Generation):
@@ -161,16 +173,13 @@ def keep_alive_seconds(value) -> float | None:
     return -seconds if text.startswith("-") else seconds
 
 
-def sampling(req: _Generation) -> dict:
+def sampling(req: _Generation, **extra) -> dict:
+    """The request's `SamplingParams` fields, checked (`extra`: the chat's tools)."""
     o = req.options or Options()
     check_num_ctx(o.num_ctx)
     for name, neutral in (("mirostat", 0), ("tfs_z", 1.0), ("typical_p", 1.0)):
         if getattr(o, name) not in (None, neutral):
             raise ApiError(400, f"option {name} is not supported by this server", param=f"options.{name}")
-    if req.format:
-        raise ApiError(400, "format (structured output) is not supported by this server", param="format")
-    if req.think:
-        raise ApiError(400, f'"{req.model}" does not support thinking', param="think")
     max_tokens = None if o.num_predict is None or o.num_predict < 0 else o.num_predict
     if o.num_predict == 0:
         raise ApiError(400, "num_predict 0 asks for nothing; give a positive number or -1", param="options.num_predict")
@@ -185,10 +194,23 @@ def sampling(req: _Generation) -> dict:
         "frequency_penalty": o.frequency_penalty or 0.0,
         "seed": seed_value(o.seed),
         "stop": o.stop or [],
+        "format": _format(req.format),
+        "think": None if req.think is None else bool(req.think),  # "low", "medium", "high": on
+        "logprobs": (req.top_logprobs or 0) if req.logprobs else None,
+        **extra,
     }
-    if req.logprobs:
-        params["logprobs"] = req.top_logprobs or 0
     return check_sampling(params, OLLAMA)
+
+
+def _format(value: str | dict | None) -> dict | None:
+    """Ollama's `format` as the engine's: "json" is any JSON object, a dict is the answer's JSON schema."""
+    if value is None or value == "":
+        return None
+    if value == "json":
+        return {"type": "object"}
+    if isinstance(value, str):
+        raise ApiError(400, f'format {value!r}: give "json" or a JSON schema object', param="format")
+    return check_schema(value, "format")
 
 
 def check_num_ctx(value: int | None) -> None:
@@ -242,38 +264,67 @@ def _ndjson(job, lines) -> StreamingHttpResponse:
 
 
 async def _answer(job, model: str, t0: float, piece, stream: bool, on_final=None):
-    """The NDJSON lines of a generation (or the one JSON object when not streaming)."""
-    parts, lps = [], []
+    """The NDJSON lines of a generation (or the one JSON object when not streaming).
+
+    `piece(content, thinking, tool_calls)` makes the flavor's fields (`message` or `response`). Streamed,
+    a tool call goes out whole once its arguments are (as Ollama sends them), the rest at the end.
+    """
+    answer, sent = Answer(), set()
+
+    def line(content: str = "", thinking: str = "", calls=None, **more) -> dict:
+        return {"model": model, "created_at": _now(), **piece(content, thinking, calls), **more}
+
     async for ev in job.events():
-        if isinstance(ev, Delta):
-            parts.append(ev.text)
-            lp = logprob_dicts(ev)
-            if stream:
-                yield {
-                    "model": model,
-                    "created_at": _now(),
-                    **piece(ev.text),
-                    "done": False,
-                    **({"logprobs": lp} if lp else {}),
-                }
-            else:
-                lps += lp
+        if isinstance(ev, (Delta, ToolCallDelta)):
+            answer.add(ev)
+            if not stream:
+                continue
+            if isinstance(ev, Delta):
+                lp = {"logprobs": logprob_dicts(ev)} if ev.logprobs else {}
+                reasoning = ev.channel == "reasoning"
+                yield line("" if reasoning else ev.text, ev.text if reasoning else "", done=False, **lp)
+            elif ev.index not in sent and (args := answer.whole_call(ev.index)) is not None:
+                sent.add(ev.index)
+                call = answer.calls[ev.index]
+                yield line(calls=[_tool_call(ev.index, call["id"], call["name"], args)], done=False)
         elif isinstance(ev, Final):
-            reason = {"cancelled": "stop"}.get(ev.finish_reason, ev.finish_reason)
-            text = "" if stream else "".join(parts)
+            answer.add(ev)
+            calls = [_tool_call(i, *c) for i, c in enumerate(answer.tool_calls()) if i not in sent]
+            if stream and calls:
+                yield line(calls=calls, done=False)
             if on_final is not None:
-                await on_final("".join(parts), ev)
-            yield {
-                "model": model,
-                "created_at": _now(),
-                **piece(text),
-                "done": True,
-                "done_reason": reason,
+                await on_final(answer)
+            yield line(
+                "" if stream else answer.text,
+                "" if stream else answer.thinking,
+                None if stream else calls,
+                done=True,
+                done_reason=DONE_REASONS.get(ev.finish_reason, ev.finish_reason),
                 **_durations(ev, t0),
-                **({"logprobs": lps} if lps else {}),
-            }
+                **({"logprobs": answer.lps} if answer.lps and not stream else {}),
+            )
         elif isinstance(ev, Error):
             raise ApiError.from_event(ev)
+
+
+DONE_REASONS = {"cancelled": "stop", "tool_calls": "stop"}  # Ollama ends an answer of tool calls with "stop"
+
+
+def _tool_call(index: int, cid: str, name: str, arguments: dict) -> dict:
+    return {"id": cid, "function": {"index": index, "name": name, "arguments": arguments}}
+
+
+def _chat_piece(content: str, thinking: str, calls) -> dict:
+    msg = {"role": "assistant", "content": content}
+    if thinking:
+        msg["thinking"] = thinking
+    if calls:
+        msg["tool_calls"] = calls
+    return {"message": msg}
+
+
+def _generate_piece(content: str, thinking: str, calls) -> dict:
+    return {"response": content, **({"thinking": thinking} if thinking else {})}
 
 
 async def _respond(job, model: str, t0: float, piece, stream: bool, on_final=None):
@@ -306,7 +357,9 @@ async def _load_or_unload(request, model: str, keep_alive: float | None, piece) 
                 raise ApiError.from_event(ev)
     finally:
         await job.close()
-    return JsonResponse({"model": model, "created_at": _now(), **piece(""), "done": True, "done_reason": kind})
+    return JsonResponse(
+        {"model": model, "created_at": _now(), **piece("", "", None), "done": True, "done_reason": kind}
+    )
 
 
 # --- /api/chat, /api/generate ----------------------------------------------------------------------
@@ -315,14 +368,11 @@ async def chat(request, body):
     t0 = time.perf_counter()
     req = ChatRequest.model_validate(body)
     model = ollama_model_name(req.model)
-    if req.tools:
-        raise ApiError(400, f'"{model}" does not support tools', param="tools")
-    params = sampling(req)
+    params = sampling(req, tools=check_tools(req.tools))
     keep_alive = keep_alive_seconds(req.keep_alive)
-    piece = lambda text: {"message": {"role": "assistant", "content": text}}  # noqa: E731
     if not req.messages:
-        return await _load_or_unload(request, model, keep_alive, piece)
-    messages = chat_messages(req.messages)
+        return await _load_or_unload(request, model, keep_alive, _chat_piece)
+    messages = chat_messages(req.messages, flavor="ollama")
     payload = {"kind": "chat", "model": model, "messages": messages, "params": params, "keep_alive": keep_alive}
     job = await jobs.Job.submit(
         "rkmojo.generate",
@@ -334,15 +384,10 @@ async def chat(request, body):
     )
     await job.started()
 
-    async def record(text, final):
-        from webui import sessions
+    async def on_final(answer: Answer) -> None:
+        await record("ollama", model, messages, answer)
 
-        try:
-            await sessions.record("ollama", model, messages, text, final.usage_dict())
-        except Exception:
-            log.exception("could not record the chat session")
-
-    return await _respond(job, model, t0, piece, req.stream is not False, record)
+    return await _respond(job, model, t0, _chat_piece, req.stream is not False, on_final)
 
 
 @api_view("ollama")
@@ -355,9 +400,8 @@ async def generate(request, body):
             raise ApiError(400, f"{name} is not supported by this server", param=name)
     params = sampling(req)
     keep_alive = keep_alive_seconds(req.keep_alive)
-    piece = lambda text: {"response": text}  # noqa: E731
     if not req.prompt:
-        return await _load_or_unload(request, model, keep_alive, piece)
+        return await _load_or_unload(request, model, keep_alive, _generate_piece)
     if req.raw:
         payload = {"kind": "complete", "prompt": req.prompt}
     else:
@@ -370,7 +414,7 @@ async def generate(request, body):
         "rkmojo.generate", model, payload, client=request.META.get("REMOTE_ADDR"), refused_status=503
     )
     await job.started()
-    return await _respond(job, model, t0, piece, req.stream is not False)
+    return await _respond(job, model, t0, _generate_piece, req.stream is not False)
 
 
 # --- /api/embed, /api/embeddings -----------------------------------------------------------------
@@ -514,9 +558,35 @@ async def show(request, body):
                 f"{arch}.block_count": d.get("layers", 0),
                 "rkmojo.active_parameter_count": d.get("active_params", 0),
             },
-            "capabilities": ["completion", "embedding"],
+            "capabilities": await _capabilities(name, d),
         }
     )
+
+
+async def _capabilities(name: str, desc: dict) -> list[str]:
+    """Ollama's capability names: tools for every chat model (native or the generic JSON format), thinking
+    where the chat template has a thinking mode (read from the store when this machine holds it)."""
+    caps = ["completion", "tools"]
+    if await sync_to_async(_thinks, thread_sensitive=False)(name, desc.get("digest", "")):
+        caps.append("thinking")
+    return caps + ["embedding"]
+
+
+@functools.lru_cache(maxsize=32)
+def _thinks(name: str, digest: str) -> bool:
+    """Whether store `name` (at `digest`) has a thinking mode; False when this machine does not hold it."""
+    from inference.errors import RkmojoError
+    from inference.store import Store
+    from inference.structured import capabilities
+    from inference.tokenizer import StoreTokenizer
+
+    path = settings.MODELS_DIR / name
+    if not (path / "manifest.json").is_file():
+        return False
+    try:
+        return capabilities(StoreTokenizer(Store(path)).template_source)["thinking"]
+    except (RkmojoError, OSError, ValueError):
+        return False
 
 
 @api_view("ollama", ("GET",), auth=False)

@@ -2,8 +2,23 @@
 
 Requests are validated once, at the edge, into pydantic models (strict types, unknown fields refused
 as OpenAI does: "Unrecognized request argument supplied"). Fields OpenAI defines that the engine
-cannot honour (n > 1, tools, image parts, …) are refused with 400 naming the field, never ignored.
-Streaming answers are server-sent events in OpenAI's chunk format ending with `data: [DONE]`.
+cannot honour (image parts, audio, predicted outputs, …) are refused with 400 naming the field, never
+ignored. Streaming answers are server-sent events in OpenAI's chunk format ending with `data: [DONE]`.
+
+Chat completions take, besides the sampling fields:
+- `tools`, `tool_choice`, `parallel_tool_calls`: the model's answer may be tool calls, in
+  `message.tool_calls` [{id, type: "function", function: {name, arguments: JSON text}}] with
+  finish_reason "tool_calls" (content null when the answer is only calls); streamed as `delta.tool_calls`
+  chunks: {index, id, type, function: {name, arguments: ""}} first, then {index, function: {arguments}}
+  pieces, as the openai SDK's stream helpers accumulate them;
+- `response_format` json_object / json_schema (strict or not: the answer always matches the schema);
+- `reasoning_effort` ("none", "minimal": thinking off; the others on) and `chat_template_kwargs`
+  (vLLM's and llama.cpp's: `{"enable_thinking": false}`, other template variables); a thinking
+  model's thoughts come as `message.reasoning_content` / `delta.reasoning_content`, never in the content,
+  and are counted in `usage.completion_tokens_details.reasoning_tokens`;
+- `logit_bias` {"token id": -100..100}, added to those tokens' logits;
+- `n` > 1: the choices are computed one after another, one job each (the board runs one generation at a
+  time), choice i with seed + i when a seed is given; streamed, choice 0's chunks come first, then 1's.
 """
 
 from __future__ import annotations
@@ -17,15 +32,29 @@ import numpy as np
 from django.http import JsonResponse, StreamingHttpResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from appliance.events import Delta, Embeddings, Error, Final, Usage, logprob_dicts
+from appliance.events import Delta, Embeddings, Error, Final, ToolCallDelta, Usage, logprob_dicts
 
 from . import jobs
-from .common import ApiError, api_view, log, openai_error_body
+from .common import Answer, ApiError, api_view, collect, openai_error_body, record
 from inference.options import OPENAI
 
-from .params import chat_messages, check_embed_batch, check_sampling, sampling_field, seed_value
+from .params import (
+    Tool,
+    chat_messages,
+    check_embed_batch,
+    check_logit_bias,
+    check_sampling,
+    check_schema,
+    check_tool_choice,
+    check_tools,
+    sampling_field,
+    seed_value,
+)
 
-FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
+FINISH = {"stop": "stop", "length": "length", "cancelled": "stop", "tool_calls": "tool_calls"}
+MAX_CHOICES = 8  # n: computed one after another on one board
+THINK_OFF = ("none", "minimal")  # reasoning_effort values that turn thinking off
+TEMPLATE_RESERVED = ("messages", "tools", "documents", "add_generation_prompt", "continue_final_message")
 
 
 class _Strict(BaseModel):
@@ -35,6 +64,18 @@ class _Strict(BaseModel):
 class StreamOptions(_Strict):
     include_usage: bool | None = None
     include_obfuscation: bool | None = None
+
+
+class JsonSchemaFormat(_Strict):
+    name: str | None = Field(None, max_length=64)
+    description: str | None = None
+    schema_: dict | None = Field(None, alias="schema", description="the JSON schema the answer matches")
+    strict: bool | None = None  # the answer always matches the schema here
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class _Sampling(_Strict):
@@ -50,8 +91,8 @@ class _Sampling(_Strict):
     presence_penalty: sampling_field("presence_penalty") = None
     frequency_penalty: sampling_field("frequency_penalty") = None
     user: str | None = None
-    n: int | None = Field(None, ge=1)
-    logit_bias: dict | None = None
+    n: int | None = Field(None, ge=1, le=MAX_CHOICES)
+    logit_bias: dict[str, Any] | None = Field(None, description='{"token id": bias in [-100, 100]}')
     store: bool | None = None
     metadata: dict | None = None
     service_tier: str | None = None
@@ -66,17 +107,21 @@ class ChatRequest(_Sampling):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    response_format: dict | None = None
-    tools: list | None = None
-    tool_choice: Any = None
+    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: str | dict | None = Field(
+        None, description='none, auto, required or {"type": "function", "function": {"name": ...}}'
+    )
     parallel_tool_calls: bool | None = None
     functions: list | None = None
     function_call: Any = None
     modalities: list[str] | None = None
     audio: Any = None
     prediction: Any = None
-    reasoning_effort: str | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     web_search_options: Any = None
+    # vLLM's and llama.cpp's: chat template variables, e.g. {"enable_thinking": false}
+    chat_template_kwargs: dict | None = None
 
 
 class CompletionRequest(_Sampling):
@@ -104,23 +149,35 @@ def _refuse_unsupported(req: BaseModel, allowed: dict[str, Any]) -> None:
         good = ok(value) if callable(ok) else value == ok
         if not good:
             raise ApiError(
-                400,
-                f"'{name}' = {json.dumps(value)[:60]} is not supported by this server",
-                param=name,
-                code="unsupported_value",
+                400, f"'{name}' = {_shown(value)} is not supported by this server", param=name, code="unsupported_value"
             )
 
 
+def _shown(value: Any) -> str:
+    """A value for an error message: whole when it is short, else its kind (never a dump cut short)."""
+    if isinstance(value, BaseModel):
+        value = value.model_dump(exclude_none=True)
+    text = json.dumps(value, ensure_ascii=False)
+    if len(text) <= 60:
+        return text
+    if isinstance(value, list):
+        return f"a list of {len(value)} items"
+    return "an object" if isinstance(value, dict) else f"a value of {len(text)} characters"
+
+
 _COMMON_UNSUPPORTED = {
-    "n": 1,
-    "logit_bias": lambda v: not v,
     "store": False,
     "metadata": lambda v: not v,
     "service_tier": lambda v: v in ("auto", "default"),
 }
 
 
-def _sampling(req: _Sampling, max_tokens: int | None) -> dict:
+async def _sampling(req: _Sampling, max_tokens: int | None, **extra) -> dict:
+    """The request's `SamplingParams` fields, checked (`extra`: the chat's tools, format, think, …)."""
+    vocab = None
+    if req.logit_bias:
+        _, desc = await jobs.find_model(req.model)
+        vocab = desc.get("vocab")
     params = {
         "max_tokens": max_tokens,
         "temperature": req.temperature,
@@ -132,6 +189,8 @@ def _sampling(req: _Sampling, max_tokens: int | None) -> dict:
         "frequency_penalty": req.frequency_penalty or 0.0,
         "seed": seed_value(req.seed),
         "stop": [req.stop] if isinstance(req.stop, str) else (req.stop or []),
+        "logit_bias": check_logit_bias(req.logit_bias, vocab),
+        **extra,
     }
     return check_sampling(params, OPENAI)
 
@@ -148,17 +207,12 @@ async def chat_completions(request, body):
         req,
         {
             **_COMMON_UNSUPPORTED,
-            "tools": lambda v: not v,
-            "functions": lambda v: not v,
-            "tool_choice": lambda v: v in ("none", "auto"),
-            "parallel_tool_calls": lambda v: True,
-            "response_format": lambda v: v.get("type") == "text",
+            "functions": lambda v: not v,  # the deprecated spelling of tools
+            "function_call": lambda v: v == "none",
             "modalities": lambda v: v == ["text"],
             "audio": lambda v: False,
             "prediction": lambda v: False,
-            "reasoning_effort": lambda v: False,
             "web_search_options": lambda v: False,
-            "function_call": lambda v: v == "none",
         },
     )
     if req.top_logprobs is not None and not req.logprobs:
@@ -166,44 +220,166 @@ async def chat_completions(request, body):
     if req.stream_options is not None and not req.stream:
         raise ApiError(400, "stream_options is only allowed with stream: true", param="stream_options")
     messages = chat_messages(req.messages)
-    params = _sampling(req, req.max_completion_tokens or req.max_tokens)
-    if req.logprobs:
-        params["logprobs"] = req.top_logprobs or 0
-    payload = {"kind": "chat", "model": req.model, "messages": messages, "params": params}
-    job, _, meta = await _start("chatcmpl", request, req.model, payload, names={"prompt": "messages"})
+    tools = check_tools(req.tools)
+    choice = check_tool_choice(req.tool_choice, tools)  # without tools: none and auto only, meaning nothing
+    think, template = _thinking(req)
+    params = await _sampling(
+        req,
+        req.max_completion_tokens or req.max_tokens,
+        tools=tools,
+        tool_choice=choice if tools else None,
+        parallel_tool_calls=req.parallel_tool_calls if tools else None,
+        format=_format(req.response_format),
+        think=think,
+        template=template,
+        logprobs=(req.top_logprobs or 0) if req.logprobs else None,
+    )
+    payloads = [
+        {"kind": "chat", "model": req.model, "messages": messages, "params": _choice_params(params, req.seed, i)}
+        for i in range(req.n or 1)
+    ]
+    names = {
+        "prompt": "messages",
+        "think": "reasoning_effort" if req.reasoning_effort else "chat_template_kwargs.enable_thinking",
+    }
+    run = _Run("chatcmpl", request, req.model, names, _format_param(req.response_format))
+    meta = await run.start(payloads[0])
     if req.stream:
         usage = bool(req.stream_options and req.stream_options.include_usage)
-        return _sse(job, _chat_chunks(job, meta, usage, messages, bool(req.logprobs)))
+        return _sse(run, _chat_chunks(run, meta, payloads, usage, messages, bool(req.logprobs), bool(tools)))
+    answers = []
     try:
-        text, final, lps = await _collect(job)
+        for i, payload in enumerate(payloads):
+            if i:
+                await run.start(payload)
+            answers.append(await collect(run.job))
     finally:
-        await job.close()
-    await _record(req.model, messages, text, final)
+        await run.close()
+    await record("openai", req.model, messages, answers[0])
     return JsonResponse(
         {
             **meta,
             "object": "chat.completion",
             "choices": [
                 {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text, "refusal": None},
-                    "logprobs": {"content": lps, "refusal": None} if req.logprobs else None,
-                    "finish_reason": FINISH.get(final.finish_reason, "stop"),
+                    "index": i,
+                    "message": _message(a),
+                    "logprobs": {"content": a.lps, "refusal": None} if req.logprobs else None,
+                    "finish_reason": FINISH.get(a.final.finish_reason, "stop"),
                 }
+                for i, a in enumerate(answers)
             ],
-            "usage": _usage(final),
+            "usage": _usage([a.final for a in answers]),
         }
     )
 
 
-async def _chat_chunks(job, meta, include_usage: bool, messages, logprobs: bool):
-    def chunk(delta: dict, finish=None, lps=None) -> dict:
+def _thinking(req: ChatRequest) -> tuple[bool | None, dict | None]:
+    """(think, the other template variables) from reasoning_effort and chat_template_kwargs."""
+    think = None if req.reasoning_effort is None else req.reasoning_effort not in THINK_OFF
+    kwargs = dict(req.chat_template_kwargs or {})
+    for key in TEMPLATE_RESERVED:
+        if key in kwargs:
+            raise ApiError(
+                400,
+                f"chat_template_kwargs.{key} is set by the server; give it through the request's own fields",
+                param=f"chat_template_kwargs.{key}",
+            )
+    if "enable_thinking" in kwargs:
+        think = kwargs.pop("enable_thinking")
+        if not isinstance(think, bool):
+            raise ApiError(
+                400,
+                "chat_template_kwargs.enable_thinking must be true or false",
+                param="chat_template_kwargs.enable_thinking",
+            )
+    return think, kwargs or None
+
+
+def _format(rf: ResponseFormat | None) -> dict | None:
+    """response_format as the engine's `format`: the JSON schema the whole answer matches (None: free text)."""
+    if rf is None or rf.type == "text":
+        return None
+    if rf.type == "json_object":
+        return {"type": "object"}
+    if rf.json_schema is None or rf.json_schema.schema_ is None:
+        raise ApiError(
+            400,
+            "response_format json_schema needs json_schema.schema: the JSON schema the answer must match",
+            param="response_format.json_schema.schema",
+        )
+    return check_schema(rf.json_schema.schema_, "response_format.json_schema.schema")
+
+
+def _format_param(rf: ResponseFormat | None) -> str:
+    """How this API spells the engine's `format` field."""
+    return "response_format.json_schema.schema" if rf is not None and rf.type == "json_schema" else "response_format"
+
+
+def _choice_params(params: dict, seed: int | None, i: int) -> dict:
+    return params if seed is None or not i else {**params, "seed": seed_value(seed + i)}
+
+
+class _Run:
+    """The jobs of one request's choices, one after another: `start` submits the next and waits for its start."""
+
+    def __init__(self, prefix: str, request, model: str, names: dict, format_param: str = "response_format"):
+        self.prefix, self.request, self.model, self.names = prefix, request, model, names
+        self.format_param = format_param
+        self.job = None
+        self.meta: dict | None = None
+
+    async def start(self, payload: dict) -> dict:
+        """Run `payload`; the fields every response carries (the first job's id)."""
+        await self.close()
+        try:
+            job, _, meta = await _start(self.prefix, self.request, self.model, dict(payload), self.names)
+        except ApiError as e:
+            if e.param and (e.param == "format" or e.param.startswith(("format.", "format["))):
+                e.param = self.format_param + e.param[len("format") :]
+            raise
+        self.job = job
+        self.meta = self.meta or meta
+        return self.meta
+
+    async def close(self) -> None:
+        if self.job is not None:
+            await self.job.close()
+
+
+def _delta(ev: Delta | ToolCallDelta) -> dict:
+    """The streamed `delta` of one event: content, reasoning_content, or a tool call's piece."""
+    if isinstance(ev, Delta):
+        return {"reasoning_content" if ev.channel == "reasoning" else "content": ev.text}
+    if ev.name is not None:  # a call's first piece: id, type and name (the SDK concatenates strings after it)
+        fn = {"name": ev.name, "arguments": ev.arguments}
+        return {"tool_calls": [{"index": ev.index, "id": ev.id, "type": "function", "function": fn}]}
+    return {"tool_calls": [{"index": ev.index, "function": {"arguments": ev.arguments}}]}
+
+
+def _message(answer: Answer) -> dict:
+    """A whole answer as OpenAI's `message`: content null when the answer is only tool calls."""
+    calls = [
+        {"id": i, "type": "function", "function": {"name": n, "arguments": json.dumps(a, ensure_ascii=False)}}
+        for i, n, a in answer.tool_calls()
+    ]
+    text = answer.text
+    msg = {"role": "assistant", "content": text if text.strip() or not calls else None, "refusal": None}
+    if calls:
+        msg["tool_calls"] = calls
+    if answer.reasoning:
+        msg["reasoning_content"] = answer.thinking
+    return msg
+
+
+async def _chat_chunks(run: _Run, meta, payloads, include_usage: bool, messages, logprobs: bool, tools: bool):
+    def chunk(i: int, delta: dict, finish=None, lps=None) -> dict:
         c = {
             **meta,
             "object": "chat.completion.chunk",
             "choices": [
                 {
-                    "index": 0,
+                    "index": i,
                     "delta": delta,
                     "logprobs": {"content": lps, "refusal": None} if lps else None,
                     "finish_reason": finish,
@@ -214,19 +390,27 @@ async def _chat_chunks(job, meta, include_usage: bool, messages, logprobs: bool)
             c["usage"] = None
         return c
 
-    yield chunk({"role": "assistant", "content": "", "refusal": None})
-    parts = []
-    async for ev in job.events():
-        if isinstance(ev, Delta):
-            parts.append(ev.text)
-            yield chunk({"content": ev.text}, lps=logprob_dicts(ev) if logprobs else None)
-        elif isinstance(ev, Final):
-            yield chunk({}, FINISH.get(ev.finish_reason, "stop"), lps=logprob_dicts(ev) if logprobs else None)
-            if include_usage:
-                yield {**meta, "object": "chat.completion.chunk", "choices": [], "usage": _usage(ev)}
-            await _record(meta["model"], messages, "".join(parts), ev)
-        elif isinstance(ev, Error):
-            raise ApiError.from_event(ev)
+    finals = []
+    for i, payload in enumerate(payloads):
+        if i:
+            await run.start(payload)
+        answer = Answer()
+        # content null rather than "" where the answer may be only tool calls (as OpenAI streams them)
+        yield chunk(i, {"role": "assistant", "content": None if tools else "", "refusal": None})
+        async for ev in run.job.events():
+            if isinstance(ev, (Delta, ToolCallDelta)):
+                answer.add(ev)
+                yield chunk(i, _delta(ev), lps=logprob_dicts(ev) if logprobs and isinstance(ev, Delta) else None)
+            elif isinstance(ev, Final):
+                answer.add(ev)
+                finals.append(ev)
+                yield chunk(i, {}, FINISH.get(ev.finish_reason, "stop"), lps=logprob_dicts(ev) if logprobs else None)
+                if not i:
+                    await record("openai", meta["model"], messages, answer)
+            elif isinstance(ev, Error):
+                raise ApiError.from_event(ev)
+    if include_usage:
+        yield {**meta, "object": "chat.completion.chunk", "choices": [], "usage": _usage(finals)}
 
 
 # --- /v1/completions ---------------------------------------------------------------------------
@@ -235,7 +419,14 @@ async def completions(request, body):
     req = CompletionRequest.model_validate(body)
     _refuse_unsupported(
         req,
-        {**_COMMON_UNSUPPORTED, "suffix": lambda v: v == "", "echo": False, "best_of": 1, "logprobs": lambda v: False},
+        {
+            **_COMMON_UNSUPPORTED,
+            "n": 1,
+            "suffix": lambda v: v == "",
+            "echo": False,
+            "best_of": 1,
+            "logprobs": lambda v: False,
+        },
     )
     prompt = req.prompt
     if isinstance(prompt, list):
@@ -253,24 +444,24 @@ async def completions(request, body):
         "kind": "complete",
         "model": req.model,
         "prompt": prompt,
-        "params": _sampling(req, req.max_tokens or 16),
+        "params": await _sampling(req, req.max_tokens or 16),
     }  # OpenAI's default is 16
-    job, _, meta = await _start("cmpl", request, req.model, payload)
+    run = _Run("cmpl", request, req.model, {})
+    meta = await run.start(payload)
     if req.stream:
         usage = bool(req.stream_options and req.stream_options.include_usage)
-        return _sse(job, _completion_chunks(job, meta, usage))
+        return _sse(run, _completion_chunks(run.job, meta, usage))
     try:
-        text, final, _ = await _collect(job)
+        answer = await collect(run.job)
     finally:
-        await job.close()
+        await run.close()
+    finish = FINISH.get(answer.final.finish_reason, "stop")
     return JsonResponse(
         {
             **meta,
             "object": "text_completion",
-            "choices": [
-                {"index": 0, "text": text, "logprobs": None, "finish_reason": FINISH.get(final.finish_reason, "stop")}
-            ],
-            "usage": _usage(final),
+            "choices": [{"index": 0, "text": answer.text, "logprobs": None, "finish_reason": finish}],
+            "usage": _usage([answer.final]),
         }
     )
 
@@ -292,7 +483,7 @@ async def _completion_chunks(job, meta, include_usage: bool):
         elif isinstance(ev, Final):
             yield chunk("", FINISH.get(ev.finish_reason, "stop"))
             if include_usage:
-                yield {**meta, "object": "text_completion", "choices": [], "usage": _usage(ev)}
+                yield {**meta, "object": "text_completion", "choices": [], "usage": _usage([ev])}
         elif isinstance(ev, Error):
             raise ApiError.from_event(ev)
 
@@ -366,42 +557,21 @@ async def _start(prefix: str, request, model: str, payload: dict, names: dict | 
     return job, start, meta
 
 
-async def _collect(job) -> tuple[str, Final, list]:
-    parts, lps = [], []
-    async for ev in job.events():
-        if isinstance(ev, Delta):
-            parts.append(ev.text)
-            lps += logprob_dicts(ev)
-        elif isinstance(ev, Final):
-            lps += logprob_dicts(ev)
-            return "".join(parts), ev, lps
-        elif isinstance(ev, Error):
-            raise ApiError.from_event(ev)
-    raise ApiError(500, "the worker's stream ended without a final event")
-
-
-def _usage(final: Final) -> dict:
-    u = final.usage or Usage()
-    prompt, completion = u.prompt_tokens, u.completion_tokens
+def _usage(finals: list[Final]) -> dict:
+    """OpenAI's usage of one request's choices: the prompt once, the completions summed."""
+    first = (finals[0].usage or Usage()) if finals else Usage()
+    completion = sum((f.usage or Usage()).completion_tokens for f in finals)
+    reasoning = sum((f.usage or Usage()).reasoning_tokens for f in finals)
     return {
-        "prompt_tokens": prompt,
+        "prompt_tokens": first.prompt_tokens,
         "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
-        "completion_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": first.prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": first.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": reasoning},
     }
 
 
-async def _record(model: str, messages: list[dict], text: str, final: Final) -> None:
-    from webui import sessions
-
-    try:
-        await sessions.record("openai", model, messages, text, final.usage_dict())
-    except Exception:  # the answer is delivered; a full disk must not turn it into an error
-        log.exception("could not record the chat session")
-
-
-def _sse(job, chunks) -> StreamingHttpResponse:
+def _sse(run: _Run, chunks) -> StreamingHttpResponse:
     async def body():
         try:
             async for c in chunks:
@@ -411,7 +581,7 @@ def _sse(job, chunks) -> StreamingHttpResponse:
             yield f"data: {json.dumps(openai_error_body(e))}\n\n"
         finally:
             await chunks.aclose()
-            await job.close()  # before the end: the client went away, and the worker stops at its next token
+            await run.close()  # before the end: the client went away, and the worker stops at its next token
 
     resp = StreamingHttpResponse(body(), content_type="text/event-stream")
     resp["Cache-Control"] = "no-cache"

@@ -13,7 +13,7 @@ from django.http import JsonResponse
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from . import ollama, openai
+from . import ollama, openai, responses
 from .common import api_view
 
 REF = "#/components/schemas/{model}"
@@ -21,6 +21,7 @@ REF = "#/components/schemas/{model}"
 ENDPOINTS: list[tuple[str, str, str, type[BaseModel] | None, str]] = [
     ("/v1/chat/completions", "post", "openai", openai.ChatRequest, "A chat completion (SSE when stream is true)"),
     ("/v1/completions", "post", "openai", openai.CompletionRequest, "A text completion (SSE when stream is true)"),
+    ("/v1/responses", "post", "openai", responses.ResponsesRequest, "A response, stateless (SSE when stream is true)"),
     ("/v1/embeddings", "post", "openai", openai.EmbeddingRequest, "Embeddings of one or more texts"),
     ("/v1/models", "get", "openai", None, "The models the workers serve"),
     ("/api/chat", "post", "ollama", ollama.ChatRequest, "A chat answer (NDJSON unless stream is false)"),

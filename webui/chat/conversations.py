@@ -8,13 +8,20 @@ A turn (`Turn`) is one answer to compute: `send` appends a user message, `regene
 answer, `edit` rewrites an earlier user message and drops what followed it, `proceed` continues a
 cut-off answer. Each stores the user's side first (so a failed generation loses no typing) and says
 where the answer goes (`index`); `record` stores the answer with its measurements when it ends.
+The worker gets the conversation in the engine's spelling (`webui.sessions.for_worker`): tool calls and
+tool results included (an imported or API-made conversation may hold them), thinking left out.
 
-Export is JSON (`Export`, the format import reads back) or Markdown.
+Export is JSON (`Export`, the format import reads back) or Markdown. An exported message is
+{role: user | assistant | tool, content, the answer's measurements, reasoning, tool_calls: [{id, name,
+arguments: {…}}], tool_call_id, name}; the last four only where they apply (thinking and tool calls on
+an assistant's message, the call's id and the tool's name on a tool's), checked on import.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
+import re
 from dataclasses import dataclass, field
 
 from django.core.exceptions import ValidationError
@@ -22,14 +29,15 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.http import Http404
 from django.utils import timezone
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from appliance.events import Final
 
 from ..models import ChatMessage, ChatSession
+from ..sessions import for_worker, name_tool_results, tool_call
 
 TITLE_LENGTH = 80
-ROLES = ("user", "assistant")
+ROLES = ("user", "assistant", "tool")  # what a conversation shows and exports (API sessions also store "system")
 
 
 @dataclass(frozen=True)
@@ -106,6 +114,7 @@ class Turn:
     index: int  # where the answer goes
     messages: list[dict]  # what the worker gets, system prompt first
     prefix: str = ""  # the cut-off answer a continuation extends
+    prefix_reasoning: str = ""  # and its thinking
     user_index: int | None = None  # the user message this turn stored, if any
     extra: dict = field(default_factory=dict)  # payload fields beyond kind/model/messages/params
     created: bool = False  # this turn started the conversation
@@ -123,11 +132,11 @@ class Turn:
 
 
 def _history(session: ChatSession, upto: int | None = None) -> list[dict]:
-    msgs = session.messages.order_by("index").only("role", "content")
+    msgs = session.messages.order_by("index").only("role", "content", "tool_calls", "tool_call_id", "name")
     if upto is not None:
         msgs = msgs.filter(index__lte=upto)
     out = [{"role": "system", "content": session.system}] if session.system else []
-    return out + [{"role": m.role, "content": m.content} for m in msgs]
+    return out + [for_worker(m) for m in msgs]
 
 
 def _last(session: ChatSession) -> ChatMessage | None:
@@ -156,7 +165,7 @@ def regenerate(session: ChatSession) -> Turn:
     if last is not None and last.role == "assistant":
         last.delete()
         last = _last(session)
-    if last is None or last.role != "user":
+    if last is None or last.role not in ("user", "tool"):  # a tool's result is answered as a question is
         raise TurnError("there is no question to answer again")
     session.save()
     return Turn(session, last.index + 1, _history(session))
@@ -188,16 +197,20 @@ def proceed(session: ChatSession) -> Turn:
         last.index,
         _history(session),
         prefix=last.content,
+        prefix_reasoning=last.reasoning,
         extra={"template": {"continue_final_message": True}},
     )
 
 
-def record(turn: Turn, text: str, final: Final) -> ChatMessage:
-    """Store the answer (the continued one extended) with the final event's measurements."""
+def record(turn: Turn, text: str, final: Final, reasoning: str = "") -> ChatMessage:
+    """Store the answer (the continued one extended), its thinking and tool calls, with the final event's
+    measurements."""
     t, u = final.timings, final.usage
     fields = {
         "role": "assistant",
         "content": turn.prefix + text,
+        "reasoning": turn.prefix_reasoning + reasoning,
+        "tool_calls": [tool_call(c) for c in final.tool_calls or ()],
         "finish_reason": final.finish_reason,
         "prompt_tokens": u and u.prompt_tokens,
         "cached_tokens": u and u.cached_tokens,
@@ -218,9 +231,21 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+class ExportedToolCall(_Strict):
+    id: str = Field("", max_length=200)
+    name: str = Field(max_length=200)
+    arguments: dict = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _spellings(cls, v):
+        # the engine's {id, type, function: {name, arguments}} too, arguments as an object or its JSON text
+        return tool_call(v) if isinstance(v, dict) else v
+
+
 class ExportedMessage(_Strict):
-    role: str = Field(pattern="^(user|assistant)$")
-    content: str
+    role: str = Field(pattern="^(user|assistant|tool)$")
+    content: str = ""
     finish_reason: str = ""
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
@@ -229,6 +254,22 @@ class ExportedMessage(_Strict):
     prefill_tps: float | None = None
     decode_tps: float | None = None
     expert_hit_rate: float | None = None
+    reasoning: str = ""
+    tool_calls: list[ExportedToolCall] = []
+    tool_call_id: str = Field("", max_length=200)
+    name: str = Field("", max_length=200)
+
+    @model_validator(mode="after")
+    def _parts_fit_the_role(self):
+        for f, role in (
+            ("reasoning", "assistant"),
+            ("tool_calls", "assistant"),
+            ("tool_call_id", "tool"),
+            ("name", "tool"),
+        ):
+            if getattr(self, f) and self.role != role:
+                raise ValueError(f"{f} belongs on a message of role {role}, not {self.role}; move it there or drop it")
+        return self
 
 
 class ExportedConversation(_Strict):
@@ -246,14 +287,14 @@ class Export(_Strict):
     conversations: list[ExportedConversation]
 
 
-METRICS = [f for f in ExportedMessage.model_fields if f not in ("role", "content")]
+FIELDS = [f for f in ExportedMessage.model_fields if f not in ("role", "content")]  # ChatMessage's own names
 
 
 def export(sessions: list[ChatSession]) -> Export:
     convs = []
     for s in sessions:
         msgs = [
-            ExportedMessage(role=m.role, content=m.content, **{f: getattr(m, f) for f in METRICS})
+            ExportedMessage(role=m.role, content=m.content, **{f: getattr(m, f) for f in FIELDS})
             for m in s.messages.all()
             if m.role in ROLES
         ]  # in index order (Meta), prefetched by the caller
@@ -271,9 +312,34 @@ def markdown(sessions: list[ChatSession]) -> str:
         parts.append(f"# {s.title or 'Untitled'}\n\n_{s.model} · {s.created:%Y-%m-%d %H:%M} UTC_\n")
         if s.system:
             parts.append(f"**System:** {s.system}\n")
-        for m in s.messages.all():
-            parts.append(f"## {m.role.capitalize()}\n\n{m.content}\n")
+        parts += [_markdown_message(m) for m in s.messages.all()]
     return "\n".join(parts)
+
+
+def _markdown_message(m: ChatMessage) -> str:
+    """One message as Markdown: its thinking quoted, its tool calls and a tool's JSON result fenced."""
+    head = f"Tool result{f' ({m.name})' if m.name else ''}" if m.role == "tool" else m.role.capitalize()
+    out = [f"## {head}\n"]
+    if m.reasoning:
+        out.append("> **Thinking**\n>\n" + "\n".join(f"> {line}".rstrip() for line in m.reasoning.splitlines()) + "\n")
+    if m.content:
+        try:
+            as_json = m.role == "tool" and json.dumps(json.loads(m.content), indent=2, ensure_ascii=False)
+        except ValueError:
+            as_json = ""
+        out.append((_fenced(as_json, "json") if as_json else m.content) + "\n")
+    for c in m.tool_calls:
+        out.append(
+            f"**Tool call** `{c['name']}`\n\n"
+            + _fenced(json.dumps(c["arguments"], indent=2, ensure_ascii=False), "json")
+            + "\n"
+        )
+    return "\n".join(out)
+
+
+def _fenced(text: str, lang: str) -> str:
+    ticks = "`" * max(3, 1 + max((len(run) for run in re.findall("`+", text)), default=0))
+    return f"{ticks}{lang}\n{text}\n{ticks}\n"
 
 
 @transaction.atomic
@@ -281,11 +347,7 @@ def import_(who: Who, data: Export) -> list[ChatSession]:
     made = []
     for c in data.conversations:
         s = create(who, c.model, c.system, c.params, c.title)
-        ChatMessage.objects.bulk_create(
-            [
-                ChatMessage(session=s, index=i, role=m.role, content=m.content, **{f: getattr(m, f) for f in METRICS})
-                for i, m in enumerate(c.messages)
-            ]
-        )
+        rows = name_tool_results([m.model_dump() for m in c.messages])
+        ChatMessage.objects.bulk_create([ChatMessage(session=s, index=i, **row) for i, row in enumerate(rows)])
         made.append(s)
     return made

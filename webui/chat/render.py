@@ -6,14 +6,24 @@ allow-list below, so neither a `<script>` nor an `<img onerror=…>` survives as
 the same allow-list to DOMPurify for the message being streamed (`ALLOWED`), so both sides agree.
 Code blocks are coloured by Pygments (CSS classes, `static/webui/pygments.css`); the page's script
 adds the copy buttons.
+
+A message's other parts (`prepare`): an assistant's thinking (markdown, as above) in a collapsed
+`<details class="thinking">` above its answer; each tool call it made as a block with the tool's name and
+its arguments as a key/value table (`_tool_call.html`: scalars as text, objects and lists as indented
+JSON); a tool's result labelled with the tool's name (stored named: `webui.sessions.name_tool_results`),
+a JSON object shown as the same table, other JSON indented, anything else as markdown. The
+tables are made by the template engine (escaped) and still pass `nh3.clean`. The page's script builds
+a streamed tool call into the same markup (`static/webui/chat.js`, `tool-call-template`).
 """
 
 from __future__ import annotations
 
 import functools
+import json
 from html import escape
 
 import nh3
+from django.template.loader import render_to_string
 from django.utils.safestring import SafeString, mark_safe
 from markdown_it import MarkdownIt
 from pygments import highlight
@@ -42,7 +52,6 @@ ALLOWED: dict[str, set[str]] = {
             "blockquote",
             "ul",
             "li",
-            "table",
             "thead",
             "tbody",
             "tr",
@@ -52,6 +61,7 @@ ALLOWED: dict[str, set[str]] = {
         )
     },
     "a": {"href", "title"},
+    "table": {"class"},
     "ol": {"start"},
     "th": {"align"},
     "td": {"align"},
@@ -77,21 +87,75 @@ def _highlight(code: str, info: str, _attrs) -> str:
 _MD = MarkdownIt("commonmark", {"html": False, "highlight": _highlight}).enable(["table", "strikethrough"])
 
 
+def clean(html: str) -> SafeString:
+    """HTML made here (or by the parser) through the allow-list."""
+    return mark_safe(
+        nh3.clean(
+            html,
+            tags=set(ALLOWED),
+            attributes=ALLOWED,
+            url_schemes=URL_SCHEMES,
+            link_rel="noopener noreferrer nofollow",
+        )
+    )
+
+
 @functools.lru_cache(maxsize=2048)  # a long conversation's page re-renders the same messages
 def markdown(text: str) -> SafeString:
     """`text` (markdown from a person or a model) as sanitized HTML."""
-    html = _MD.render(text)
-    clean = nh3.clean(
-        html, tags=set(ALLOWED), attributes=ALLOWED, url_schemes=URL_SCHEMES, link_rel="noopener noreferrer nofollow"
-    )
-    return mark_safe(clean)
+    return clean(_MD.render(text))
+
+
+def _json(value) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False)
+
+
+def fields(obj: dict) -> SafeString:
+    """An object (a tool call's arguments, a tool's JSON result) as a key/value table."""
+
+    def cell(value) -> str:
+        if isinstance(value, (dict, list)) and value:
+            return mark_safe(_highlight(_json(value), "json", None))
+        return value if isinstance(value, str) and value else _json(value)  # 3, true, null, "" as JSON
+
+    rows = [(key, cell(value)) for key, value in obj.items()]
+    return clean(render_to_string("webui/chat/_fields.html", {"rows": rows}))
+
+
+def tool_call_block(call: dict) -> SafeString:
+    """One stored tool call ({id, name, arguments}) as its block."""
+    args = call.get("arguments")
+    body = fields(args) if isinstance(args, dict) else mark_safe(_highlight(_json(args), "json", None))
+    return clean(render_to_string("webui/chat/_tool_call.html", {"call": call, "arguments": body}))
+
+
+def tool_result(content: str) -> SafeString:
+    """A tool's result: a JSON object as a table, other JSON indented, anything else as markdown."""
+    try:
+        value = json.loads(content)
+    except ValueError:
+        return markdown(content)
+    if isinstance(value, dict) and value:
+        return fields(value)
+    if isinstance(value, (dict, list)):
+        return clean(_highlight(_json(value), "json", None))
+    return markdown(value if isinstance(value, str) else content)  # a JSON string: its text
+
+
+def prepare(msgs: list) -> list:
+    """Give each stored message what `_message.html` shows: `html` (its text), `thinking` (its reasoning),
+    `calls` (its tool calls' blocks) and `tool` (a tool result's tool, else "")."""
+    for m in msgs:
+        m.thinking = markdown(m.reasoning) if m.reasoning else ""
+        m.calls = [tool_call_block(c) for c in m.tool_calls or ()]
+        m.tool = m.name if m.role == "tool" else ""
+        m.html = tool_result(m.content) if m.role == "tool" else markdown(m.content)
+    return msgs
 
 
 def message(session, m) -> str:
     """One stored message as the page shows it (`_message.html`), for a page that replaces it live."""
-    from django.template.loader import render_to_string
-
-    m.html = markdown(m.content)
+    prepare([m])
     return render_to_string("webui/chat/_message.html", {"m": m, "session": session})
 
 

@@ -5,8 +5,10 @@
     async for out in follow(turn, job): ...            # browser events, the last one final or error
 
 `follow` yields the worker's events as browsers get them (`appliance.events.as_dict`), the status
-events included (queued, loading, prefill); the `final` event gains `message`: the stored answer
-rendered on the server with its measurements, and `context`: tokens used of the model's context.
+events included (queued, loading, prefill); a `delta` names its `channel` (content, or reasoning: the
+model's thinking), a `tool_call` is a piece of a tool call. The `final` event gains `message`: the
+stored answer (thinking and tool calls included) rendered on the server with its measurements, and
+`context`: tokens used of the model's context.
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ def _get(who, pk):
 
 async def announce(turn: conv.Turn) -> dict:
     """The `turn` event: the conversation, where the answer goes, the user's message as stored, the
-    cut-off answer a continuation extends; for a new conversation its header and list entry too."""
+    cut-off answer a continuation extends (and its thinking, if any); for a new conversation its header and list entry too."""
     out = {
         "t": "turn",
         "session": str(turn.session.pk),
@@ -103,6 +105,8 @@ async def announce(turn: conv.Turn) -> dict:
         "prefix": turn.prefix,
         "model": turn.session.model,
     }
+    if turn.prefix_reasoning:
+        out["prefix_reasoning"] = turn.prefix_reasoning
     if turn.user_index is not None:
         msg = await sync_to_async(turn.session.messages.get)(index=turn.user_index)
         out["user"] = {"index": msg.index, "html": message(turn.session, msg)}
@@ -121,13 +125,14 @@ async def submit(turn: conv.Turn, client: str | None) -> Job:
 
 
 async def follow(turn: conv.Turn, job: Job) -> AsyncIterator[dict]:
-    parts = []
+    parts: dict[str, list[str]] = {"content": [], "reasoning": []}
     async for ev in job.events(statuses=True):
         out = as_dict(ev)
         if isinstance(ev, Delta):
-            parts.append(ev.text)
+            parts[ev.channel].append(ev.text)
         elif isinstance(ev, Final):
-            msg = await sync_to_async(conv.record)(turn, "".join(parts), ev)
+            text, reasoning = "".join(parts["content"]), "".join(parts["reasoning"])
+            msg = await sync_to_async(conv.record)(turn, text, ev, reasoning)
             out["message"] = {"index": msg.index, "html": message(turn.session, msg)}
             out["context"] = await context_used(turn, ev)
         yield out

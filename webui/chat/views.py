@@ -1,6 +1,6 @@
 """The chat page: the conversation list, one conversation, and the plain-form actions.
 
-Every page works without JavaScript: messages are rendered here (`render.markdown`), and sending,
+Every page works without JavaScript: messages are rendered here (`render.prepare`), and sending,
 regenerating, editing and continuing are form posts to `act`, which runs the turn to its end before
 it redirects. With JavaScript (`static/webui/chat.js`) the same forms go over the WebSocket instead
 and the answer streams. Only the list's newest `PAGE` conversations are loaded (`?n=` for more).
@@ -22,7 +22,7 @@ from ..api.common import ApiError
 from . import conversations as conv
 from . import turns
 from .forms import ImportForm, NewChatForm, RenameForm, model_defaults
-from .render import ALLOWED, markdown
+from .render import ALLOWED, prepare
 
 PAGE = 60
 
@@ -114,11 +114,9 @@ def index(request, who):
 @chat_view
 def conversation(request, who, pk):
     session = conv.get(who, pk)
-    msgs = list(session.messages.order_by("index"))
+    msgs = prepare(list(session.messages.order_by("index")))
     last = msgs[-1] if msgs else None
     used = (last.prompt_tokens or 0) + (last.completion_tokens or 0) if last and last.role == "assistant" else 0
-    for m in msgs:
-        m.html = markdown(m.content)
     return _page(
         request,
         who,
@@ -206,7 +204,12 @@ def import_(request, who):
         return HttpResponseRedirect("/chat/")
     try:
         data = conv.Export.model_validate(json.loads(form.cleaned_data["file"].read()))
-    except (ValueError, ValidationError) as e:
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "the file"
+        flash.error(request, f"that file is not a chat export: {where}: {err['msg']}")
+        return HttpResponseRedirect("/chat/")
+    except ValueError as e:
         flash.error(request, f"that file is not a chat export: {str(e).splitlines()[0]}")
         return HttpResponseRedirect("/chat/")
     made = conv.import_(who, data)

@@ -11,6 +11,7 @@ from django.core.paginator import Paginator
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from ..chat.render import prepare
 from ..models import ChatSession
 from .access import staff_only
 
@@ -55,7 +56,7 @@ def session(request, pk):
     return render(
         request,
         "webui/panel/session.html",
-        {"section": "panel", "tab": "sessions", "s": s, "chat_messages": s.messages.all()},
+        {"section": "panel", "tab": "sessions", "s": s, "chat_messages": prepare(list(s.messages.all()))},
     )
 
 

@@ -1,8 +1,11 @@
 // The chat page's script. The page works without it (its forms post and the server renders every
 // message); with it the same forms go over the WebSocket (/ws/chat/, protocol in webui/consumers.py)
 // and the answer streams. Only the message being written re-renders, at most once per animation frame:
-// marked, then DOMPurify with the server's own allow-list, then highlight.js. When the answer ends the
-// server's rendering of it replaces the streamed one. Data comes from #chat-config (json_script).
+// marked, then DOMPurify with the server's own allow-list, then highlight.js. The model's thinking
+// (deltas of channel "reasoning") fills a collapsed "Thinking…" block above the answer, whose summary
+// says how long it thought once the answer (or a tool call) begins; tool calls are built into the
+// server's own markup (#tool-call-template) with text nodes only. When the answer ends the server's
+// rendering of it replaces the streamed one. Data comes from #chat-config (json_script).
 (function () {
   "use strict";
   const config = JSON.parse(document.getElementById("chat-config").textContent);
@@ -16,7 +19,7 @@
   };
   const stats = (window.chatStats = { renders: 0, renderMs: [], lengths: [] }); // read by the browser tests
   let ws = null;
-  let live = null; // the answer being written: {li, body, text, scheduled}
+  let live = null; // the answer being written: {li, body, text, dirty, thinking, calls, scheduled}
   let busy = false;
 
   // --- the socket ---------------------------------------------------------------------------------
@@ -72,9 +75,9 @@
   }
 
   function decorate(root) {
-    // a copy button on every code block
+    // a copy button on every code block (not on a value in a tool call's table)
     root.querySelectorAll("pre").forEach((pre) => {
-      if (pre.parentElement.classList.contains("code")) return;
+      if (pre.parentElement.classList.contains("code") || pre.closest("td")) return;
       const wrap = document.createElement("div");
       wrap.className = "code";
       const btn = document.createElement("button");
@@ -111,14 +114,101 @@
   }
 
   // --- the answer being written -------------------------------------------------------------------
-  function startAnswer(index, prefix, model) {
+  function startAnswer(index, prefix, model, prefixReasoning) {
     const li = $("#answer-template").content.firstElementChild.cloneNode(true);
     li.dataset.index = index;
     li.id = "m" + index;
     $(".who", li).textContent = model;
     list.append(li);
-    live = { li, body: $(".body", li), text: prefix || "", scheduled: false };
+    live = { li, body: $(".body", li), text: prefix || "", dirty: true, thinking: null, calls: [], scheduled: false };
+    if (prefixReasoning) { // a continued answer's earlier thinking, shown as the server shows it
+      const th = thinking();
+      th.text = prefixReasoning;
+      th.timed = false;
+      endThinking();
+    }
     schedule();
+  }
+
+  function thinking() {
+    // the answer's thinking block, opened (but collapsed) at its first delta
+    if (!live.thinking) {
+      const details = $("details.thinking", live.li);
+      details.hidden = false;
+      details.classList.add("streaming");
+      live.thinking = {
+        details, summary: $("summary", details), body: $(".md", details),
+        text: "", dirty: false, done: false, timed: true, t0: performance.now(),
+      };
+    }
+    return live.thinking;
+  }
+
+  function endThinking() {
+    const th = live && live.thinking;
+    if (!th || th.done) return;
+    th.done = true;
+    th.details.classList.remove("streaming");
+    if (th.timed) th.summary.textContent = "Thought for " + Math.max(1, Math.round((performance.now() - th.t0) / 1000)) + " s";
+  }
+
+  function toolCall(ev) {
+    // a piece of a tool call: its name first, then its arguments' JSON text in pieces
+    let call = live.calls[ev.index];
+    if (!call) {
+      const el = $("#tool-call-template").content.firstElementChild.cloneNode(true);
+      $(".calls", live.li).append(el);
+      call = live.calls[ev.index] = { el, args: "", dirty: true };
+    }
+    if (ev.name) $(".tool-name", call.el).textContent = ev.name;
+    call.args += ev.arguments || "";
+    call.dirty = true;
+  }
+
+  function fields(obj) {
+    // an object as the server's key/value table (`_fields.html`): scalars as text, objects as JSON
+    const table = document.createElement("table");
+    table.className = "fields";
+    const tbody = table.appendChild(document.createElement("tbody"));
+    const entries = Object.entries(obj);
+    for (const [key, value] of entries) {
+      const tr = tbody.appendChild(document.createElement("tr"));
+      tr.appendChild(document.createElement("th")).textContent = key;
+      const td = tr.appendChild(document.createElement("td"));
+      if (value !== null && typeof value === "object" && Object.keys(value).length) {
+        const code = td.appendChild(document.createElement("pre")).appendChild(document.createElement("code"));
+        code.className = "language-json";
+        code.textContent = JSON.stringify(value, null, 2);
+        hljs.highlightElement(code);
+      } else {
+        td.textContent = typeof value === "string" && value ? value : JSON.stringify(value);
+      }
+    }
+    if (!entries.length) {
+      const td = tbody.appendChild(document.createElement("tr")).appendChild(document.createElement("td"));
+      const none = td.appendChild(document.createElement("span"));
+      none.className = "muted";
+      none.textContent = "no arguments";
+    }
+    return table;
+  }
+
+  function renderCall(call) {
+    call.dirty = false;
+    const args = $(".tool-args", call.el);
+    let value;
+    try {
+      value = JSON.parse(call.args);
+    } catch (e) {
+      value = undefined; // not whole yet: its text so far
+    }
+    if (value !== null && typeof value === "object" && !Array.isArray(value)) {
+      args.replaceChildren(fields(value));
+    } else {
+      const pre = document.createElement("pre");
+      pre.appendChild(document.createElement("code")).textContent = call.args;
+      args.replaceChildren(pre);
+    }
   }
 
   function schedule() {
@@ -133,12 +223,21 @@
     live.scheduled = false;
     const t0 = performance.now();
     const follow = nearBottom();
-    live.body.innerHTML = DOMPurify.sanitize(marked.parse(live.text), purify);
-    live.body.querySelectorAll("pre code").forEach((c) => hljs.highlightElement(c));
-    decorate(live.body);
+    const th = live.thinking;
+    if (th && th.dirty) {
+      th.dirty = false;
+      th.body.innerHTML = DOMPurify.sanitize(marked.parse(th.text), purify);
+    }
+    if (live.dirty) {
+      live.dirty = false;
+      live.body.innerHTML = DOMPurify.sanitize(marked.parse(live.text), purify);
+      live.body.querySelectorAll("pre code").forEach((c) => hljs.highlightElement(c));
+      decorate(live.body);
+    }
+    live.calls.forEach((c) => { if (c.dirty) renderCall(c); });
     if (follow) scrollDown(); // reads the layout: the time below includes it
     stats.renderMs.push(performance.now() - t0);
-    stats.lengths.push(live.text.length);
+    stats.lengths.push(live.text.length + (th ? th.text.length : 0));
     stats.renders += 1;
   }
 
@@ -159,7 +258,24 @@
         if (live) {
           if (!live.started) setStatus("");
           live.started = true;
-          live.text += ev.text;
+          if (ev.channel === "reasoning") {
+            const th = thinking();
+            th.text += ev.text;
+            th.dirty = true;
+          } else {
+            endThinking();
+            live.text += ev.text;
+            live.dirty = true;
+          }
+          schedule();
+        }
+        return;
+      case "tool_call":
+        if (live) {
+          if (!live.started) setStatus("");
+          live.started = true;
+          endThinking();
+          toolCall(ev);
           schedule();
         }
         return;
@@ -189,13 +305,20 @@
     });
     if (ev.user) list.append(fromServer(ev.user.html));
     setStatus("Waiting for the worker…");
-    startAnswer(ev.index, ev.prefix, ev.model);
+    startAnswer(ev.index, ev.prefix, ev.model, ev.prefix_reasoning);
     scrollDown();
   }
 
   function onFinal(ev) {
     if (live) {
+      endThinking();
       const li = fromServer(ev.message.html);
+      const was = live.thinking;
+      const now = $("details.thinking", li);
+      if (was && now) { // keep what the reader saw: the block as opened or closed, how long it thought
+        now.open = was.details.open;
+        $("summary", now).textContent = was.summary.textContent;
+      }
       live.li.replaceWith(li);
       live = null;
     }
@@ -214,7 +337,9 @@
 
   function onError(ev) {
     if (live) {
-      if (!live.text) live.li.remove();
+      endThinking();
+      if (!live.text && !live.thinking && !live.calls.length) live.li.remove();
+      else live.li.classList.remove("streaming");
       live = null;
     }
     setStatus(ev.message, true);

@@ -93,7 +93,7 @@ def decode(
             if plan is not None and plan.masking:
                 logits = np.array(logits, dtype=np.float32)  # the model's own row stays as it is for logprobs
                 plan.mask(logits)
-            nxt = sampler(logits, generated)
+            nxt = sampler(logits, generated, masked=plan is not None and plan.masking)
             if t_first is None:
                 t_first = time.perf_counter()
                 ttft = t_first - t0

@@ -1,6 +1,8 @@
 """The sampler: each step of the chain agrees with transformers' logits processors, draws follow the
 distribution, seeds reproduce, and every out-of-range parameter is named in its error."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -170,3 +172,16 @@ def test_defaults_come_from_the_generation_config_else_ours():
     assert (p.temperature, p.top_k, p.top_p) == (1.0, 5, 0.9)
     assert SamplingParams().resolve({"do_sample": False, "temperature": 0.6}).temperature == 0.0
     assert SamplingParams(temperature=0.3).resolve({"do_sample": False}).temperature == 0.3
+
+
+def test_a_masked_row_samples_only_its_allowed_tokens_as_the_same_row_without_them():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=5000).astype(np.float32)
+    allowed = rng.choice(5000, size=40, replace=False)
+    masked = np.full_like(logits, -np.inf)
+    masked[allowed] = logits[allowed]
+    p = SamplingParams(temperature=0.9, top_k=20, top_p=0.9, min_p=0.0, repetition_penalty=1.0, seed=7)
+    got = [Sampler(dataclasses.replace(p, seed=s))(masked, masked=True) for s in range(30)]
+    assert set(got) <= set(allowed.tolist())
+    sub = Sampler(p)(logits[np.sort(allowed)])  # the same candidates as a row of their own
+    assert Sampler(p)(masked, masked=True) == int(np.sort(allowed)[sub])

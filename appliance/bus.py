@@ -15,6 +15,11 @@ Keys (all under `rkmojo:`):
 - `stats:NAME` — a worker's latest `events.WorkerStats`, written once a second with a short TTL; the same
   event is sent to the Channels group `LIVE_GROUP` (message type `live.stats`, field `stats`: the encoded
   event), which the admin panel's live view forwards to browsers.
+- `auth` — a pub/sub channel, not a key: `session:KEY` or `user:ID`, published after a commit that deleted
+  that session or saved or deleted that user; processes serving sockets then check theirs at once
+  (`webui.socket_auth`).
+- `throttle:…` — failed sign-ins and API keys per address and user name, each a count whose TTL is the
+  time left of its window or lock (`webui.throttle`).
 - `settings` — the settings the administrator saved (JSON object, option name → value), written by the
   web side; workers read it at every heartbeat. Environment variables still win.
 
@@ -66,6 +71,7 @@ def k_stats(worker: str) -> str:
 
 K_SETTINGS = f"{PREFIX}settings"
 LIVE_GROUP = "rkmojo-live"  # the Channels group live-view sockets join
+AUTH_CHANNEL = f"{PREFIX}auth"  # pub/sub: a session or a user changed; sockets check theirs
 
 
 def model_queue(model: str) -> str:

@@ -114,9 +114,12 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return default if value is None else [v.strip() for v in value.split(",") if v.strip()]
 
 
-def env_duration(name: str, default: float) -> float:
-    """Seconds; negative means "forever" where a setting allows it."""
-    return _env(name, default, parse_duration, "write a duration like 30s, 5m, 1.5h or 7d")
+def env_duration(name: str, default: float, *, minimum: float | None = None) -> float:
+    """Seconds; negative means "forever" where a setting allows it (one with a `minimum` does not)."""
+    seconds = _env(name, default, parse_duration, "write a duration like 30s, 5m, 1.5h or 7d")
+    if minimum is not None and seconds < minimum:
+        raise _bad(name, _raw(name) or str(default), f"must be at least {minimum:g}s")
+    return seconds
 
 
 def env_size(name: str, default: int | None) -> int | None:

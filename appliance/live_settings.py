@@ -7,6 +7,7 @@ it at every heartbeat (`Board.read_settings`) and takes the names it owns:
   applies at once, to the loaded models that follow the default too;
 - `prompt_cache_days` and `prompt_cache_max` apply at once too: each model's prompt cache is opened again
   with the new limits at its next use;
+- `pull_from_lan` applies to the next install: its URL pull's policy (`inference.pull.PullPolicy`);
 - the engine's options (`inference.engine.EngineConfig`: expert_slots, prefetch, kv_dtype, threads,
   context, memory_budget, …), checked by their schema, apply at the next load of a model: a loaded
   engine keeps the options it was opened with.
@@ -33,6 +34,7 @@ from .env import parse_duration
 from .tunables import SERVICE
 
 KEEP_ALIVE = "keep_alive"
+PULL_FROM_LAN = "pull_from_lan"  # → settings.RKMOJO["PULL_FROM_LAN"]
 PROMPT_CACHE = {"prompt_cache_days": "PROMPT_CACHE_DAYS", "prompt_cache_max": "PROMPT_CACHE_MAX"}  # → settings.RKMOJO
 SETTINGS = Surface("settings")  # errors name the option as the settings page does
 
@@ -47,6 +49,7 @@ class Resolved:
     environment: tuple[str, ...] = ()  # saved names an environment variable overrides
     invalid: dict[str, str] = field(default_factory=dict)  # saved name → why it was ignored
     prompt_cache: dict = field(default_factory=dict)  # PROMPT_CACHE_DAYS, PROMPT_CACHE_MAX (settings.RKMOJO's keys)
+    pull_from_lan: bool = False  # URL pulls may reach private LAN addresses
 
     def status(self, loaded: list) -> dict:
         """What was applied and what waits for a reload, given the `EngineConfig` of each loaded engine."""
@@ -77,7 +80,7 @@ def _env_set(environ: Mapping[str, str], variable: str) -> bool:
 
 def resolve(raw: str | None, base: dict, environ: Mapping[str, str]) -> Resolved:
     """The worker's configuration from its environment's (`base`: {"KEEP_ALIVE", "ENGINE", "PROMPT_CACHE_DAYS",
-    "PROMPT_CACHE_MAX"} of `settings.RKMOJO`) and the saved settings `raw` (the JSON text of
+    "PROMPT_CACHE_MAX", "PULL_FROM_LAN"} of `settings.RKMOJO`) and the saved settings `raw` (the JSON text of
     `bus.K_SETTINGS`, or None)."""
     try:
         saved = json.loads(raw) if raw else {}
@@ -89,14 +92,15 @@ def resolve(raw: str | None, base: dict, environ: Mapping[str, str]) -> Resolved
             dict(base["ENGINE"]),
             invalid={"*": f"not a JSON object: {raw[:80]!r}"},
             prompt_cache={k: base[k] for k in PROMPT_CACHE.values()},
+            pull_from_lan=base["PULL_FROM_LAN"],
         )
-    keep_alive, engine = base["KEEP_ALIVE"], dict(base["ENGINE"])
+    keep_alive, engine, pull_from_lan = base["KEEP_ALIVE"], dict(base["ENGINE"]), base["PULL_FROM_LAN"]
     prompt_cache = {k: base[k] for k in PROMPT_CACHE.values()}
     taken, environment, invalid = [], [], {}
     for name, value in saved.items():
         if name == KEEP_ALIVE:
             variable = "RKMOJO_KEEP_ALIVE"
-        elif name in PROMPT_CACHE:
+        elif name in PROMPT_CACHE or name == PULL_FROM_LAN:
             variable = SERVICE[name].env
         elif name in specs(EngineConfig):
             variable = ENV.spell(name)
@@ -114,10 +118,14 @@ def resolve(raw: str | None, base: dict, environ: Mapping[str, str]) -> Resolved
                 if isinstance(value, bool) or not isinstance(value, (int, str)):
                     raise ValueError(f"{value!r}: {SERVICE[name].help}")
                 prompt_cache[PROMPT_CACHE[name]] = SERVICE[name].parse(str(value))
+            elif name == PULL_FROM_LAN:
+                if not isinstance(value, bool):
+                    raise ValueError(f"{value!r}: on or off")
+                pull_from_lan = value
             elif value is not None:  # null: the default
                 engine[name] = read_value(EngineConfig, name, value, SETTINGS)
         except ValueError as e:
             invalid[name] = str(e)
             continue
         taken.append(name)
-    return Resolved(keep_alive, engine, tuple(taken), tuple(environment), invalid, prompt_cache)
+    return Resolved(keep_alive, engine, tuple(taken), tuple(environment), invalid, prompt_cache, pull_from_lan)

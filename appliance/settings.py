@@ -53,6 +53,7 @@ ALLOWED_HOSTS = MachineHosts(env_list("RKMOJO_ALLOWED_HOSTS", []))
 
 INSTALLED_APPS = [
     "daphne",
+    "webui",  # before django.contrib.auth: its createsuperuser (password validators under --noinput) wins
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
@@ -60,7 +61,6 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
-    "webui",
 ]
 
 MIDDLEWARE = [
@@ -113,6 +113,15 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
+# every place a password is set (/setup/, the panel's users, Django's admin, `createsuperuser`) checks it
+# with these; the page shows their messages. 12 characters: a LAN neighbour may guess online (throttled,
+# `webui.throttle`) but a stolen db.sqlite3 is guessed offline, where only length helps
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 12}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/chat/"
 LOGOUT_REDIRECT_URL = "/login/"
@@ -148,6 +157,17 @@ RKMOJO = {
     # prompt-cache days and size, chat without sign-in), as the environment gives them; the web process
     # reads the effective values (environment > saved in the panel > default) through `webui.config`
     **{name.upper(): t.from_env() for name, t in SERVICE.items()},
+    # sign-in throttling (`webui.throttle`): this many wrong passwords for one user name, or from one
+    # address, lock it for LOCKOUT, the right password refused too. 5 forgives a person's slips (caps lock,
+    # last year's password) and leaves a guesser 480 tries a day against a 12-character password on no
+    # common list. 15 minutes: a guesser gains nothing from waiting it out, while a neighbour who locks the
+    # administrator out on purpose only delays them (an administrator clears a lock on the Users page)
+    "LOGIN_FAILURES": env_int("RKMOJO_LOGIN_FAILURES", 5, minimum=1),
+    "LOCKOUT": env_duration("RKMOJO_LOCKOUT", 15 * 60.0, minimum=1),
+    # wrong API keys from one address before it is locked the same way: keys are 32 random bytes nobody
+    # guesses, so this only stops a scanner, and a home app left with a revoked key (which retries on its
+    # own) has room before it locks out the other apps on its machine
+    "API_KEY_FAILURES": env_int("RKMOJO_API_KEY_FAILURES", 20, minimum=1),
     # seconds the API tells a refused client to wait
     "RETRY_AFTER": env_int("RKMOJO_RETRY_AFTER", 5, minimum=1),
     # /api/pull and install take local files only from inside this directory (a file path anywhere else

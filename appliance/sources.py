@@ -6,6 +6,10 @@ opens anything: a path outside the import directory (after resolving symlinks an
 whether or not it exists, so the API is no oracle for the service user's files, and no error repeats
 a byte of a file's content. The check is on the path as written (`..` resolved lexically): a link
 placed in the import directory by the administrator may point anywhere, a caller cannot make one.
+
+A URL's host is not judged here: its address is known only when the worker resolves it, and the worker's
+pull checks that address on every connection and redirect (`inference.pull.policy`, `Settings →
+pull_from_lan`).
 """
 
 from __future__ import annotations

@@ -314,8 +314,12 @@ def install(req: dict) -> None:
 
 
 def _install(b, req: dict, node: str) -> None:
+    """Install `req["source"]` as `req["name"]`. A URL pull runs under the pull policy (`PullPolicy`: public
+    addresses, and LAN ones when `pull_from_lan` is on); its refusal is a 403 and a connection that failed
+    a 502, each with the one message the engine gives, whatever the port behind it (the reason goes to the
+    log). A refused or failed pull leaves nothing in the models directory but a download a retry resumes."""
     from inference.errors import RkmojoError, disk_full
-    from inference.pull import PullCancelled
+    from inference.pull import DownloadFailed, PullCancelled, PullPolicy, PullRefused
 
     rid, name, source = req["id"], req["name"], req["source"]
     stop = threading.Event()
@@ -337,8 +341,13 @@ def _install(b, req: dict, node: str) -> None:
             from inference.pull import pull
 
             pull(
-                source, b.models_dir, name=name, progress=False, cancel=lambda: bus.cancelled_at(b.r, rid) is not None
-            )  # the panel's Cancel
+                source,
+                b.models_dir,
+                name=name,
+                progress=False,
+                cancel=lambda: bus.cancelled_at(b.r, rid) is not None,  # the panel's Cancel
+                policy=PullPolicy(lan=b.cfg["PULL_FROM_LAN"]),
+            )
         stop.set()
         bus.emit(b.r, rid, Progress(status="verifying"))
         from inference.models_dir import quick_check
@@ -359,6 +368,11 @@ def _install(b, req: dict, node: str) -> None:
         bus.emit(b.r, rid, e.event())
     except PullCancelled:
         bus.emit(b.r, rid, Final(finish_reason="cancelled"))
+    except PullRefused as e:
+        log.warning("pull %s refused: %s", source, e.why)
+        bus.emit(b.r, rid, RequestError(403, str(e), code="pull_refused", param="model").event())
+    except DownloadFailed as e:  # a connection's failure is `FAILED`, whatever the port (the reason is logged)
+        bus.emit(b.r, rid, RequestError(502, str(e), code="download_failed", param="model").event())
     except (RkmojoError, OSError, ValueError) as e:
         status = 507 if disk_full(e) else 400  # the store writer removed its half-written work
         bus.emit(

@@ -91,6 +91,16 @@ SERVICE: dict[str, Tunable] = {
             "size",
         ),
         Tunable(
+            "pull_from_lan",
+            False,
+            "pulls by URL may reach private LAN addresses (10/8, 172.16/12, 192.168/16, fc00::/7, 100.64/10), "
+            "e.g. a NAS at 192.168.1.10. Off by default: an admin API key could otherwise make the appliance "
+            "fetch from, and probe, the devices of your network. This machine's own addresses are always refused",
+            "worker",
+            parse_bool,
+            "bool",
+        ),
+        Tunable(
             "chat_open",
             False,
             "the chat page without signing in (for clients the API-key rule lets in)",

@@ -55,20 +55,26 @@ def add_command(sub) -> None:
     )
     up.add_argument("--no-demo", action="store_true", help="do not install the demo model on first start")
     up.add_argument("--create-api-key", metavar="NAME", help="create an API key, print it once, and exit")
+    up.add_argument(  # the scopes are webui.models.Scope's; `apikey create` checks the name
+        "--scope",
+        default="chat",
+        help="with --create-api-key: chat (generate and list; the default) or admin (also pull, delete, load, unload)",
+    )
     up.set_defaults(fn=_cmd_up)
 
 
 def _cmd_up(a) -> int:
     if a.create_api_key:
-        return create_api_key(a.create_api_key)
+        return create_api_key(a.create_api_key, a.scope)
     return run(a.host, a.port, demo=not a.no_demo, worker_name=a.worker_name)
 
 
-def create_api_key(name: str) -> int:
+def create_api_key(name: str, scope: str = "chat") -> int:
     os.umask(0o077)  # it may be the first start: the database it creates is private
     env = processes.base_env()
     subprocess.run(processes.migrate_argv(), env=env, check=True)
-    return subprocess.run([sys.executable, "-m", "django", "apikey", "create", name], env=env).returncode
+    argv = [sys.executable, "-m", "django", "apikey", "create", name, "--scope", scope]
+    return subprocess.run(argv, env=env).returncode
 
 
 def run(host: str, port: int, *, demo: bool = True, worker_name: str | None = None) -> int:

@@ -266,13 +266,16 @@ class Board:
         if raw == self._settings_raw:
             return
         if self._base is None:
-            self._base = {k: self.cfg[k] for k in ("KEEP_ALIVE", "PROMPT_CACHE_DAYS", "PROMPT_CACHE_MAX")}
+            self._base = {
+                k: self.cfg[k] for k in ("KEEP_ALIVE", "PROMPT_CACHE_DAYS", "PROMPT_CACHE_MAX", "PULL_FROM_LAN")
+            }
             self._base["ENGINE"] = dict(self.cfg["ENGINE"])
         self._settings_raw = raw
         res = live_settings.resolve(raw, self._base, os.environ)
         for name, why in res.invalid.items():
             log.warning("saved setting %s ignored: %s", name, why)
         self.cfg["ENGINE"] = res.engine
+        self.cfg["PULL_FROM_LAN"] = res.pull_from_lan  # the next install's pull policy
         if res.keep_alive != self.cfg["KEEP_ALIVE"]:
             self.cfg["KEEP_ALIVE"] = res.keep_alive
             for ld in list(self.loaded.values()):

@@ -58,6 +58,22 @@ def smollm2_store(smollm2_gguf, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def lan():
+    """A LAN neighbour (`lan_netns.Lan`): a network namespace at a private address, not this machine's. Root only."""
+    import os
+
+    from lan_netns import Lan
+
+    if os.geteuid() != 0:
+        pytest.skip("the LAN neighbour's network namespace needs root")
+    net = Lan()
+    try:
+        yield net.up()
+    finally:
+        net.down()
+
+
+@pytest.fixture(scope="session")
 def moe_store(tmp_path_factory, smollm2_store) -> Path:
     """A tiny random Qwen3-MoE (2 layers, 16 experts, top-4) converted to q4 once per session, with the demo
     model's tokenizer so that ids below 256 decode to something. Shared: open it read-only."""

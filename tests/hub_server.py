@@ -1,5 +1,9 @@
 """A local stand-in for the Hugging Face hub (and any HTTP file server) for pull tests: Range requests,
-throttling, failures, a CDN redirect. Used by tests/test_pull.py and the admin panel's pull tests."""
+throttling, failures, a CDN redirect. Used by tests/test_pull.py and the admin panel's pull tests.
+
+It listens on 127.0.0.1, or on a LAN neighbour's address (`lan`: a `lan_netns.Lan`), which is how the
+appliance's worker reaches it: its pull policy refuses this machine's addresses, and takes LAN ones when
+the test switches `pull_from_lan` on."""
 
 from __future__ import annotations
 
@@ -16,11 +20,12 @@ class HubServer:
 
     Knobs: `ranges`, `token` (required bearer token), `rate` (bytes/s throttle), `fail` (answer this many
     requests with 503 first), `down_after` (503 for every request once this many bytes went out),
-    `cdn` (answer with a redirect to `http://localhost:PORT/cdn/...`, another host, as the hub does for
-    large files); `served` counts body bytes sent, `cdn_auth` the CDN requests that carried a token.
+    `cdn` (answer with a redirect to `{redirect_to}/cdn/...`, by default `http://localhost:PORT`, another
+    host, as the hub does for large files); `served` counts body bytes sent, `cdn_auth` the CDN requests
+    that carried a token.
     """
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, lan=None):
         self.root = root
         self.ranges = True
         self.token = None
@@ -56,7 +61,7 @@ class HubServer:
                     return self._status(404)
                 if server.cdn:
                     self.send_response(302)
-                    self.send_header("Location", f"http://localhost:{server.port}/cdn/{m.group(1)}/{m.group(3)}")
+                    self.send_header("Location", f"{server.redirect_to}/cdn/{m.group(1)}/{m.group(3)}")
                     self.send_header("Content-Length", "0")
                     return self.end_headers()
                 self._send(path)
@@ -96,10 +101,17 @@ class HubServer:
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if lan is None:
+            self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        else:  # the socket made inside the namespace, served from here
+            self.httpd = ThreadingHTTPServer((lan.ns_ip, 0), Handler, bind_and_activate=False)
+            self.httpd.socket.close()
+            self.httpd.socket = lan.listen()
+            self.httpd.server_address = self.httpd.socket.getsockname()
         self.httpd.daemon_threads = True
-        self.port = self.httpd.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.host, self.port = self.httpd.server_address[:2]
+        self.url = f"http://{self.host}:{self.port}"
+        self.redirect_to = f"http://localhost:{self.port}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self.thread.start()
 

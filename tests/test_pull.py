@@ -1,11 +1,18 @@
-"""`rkmojo pull` against a local Hugging Face-style server (127.0.0.1 only): an interrupted pull resumes
-to a store bit-identical to an offline `rkmojo convert`; HTTP failures give clear errors."""
+"""`rkmojo pull` against a local Hugging Face-style server: an interrupted pull resumes to a store
+bit-identical to an offline `rkmojo convert`; HTTP failures give clear errors; the pull policy refuses this
+machine by any name, after DNS and on every redirect, and its errors tell nothing about the port.
 
+The server listens on 127.0.0.1 (the command line's default policy checks nothing), or, for the policy's
+LAN tests, inside a network namespace as a LAN neighbour (root only), allowed by `PullPolicy(lan=True)`."""
+
+import ipaddress
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -13,7 +20,8 @@ import pytest
 import torch
 
 from inference.convert import convert
-from inference.pull import PullError, PullLock, pull
+from inference.pull import FAILED, REFUSED, DownloadFailed, PullError, PullLock, PullPolicy, PullRefused, pull
+from inference.pull.policy import Kind, kind, resolve_host
 from inference.store import Store
 from hub_server import HubServer
 from tiny_models import tiny_qwen3_moe
@@ -202,3 +210,158 @@ def test_a_gguf_url_is_downloaded_and_converted(server, tmp_path, smollm2_gguf, 
     assert (out / "dense.bin").read_bytes() == (smollm2_store / "dense.bin").read_bytes()
     assert Store(out).manifest["source"]["url"] == url
     assert not (tmp_path / ".smollm2-135m-instruct.q4_1.pull").exists()
+
+
+# --- the pull policy (`inference.pull.policy`): what a pull for network clients may connect to -------------
+def nothing_in(models: Path) -> bool:
+    return not models.exists() or not any(models.iterdir())
+
+
+class Listener:
+    """A TCP port on 127.0.0.1 that counts the connections made to it (and closes each)."""
+
+    def __init__(self):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port, self.accepted = self.sock.getsockname()[1], 0
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self):
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            c.close()
+
+
+@pytest.mark.parametrize("lan", [False, True])
+def test_the_policy_refuses_this_machine_by_any_name_before_connecting(server, tmp_path, lan):
+    redis_like, closed = Listener(), Listener()
+    closed.sock.close()
+    stub = {"models.example": ["127.0.0.1"], "mixed.example": ["93.184.215.14", "127.0.0.1"]}
+    policy = PullPolicy(lan=lan, resolve=lambda host, port: stub.get(host) or resolve_host(host, port))
+    urls = [
+        f"{server.url}/files/demo/resolve/main/x.gguf",  # the open port of a real HTTP server
+        f"http://127.0.0.1:{redis_like.port}/x.gguf",  # an open port that is not HTTP
+        f"http://127.0.0.1:{closed.port}/x.gguf",  # a closed one
+        f"http://localhost:{server.port}/x.gguf",  # a name (the hosts file) for 127.0.0.1
+        f"http://models.example:{server.port}/x.gguf",  # a name the resolver gives as 127.0.0.1
+        f"http://mixed.example:{server.port}/x.gguf",  # a public address and this machine's
+        f"http://2130706433:{server.port}/x.gguf",  # 127.0.0.1 as one number
+        f"http://0.0.0.0:{server.port}/x.gguf",
+        f"http://[::ffff:127.0.0.1]:{server.port}/x.gguf",
+        f"http://[::1]:{server.port}/x.gguf",
+    ]
+    asked = len(server.requests)
+    for url in urls:
+        with pytest.raises(PullRefused) as e:
+            pull(url, tmp_path / "models", progress=False, policy=policy)
+        assert str(e.value) == REFUSED, url
+    assert len(server.requests) == asked and redis_like.accepted == 0  # nothing was sent anywhere
+    assert nothing_in(tmp_path / "models")
+
+
+@pytest.mark.parametrize(
+    "address, expected",
+    [
+        ("8.8.8.8", Kind.PUBLIC),
+        ("2606:4700::1111", Kind.PUBLIC),
+        ("192.168.1.10", Kind.LAN),
+        ("::ffff:192.168.1.10", Kind.LAN),
+        ("100.100.1.1", Kind.LAN),  # carrier-grade NAT: Tailscale's peers
+        ("fd00::1", Kind.LAN),
+        ("127.0.0.2", Kind.MACHINE),
+        ("::7f00:1", Kind.MACHINE),  # IPv4-compatible
+        ("64:ff9b::7f00:1", Kind.MACHINE),  # NAT64
+        ("2002:7f00:1::", Kind.MACHINE),  # 6to4
+        ("169.254.169.254", Kind.MACHINE),  # link-local: a cloud's metadata service
+        ("fe80::1", Kind.MACHINE),
+        ("::", Kind.MACHINE),
+        ("224.0.0.1", Kind.OTHER),
+        ("255.255.255.255", Kind.OTHER),
+        ("192.0.2.1", Kind.OTHER),  # documentation
+    ],
+)
+def test_each_address_has_one_kind_whatever_its_spelling(address, expected):
+    assert kind(ipaddress.ip_address(address), own=set()) == expected
+    assert kind(ipaddress.ip_address("192.168.1.10"), own={ipaddress.ip_address("192.168.1.10")}) == Kind.MACHINE
+
+
+def test_the_command_line_default_checks_no_address(server, tmp_path):
+    """`rkmojo pull` passes no policy: its user may pull from a server on this machine (as these tests do)."""
+    out = pull(REPO, tmp_path / "models", endpoint=server.url, progress=False)
+    assert (out / "manifest.json").is_file()
+
+
+@pytest.fixture
+def lan_hub(hub, lan):
+    """The hub's files served by a LAN neighbour (a private address, not this machine's)."""
+    server = HubServer(hub.root, lan=lan)
+    yield server
+    server.close()
+
+
+def test_a_lan_server_is_reached_only_when_the_policy_allows_the_lan(lan_hub, tmp_path):
+    with pytest.raises(PullRefused):
+        pull(REPO, tmp_path / "models", endpoint=lan_hub.url, progress=False, policy=PullPolicy())
+    assert lan_hub.requests == [] and nothing_in(tmp_path / "models")
+    out = pull(REPO, tmp_path / "models", endpoint=lan_hub.url, progress=False, policy=PullPolicy(lan=True))
+    assert Store(out).architecture == "qwen3_moe"
+
+
+def test_a_redirect_from_an_allowed_host_to_this_machine_is_refused(lan_hub, tmp_path):
+    inside = Listener()
+    lan_hub.cdn, lan_hub.redirect_to = True, f"http://127.0.0.1:{inside.port}"
+    with pytest.raises(PullRefused) as e:
+        pull(REPO, tmp_path / "models", endpoint=lan_hub.url, progress=False, policy=PullPolicy(lan=True))
+    assert str(e.value) == REFUSED
+    assert lan_hub.requests and inside.accepted == 0  # the allowed host was asked, the redirect not followed
+    assert nothing_in(tmp_path / "models")
+
+
+def test_a_name_is_resolved_once_per_connection_and_the_checked_address_is_the_one_connected(lan_hub, tmp_path):
+    """A DNS rebind (a public answer for the check, 127.0.0.1 for the connect) has no second lookup to use."""
+    looked_up = []
+
+    def resolver(host, port):
+        looked_up.append(host)
+        return [lan_hub.host] if host == "nas.example" else resolve_host(host, port)
+
+    endpoint = f"http://nas.example:{lan_hub.port}"
+    out = pull(REPO, tmp_path / "models", endpoint=endpoint, progress=False, policy=PullPolicy(True, resolver))
+    assert Store(out).architecture == "qwen3_moe"
+    assert looked_up == ["nas.example"] * len(lan_hub.requests)  # one lookup per request, none after a check
+
+
+def test_an_open_and_a_closed_port_fail_with_one_message_and_leave_nothing(lan, tmp_path):
+    not_http = lan.listen()  # answers like Redis to an HTTP request, then hangs up
+
+    def serve():
+        while True:
+            try:
+                c, _ = not_http.accept()
+            except OSError:
+                return
+            c.recv(4096)
+            c.sendall(b"-ERR unknown command 'GET'\r\n")
+            c.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    closed = lan.listen()
+    closed_port = closed.getsockname()[1]
+    closed.close()
+    errors = []
+    for port in (not_http.getsockname()[1], closed_port):
+        with pytest.raises(DownloadFailed) as e:
+            pull(
+                f"http://{lan.ns_ip}:{port}/x.gguf",
+                tmp_path / "models",
+                progress=False,
+                retries=1,
+                policy=PullPolicy(lan=True),
+            )
+        errors.append(str(e.value))
+    not_http.close()
+    assert errors == [FAILED, FAILED]
+    assert nothing_in(tmp_path / "models")

@@ -1,12 +1,15 @@
 from django.contrib import admin, messages
 
+from . import throttle
 from .models import ApiKey, ChatMessage, ChatSession
+
+admin.site.login_form = throttle.AdminSignInForm  # tries counted per address and user name, as on /login/
 
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ("name", "prefix", "created", "last_used", "revoked")
-    fields = ("name", "prefix", "created", "last_used", "revoked")
+    list_display = ("name", "prefix", "scope", "created", "last_used", "revoked")
+    fields = ("name", "prefix", "scope", "created", "last_used", "revoked")
     readonly_fields = ("prefix", "created", "last_used")
 
     def save_model(self, request, obj, form, change):

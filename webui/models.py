@@ -1,4 +1,4 @@
-"""API keys (stored hashed) and chat sessions with their messages."""
+"""API keys (stored hashed, each with a scope) and chat sessions with their messages."""
 
 from __future__ import annotations
 
@@ -17,8 +17,23 @@ def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+class Scope(models.TextChoices):
+    """What an API key may do; each scope includes the ones before it (`ApiKey.allows`).
+
+    chat: generate and list (/v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings, /v1/models,
+          /api/chat, /api/generate, /api/embed(dings), /api/tags, /api/ps, /api/show, /api/version);
+    admin: also change what the appliance serves (/api/pull, /api/delete, an explicit load or unload).
+    """
+
+    CHAT = "chat"
+    ADMIN = "admin"
+
+
 class ApiKey(models.Model):
     name = models.CharField(max_length=100)
+    # new keys and the keys made before scopes existed are chat keys (migration 0005): a key handed to an
+    # app on the LAN cannot pull or delete models unless an administrator gave it the admin scope
+    scope = models.CharField(max_length=10, choices=Scope.choices, default=Scope.CHAT)
     prefix = models.CharField(max_length=12, help_text="the first characters, to tell keys apart")
     digest = models.CharField(max_length=64, unique=True)
     created = models.DateTimeField(auto_now_add=True)
@@ -32,12 +47,22 @@ class ApiKey(models.Model):
         return f"{self.name} ({self.prefix}…{', revoked' if self.revoked else ''})"
 
     @classmethod
-    def create(cls, name: str) -> tuple["ApiKey", str]:
-        """A new key; the plain key is returned once and never stored."""
-        k = cls(name=name)
+    def create(cls, name: str, scope: str = Scope.CHAT) -> tuple["ApiKey", str]:
+        """A new key; the plain key is returned once and never stored.
+
+        Raises:
+            ValueError: an unknown scope.
+        """
+        if scope not in Scope.values:
+            raise ValueError(f"scope {scope!r}: give one of {', '.join(Scope.values)}")
+        k = cls(name=name, scope=scope)
         key = k.new_secret()
         k.save()
         return k, key
+
+    def allows(self, scope: str) -> bool:
+        """Whether this key has `scope` (admin includes chat)."""
+        return Scope.values.index(self.scope) >= Scope.values.index(scope)
 
     def new_secret(self) -> str:
         """Give this (unsaved) key its secret; returns the plain key, which is not kept."""

@@ -2,7 +2,8 @@
 
 `GET /` with a browser's `Accept: text/html` goes to the chat page, or to `/login/` without a session
 (unless `RKMOJO_CHAT_OPEN` lets the LAN chat without signing in); anything else, such as an Ollama client's probe, gets the plain text it checks for.
-Sign-in is Django's own (`LoginView`, CSRF on the form, a session cookie); there is no default account.
+Sign-in is Django's own (`LoginView`, CSRF on the form, a session cookie), its tries throttled
+(`webui.throttle`); there is no default account.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from django.contrib.auth import views as auth
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.views.decorators.http import require_GET
 
-from . import config
+from . import config, throttle
 
 OLLAMA_PROBE = "Ollama is running (rkmojo)"
 
@@ -29,5 +30,11 @@ def root(request: HttpRequest) -> HttpResponse:
     return HttpResponse(OLLAMA_PROBE, content_type="text/plain")
 
 
-login = auth.LoginView.as_view(template_name="webui/registration/login.html", redirect_authenticated_user=True)
+login = throttle.sign_in(  # tries counted per address and user name; locked: 429 saying when to retry
+    auth.LoginView.as_view(
+        template_name="webui/registration/login.html",
+        authentication_form=throttle.SignInForm,
+        redirect_authenticated_user=True,
+    )
+)
 logout = auth.LogoutView.as_view()  # POST only (Django 5): a link or an <img> elsewhere cannot sign anyone out

@@ -8,6 +8,9 @@ superuser for the admin pages. The page then closes for good: it answers 410 onc
 removes the token file and stops showing it; the page stays a 410 after that. On a PC, `rkmojo up`
 writes the token into the data directory and prints the setup URL (`manage.py setuptoken`) while no
 administrator exists; `/setup/?token=…` fills it in. Without a token file the page is a 404.
+
+The password must pass Django's validators (`AUTH_PASSWORD_VALIDATORS`), whose messages the page shows.
+Wrong tokens count against the client's address and lock it as wrong passwords do (`webui.throttle`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
+
+from . import throttle
 
 DONE_MARKER = "setup-done"
 
@@ -81,11 +86,19 @@ def setup(request: HttpRequest) -> HttpResponse:
     if request.method == "GET":
         return _page(request, SetupForm(initial={"token": request.GET.get("token", "")}))
     form = SetupForm(request.POST)
-    if not form.is_valid():
-        return _page(request, form, 400)
-    if not secrets.compare_digest(form.cleaned_data["token"].encode(), token.encode()):
+    tries = throttle.signin_subjects(request, None)  # the address: the token is the secret here, not an account
+    try:
+        throttle.attempt(tries)
+    except throttle.Locked as e:
+        page = render(request, "webui/setup.html", {"form": SetupForm(), "locked": str(e)}, status=429)
+        page["Retry-After"] = e.retry_after
+        return page
+    if not secrets.compare_digest(request.POST.get("token", "").strip().encode(), token.encode()):
         form.add_error("token", "This is not the setup token shown on the board's console.")
-        return _page(request, form, 403)
+        return _page(request, form, 403)  # the try stays counted
+    throttle.forgive(tries)
+    if not form.is_valid():  # Django's password validators (settings.AUTH_PASSWORD_VALIDATORS) say what is wrong
+        return _page(request, form, 400)
     with transaction.atomic():  # an IMMEDIATE transaction on SQLite: one of two racing requests wins
         if closed():
             return render(request, "webui/setup.html", {"closed": True}, status=410)

@@ -1,11 +1,13 @@
+from django.contrib import admin
 from django.urls import include, path
 
-from . import pages, setup_page
+from . import pages, setup_page, throttle
 from .api import ollama, openai, openapi, responses
 
 urlpatterns = [
     path("", pages.root),
     path("login/", pages.login, name="login"),
+    path("admin/login/", throttle.sign_in(admin.site.login)),  # its form: webui.admin; a locked try is a 429
     path("logout/", pages.logout, name="logout"),
     path("chat/", include("webui.chat.urls")),
     path("panel/", include("webui.panel.urls")),

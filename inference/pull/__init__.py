@@ -22,6 +22,12 @@ HTTP (`http.py`): transient failures are retried with exponential backoff; 401/4
 with an error naming the file; a server that ignores Range requests is a clear error. A single GGUF
 file (`rkmojo pull https://…/x.gguf`, `gguf.py`) is downloaded the same resumable way (the one place a
 whole source file lands on disk, since the GGUF reader maps a local file), converted, then deleted.
+A failure that left nothing to resume from removes the staging directory (`staging.staged`).
+
+Where it may connect (`policy.py`): `pull(..., policy=PullPolicy(lan=...))` checks the resolved address of
+every connection and redirect, and connects to the checked one; a service pulling for network clients (the
+appliance's worker) passes one. The command line passes none: its user owns the machine and may pull from
+a server on it or on the LAN, as curl would.
 """
 
 from __future__ import annotations
@@ -33,7 +39,8 @@ import urllib.parse
 from pathlib import Path
 
 from .gguf import pull_gguf
-from .http import PullCancelled, PullError, Remote
+from .http import DownloadFailed, PullCancelled, PullError, Remote
+from .policy import FAILED, REFUSED, PullPolicy, PullRefused
 from .repo import DEFAULT_ENDPOINT, pull_repo
 from .staging import PullLock
 
@@ -43,6 +50,11 @@ __all__ = [
     "pull_gguf",
     "PullError",
     "PullCancelled",
+    "DownloadFailed",
+    "PullPolicy",
+    "PullRefused",
+    "REFUSED",
+    "FAILED",
     "PullLock",
     "Remote",
     "describe_partial",
@@ -66,8 +78,11 @@ def is_url(spec: str) -> bool:
 def pull(spec: str, models: Path, *, name: str | None = None, **kw) -> Path:
     """`rkmojo pull SPEC`: a repository id (with `revision`, `endpoint`) or a GGUF URL, into `models/NAME`.
 
+    Args:
+        policy: `PullPolicy`, the addresses it may connect to (None: any).
     Raises:
-        PullError: a bad spec, or any failure of the download (the partial state is kept for a resume).
+        PullRefused: the policy refused an address of the URL or of a redirect.
+        PullError: a bad spec, or any failure of the download (what a resume can use is kept).
     """
     name = name or default_name(spec)
     if not name or "/" in name or name.startswith("."):

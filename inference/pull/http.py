@@ -4,6 +4,11 @@ Transient failures (connection errors, timeouts, 408/425/429/5xx) are retried wi
 (and `Retry-After`); a broken transfer goes on from the byte where it stopped. 401/403/404 stop at once
 with an error naming the file. A bearer token goes to the endpoint's host only, never along a redirect
 to another host (the hub's CDN links are signed). urllib (stdlib) suffices: one connection at a time.
+
+Under a `PullPolicy` (`policy.py`) every connection, redirects included, goes to a checked address, a
+refused one raises `PullRefused` at once (no retry), and a connection that failed, was reset, timed out
+or did not speak HTTP gives up with `policy.FAILED`, one message whatever the port behind it; the reason
+goes to stderr (the worker's log) only. Without a policy the give-up names the reason.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import urllib.request
 from typing import Callable
 
 from ..errors import DiskFullError, RkmojoError, disk_full
+from .policy import FAILED, PullPolicy
 
 BLOCK = 2**20  # socket read size
 CANCEL_POLL = 0.25  # seconds between two questions to `cancel`
@@ -32,6 +38,10 @@ class PullError(RkmojoError):
 
 class PullCancelled(PullError):
     """The caller's `cancel()` said stop; the part downloaded so far is kept for a resume."""
+
+
+class DownloadFailed(PullError):
+    """A transient failure outlasted the retries; the chunks downloaded so far are kept for a resume."""
 
 
 class _SameHostAuth(urllib.request.HTTPRedirectHandler):
@@ -58,6 +68,7 @@ class Remote:
         token: bearer token, sent to `base`'s host only.
         retries: attempts after the first for transient failures.
         cancel: asked between blocks (at most every `CANCEL_POLL` s); True stops with `PullCancelled`.
+        policy: the addresses it may connect to (None: any).
     """
 
     def __init__(
@@ -70,6 +81,7 @@ class Remote:
         backoff: float = 0.5,
         timeout: float = 60.0,
         cancel: Callable[[], bool] | None = None,
+        policy: PullPolicy | None = None,
     ):
         self.base = base.rstrip("/")
         self.label = label
@@ -77,7 +89,8 @@ class Remote:
         self.retries = retries
         self.backoff = backoff
         self.timeout = timeout
-        self.opener = urllib.request.build_opener(_SameHostAuth)
+        self.policy = policy
+        self.opener = policy.opener(_SameHostAuth()) if policy else urllib.request.build_opener(_SameHostAuth)
         self.cancel = cancel
         self._asked = 0.0
 
@@ -116,10 +129,17 @@ class Remote:
             )
         return PullError(f"{self.label}: {what}: HTTP {e.code} {e.reason}")
 
-    def _retry(self, attempt: int, file: str, why: str, retry_after: str | None = None) -> None:
+    def _retry(
+        self, attempt: int, file: str, why: str, retry_after: str | None = None, *, connection: bool = False
+    ) -> None:
+        """Sleep before attempt `attempt + 1`, or give up; `connection`: the failure is below HTTP."""
         if attempt >= self.retries:
-            raise PullError(
-                f"{self.label}: {file}: {why}; gave up after {attempt + 1} attempts, run `rkmojo pull` again to resume"
+            if connection and self.policy is not None:
+                print(f"rkmojo pull: {self.url(file)}: {why}; gave up after {attempt + 1} attempts", file=sys.stderr)
+                raise DownloadFailed(FAILED)
+            raise DownloadFailed(
+                f"{self.label}{': ' + file if file else ''}: {why}; gave up after {attempt + 1} attempts, "
+                "run `rkmojo pull` again to resume"
             )
         delay = min(30.0, self.backoff * 2**attempt) * (0.75 + 0.5 * random.random())
         if retry_after and retry_after.isdigit():
@@ -147,7 +167,7 @@ class Remote:
                         "and the part downloaded so far is kept: free space, then run the same "
                         "`rkmojo pull` again to resume"
                     ) from e
-                self._retry(attempt, file, _why(e))
+                self._retry(attempt, file, _why(e), connection=True)
             attempt += 1
 
     def get(self, file: str, *, optional: bool = False) -> bytes | None:

@@ -21,7 +21,8 @@ from ..store import StoreWriter
 from ..store.writer import ResumePoint
 from ..store.format import digest_bytes
 from .http import PullError, Remote
-from .staging import Journal, PullLock, Spool
+from .policy import PullPolicy
+from .staging import Journal, Spool, staged
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 SMALL_FILES = ("config.json",) + TOKENIZER_FILES
@@ -168,6 +169,7 @@ def pull_repo(
     progress: bool = True,
     retries: int = 6,
     cancel=None,
+    policy: PullPolicy | None = None,
 ) -> Path:
     """Install `repo` (a Hugging Face repository id) at `out`, converting as it downloads.
 
@@ -181,66 +183,62 @@ def pull_repo(
         token=token,
         retries=retries,
         cancel=cancel,
+        policy=policy,
     )
     source = {"type": "hf", "endpoint": endpoint, "repo": repo, "revision": revision}
     staging = staging_dir(out)
-    with PullLock(staging, out.name):
-        journal = Journal(staging / "journal.jsonl")
-        try:
-            src = staging / "src"
-            src.mkdir(exist_ok=True)
-            for f in SMALL_FILES:
-                data = remote.get(f, optional=f != "config.json")
-                if data is not None:
-                    (src / f).write_bytes(data)
-                elif (src / f).exists():
-                    (src / f).unlink()
-            shards = [RemoteShard(remote, f) for f in _shard_files(remote)]
-            total = sum(s.nbytes() for s in shards)
-            start = {
-                "t": "start",
-                **source,
-                "quant": quant,
-                "experts": "q4r",  # an interrupted pull by a release that wrote plain q4 experts starts over
-                "name": out.name,
-                "size": total,
-                "headers": {s.file: s.header_digest for s in shards},
-            }
-            first = journal.records[0] if journal.records else None
-            if first != start or not _partial_intact(staging, journal):
-                if first is not None:
-                    print(
-                        f"rkmojo pull: the interrupted pull of {out.name} does not match {repo}@{revision} "
-                        "as it is now, or its files are damaged; starting over",
-                        file=sys.stderr,
-                    )
-                journal.reset(start)
-                shutil.rmtree(staging / "store", ignore_errors=True)
-                (staging / "spool.bin").unlink(missing_ok=True)
-            state = PullState(staging, journal, source)
-            for s in shards:
-                s.state = state
-            done = sum(
-                shard.tensors[t]["data_offsets"][1] - shard.tensors[t]["data_offsets"][0]
-                for shard in shards
-                for t in shard.tensors
-                if (shard.file, t) in state.done
-            )
-            with progress_bar(total, f"pull {repo}", progress) as bar:
-                bar.update(done)
-                state.bar = bar
-                result = convert_hf(
-                    src,
-                    out,
-                    quant,
-                    progress=False,
-                    shards=shards,
-                    writer=lambda o, a, c, **kw: ResumableWriter(o, a, c, state=state, **kw),
+    with staged(staging, out.name) as journal:
+        src = staging / "src"
+        src.mkdir(exist_ok=True)
+        for f in SMALL_FILES:
+            data = remote.get(f, optional=f != "config.json")
+            if data is not None:
+                (src / f).write_bytes(data)
+            elif (src / f).exists():
+                (src / f).unlink()
+        shards = [RemoteShard(remote, f) for f in _shard_files(remote)]
+        total = sum(s.nbytes() for s in shards)
+        start = {
+            "t": "start",
+            **source,
+            "quant": quant,
+            "experts": "q4r",  # an interrupted pull by a release that wrote plain q4 experts starts over
+            "name": out.name,
+            "size": total,
+            "headers": {s.file: s.header_digest for s in shards},
+        }
+        first = journal.records[0] if journal.records else None
+        if first != start or not _partial_intact(staging, journal):
+            if first is not None:
+                print(
+                    f"rkmojo pull: the interrupted pull of {out.name} does not match {repo}@{revision} "
+                    "as it is now, or its files are damaged; starting over",
+                    file=sys.stderr,
                 )
-                bar.update(max(0, total - bar.n))
-        finally:
-            journal.close()
-    shutil.rmtree(staging, ignore_errors=True)
+            journal.reset(start)
+            shutil.rmtree(staging / "store", ignore_errors=True)
+            (staging / "spool.bin").unlink(missing_ok=True)
+        state = PullState(staging, journal, source)
+        for s in shards:
+            s.state = state
+        done = sum(
+            shard.tensors[t]["data_offsets"][1] - shard.tensors[t]["data_offsets"][0]
+            for shard in shards
+            for t in shard.tensors
+            if (shard.file, t) in state.done
+        )
+        with progress_bar(total, f"pull {repo}", progress) as bar:
+            bar.update(done)
+            state.bar = bar
+            result = convert_hf(
+                src,
+                out,
+                quant,
+                progress=False,
+                shards=shards,
+                writer=lambda o, a, c, **kw: ResumableWriter(o, a, c, state=state, **kw),
+            )
+            bar.update(max(0, total - bar.n))
     return result
 
 

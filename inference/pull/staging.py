@@ -1,14 +1,29 @@
-"""The staging directory of one pull (`.NAME.pull/`): its lock, its journal, and the download spool."""
+"""The staging directory of one pull (`.NAME.pull/`): its lock, its journal, and the download spool.
+
+`staged` owns the directory's life: it is removed when the pull installs, and when a pull fails with
+nothing a later run could go on from — no chunk journaled yet (a refused address, a connection that never
+answered, a 404: a failed probe leaves no trace), a refusal by the pull policy, or a file that cannot be
+converted (`ConvertError`, `ModelFormatError`). Any other failure (the connection gave up after its
+retries, an HTTP error such as an expired token, a full disk, a cancel, Ctrl-C) keeps the downloaded
+chunks for a resume.
+"""
 
 from __future__ import annotations
 
 import fcntl
 import json
 import os
+import shutil
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
+from ..errors import ConvertError, ModelFormatError
 from ..store.format import digest_bytes
 from .http import PullError, Remote
+from .policy import PullRefused
+
+USELESS = (PullRefused, ConvertError, ModelFormatError)  # failures after which a resume cannot help
 
 CHUNK = 8 * 2**20  # download unit: one journal line and digest per chunk
 
@@ -70,6 +85,26 @@ class Journal:
 
     def close(self) -> None:
         self.f.close()
+
+    def downloaded(self) -> bool:
+        return any(r.get("t") == "chunk" for r in self.records)
+
+
+@contextmanager
+def staged(staging: Path, name: str) -> Iterator[Journal]:
+    """Lock `staging` (created if need be) and open its journal; remove it on success, and on a failure
+    that leaves nothing a resume can use."""
+    with PullLock(staging, name):
+        journal = Journal(staging / "journal.jsonl")
+        try:
+            yield journal
+        except BaseException as e:
+            journal.close()
+            if isinstance(e, USELESS) or not journal.downloaded():
+                shutil.rmtree(staging, ignore_errors=True)
+            raise
+        journal.close()
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 class Spool:

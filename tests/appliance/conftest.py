@@ -2,8 +2,9 @@
 
 One stack per test session (`stack`), built from the same commands `rkmojo up` runs
 (`appliance.processes`), with the demo SmolLM2 store. API keys are required from every client
-(`RKMOJO_API_KEYS=always`) so the tests prove the key check through the real clients; the context is
-512 tokens so that "prompt longer than the context" is cheap to provoke.
+(`RKMOJO_API_KEYS=always`) so the tests prove the key check through the real clients; the stack's key is an
+admin key (the tests pull, delete, load and unload with it); the context is 512 tokens so that "prompt
+longer than the context" is cheap to provoke.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class Stack:
         )
         subprocess.run(processes.migrate_argv(), env=self.env, cwd=ROOT, check=True)
         self.key = subprocess.run(
-            [sys.executable, "-m", "django", "apikey", "create", "tests"],
+            [sys.executable, "-m", "django", "apikey", "create", "tests", "--scope", "admin"],
             env=self.env,
             cwd=ROOT,
             check=True,
@@ -198,3 +199,37 @@ def session_cookie(django_for_stack):
         return f"sessionid={c.cookies['sessionid'].value}"
 
     return make
+
+
+@pytest.fixture
+def pull_from_lan(stack, django_for_stack):
+    """`pull_from_lan(on)`: save the Settings switch as the panel does and wait for the worker to apply it;
+    switched off again after the test."""
+    from webui import config
+
+    def switch(on: bool) -> None:
+        config.save({"pull_from_lan": True if on else None})
+
+        def applied():
+            reg = stack.registration("board-a") or {}
+            return ("pull_from_lan" in (reg.get("settings") or {}).get("applied", [])) == on
+
+        stack.wait_until(applied, 10)
+
+    yield switch
+    switch(False)
+
+
+@pytest.fixture
+def no_failures(django_for_stack):
+    """No failed sign-ins or API keys on record (`webui.throttle`) before the test or after it: the stack's
+    clients all come from 127.0.0.1, which a lock left behind would shut out of every later test."""
+    from webui import throttle
+
+    def forget():
+        for count in throttle.counts():
+            throttle.clear(count.subject)
+
+    forget()
+    yield
+    forget()

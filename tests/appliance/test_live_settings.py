@@ -6,7 +6,13 @@ import json
 from appliance.live_settings import resolve
 from inference.engine import EngineConfig
 
-BASE = {"KEEP_ALIVE": 1800.0, "ENGINE": {"threads": 1}, "PROMPT_CACHE_DAYS": 7, "PROMPT_CACHE_MAX": 2 * 2**30}
+BASE = {
+    "KEEP_ALIVE": 1800.0,
+    "ENGINE": {"threads": 1},
+    "PROMPT_CACHE_DAYS": 7,
+    "PROMPT_CACHE_MAX": 2 * 2**30,
+    "PULL_FROM_LAN": False,
+}
 
 
 def saved(**values) -> str:
@@ -59,3 +65,12 @@ def test_saved_prompt_cache_limits_apply_and_the_environment_still_wins():
     r = resolve(saved(prompt_cache_days=2, prompt_cache_max="lots"), BASE, {"RKMOJO_PROMPT_CACHE_DAYS": "9"})
     assert r.prompt_cache == {"PROMPT_CACHE_DAYS": 7, "PROMPT_CACHE_MAX": 2 * 2**30}  # the board's own values
     assert r.environment == ("prompt_cache_days",) and "size like 512M" in r.invalid["prompt_cache_max"]
+
+
+def test_the_pull_from_lan_switch_is_taken_as_saved_unless_the_environment_sets_it():
+    assert resolve(saved(pull_from_lan=True), BASE, {}).pull_from_lan is True
+    assert resolve(None, BASE, {}).pull_from_lan is False  # the default: public addresses only
+    r = resolve(saved(pull_from_lan=True), BASE, {"RKMOJO_PULL_FROM_LAN": "off"})
+    assert r.pull_from_lan is False and r.environment == ("pull_from_lan",)
+    r = resolve(saved(pull_from_lan="yes please"), BASE, {})
+    assert r.pull_from_lan is False and "on or off" in r.invalid["pull_from_lan"]

@@ -26,6 +26,7 @@ POSTS = [
     "/panel/settings/",
     "/panel/keys/",
     "/panel/keys/{pk}/revoke/",
+    "/panel/keys/{pk}/scope/",
     "/panel/users/",
     "/panel/users/{pk}/active/",
     "/panel/sessions/prompt-cache/clear/",

@@ -30,48 +30,6 @@ pytestmark = [
 ]
 
 
-class Lan:
-    """A network namespace `ns` reaching this machine at `host_ip` over a veth pair on a /30."""
-
-    def __init__(self):
-        n = os.getpid() % 16000
-        self.ns, self.host_if, self.ns_if = f"rkmojo-t{n}", f"rkh{n}", f"rkn{n}"
-        net = f"10.213.{n // 64}.{(n % 64) * 4}"
-        base = net.rsplit(".", 1)[0]
-        last = int(net.rsplit(".", 1)[1])
-        self.host_ip, self.ns_ip = f"{base}.{last + 1}", f"{base}.{last + 2}"
-
-    def up(self) -> "Lan":
-        for argv in (
-            ["ip", "netns", "add", self.ns],
-            ["ip", "link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if],
-            ["ip", "link", "set", self.ns_if, "netns", self.ns],
-            ["ip", "addr", "add", f"{self.host_ip}/30", "dev", self.host_if],
-            ["ip", "link", "set", self.host_if, "up"],
-            ["ip", "-n", self.ns, "addr", "add", f"{self.ns_ip}/30", "dev", self.ns_if],
-            ["ip", "-n", self.ns, "link", "set", self.ns_if, "up"],
-            ["ip", "-n", self.ns, "link", "set", "lo", "up"],
-        ):
-            subprocess.run(argv, check=True, capture_output=True)
-        return self
-
-    def down(self) -> None:
-        subprocess.run(["ip", "link", "del", self.host_if], capture_output=True)
-        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
-
-    def python(self, code: str, **args) -> dict:
-        """Run `code` (which prints one JSON object) inside the namespace; that object."""
-        r = subprocess.run(
-            ["ip", "netns", "exec", self.ns, sys.executable, "-c", code, json.dumps(args)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=ROOT,
-        )
-        assert r.returncode == 0, r.stderr
-        return json.loads(r.stdout.strip().splitlines()[-1])
-
-
 class Up:
     def __init__(self, data: Path, port: int):
         self.data, self.port, self.url = data, port, f"http://127.0.0.1:{port}"
@@ -114,15 +72,6 @@ class Up:
             self.proc.wait(60)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-
-
-@pytest.fixture(scope="module")
-def lan():
-    net = Lan()
-    try:
-        yield net.up()
-    finally:
-        net.down()
 
 
 @pytest.fixture(scope="module")
@@ -199,6 +148,9 @@ out["text_plain"] = httpx.post(url + "/api/pull", content=b'{"model": "owner/nam
                                headers={**auth, "Content-Type": "text/plain"}).status_code
 out["pull_etc_passwd"] = httpx.post(url + "/api/pull", json={"model": "/etc/passwd", "stream": False},
                                     headers=auth).status_code
+inside = "http://127.0.0.1:" + url.rsplit(":", 1)[1] + "/x.gguf"  # the appliance's own web port, from inside
+r = httpx.post(url + "/api/pull", json={"model": inside, "stream": False}, headers=auth, timeout=60)
+out["pull_this_machine"] = [r.status_code, r.json()["error"]]
 async def socket(headers):
     try:
         async with websockets.connect(url.replace("http", "ws") + "/ws/chat/", additional_headers=headers) as ws:
@@ -226,7 +178,7 @@ def test_a_lan_client_needs_a_key_for_the_api_and_a_session_for_the_chat_socket(
     """Runs after the setup test, which made the administrator this client logs in as."""
     key = (
         subprocess.run(
-            [sys.executable, "-m", "inference.cli", "up", "--create-api-key", "lan"],
+            [sys.executable, "-m", "inference.cli", "up", "--create-api-key", "lan", "--scope", "admin"],
             env=up.env,
             cwd=ROOT,
             capture_output=True,
@@ -245,6 +197,7 @@ def test_a_lan_client_needs_a_key_for_the_api_and_a_session_for_the_chat_socket(
         "foreign_origin": 403,
         "text_plain": 415,
         "pull_etc_passwd": 400,
+        "pull_this_machine": [403, "could not download from URL: refused by the pull policy"],
         "socket_no_session": 403,
         "socket_session_foreign_origin": 403,
         "socket_session": "final",

@@ -143,21 +143,23 @@ def key_required(policy: str, client_addr: str | None) -> bool:
     return policy == "always" or (policy == "remote" and not is_loopback(client_addr))
 
 
-async def check_api_key(request: HttpRequest) -> None:
-    """Raise 401 unless the request carries a valid key or needs none (see RKMOJO_API_KEYS).
+async def check_api_key(request: HttpRequest):
+    """The request's API key (None when it needs none and shows none of ours). Raise 401 unless the request carries a valid key or needs none (see RKMOJO_API_KEYS); 429 while its
+    address is locked out.
 
-    A client that needs no key is not checked even when it shows one: under "remote" a loopback client
-    with a placeholder key (`api_key="anything"`) is served, as Ollama serves it.
+    A client that needs no key may send none or a placeholder (`api_key="ollama"`), as Ollama serves it. A
+    key that looks like ours (`rkm-…`) is checked whoever sends it, so a wrong or revoked one is a 401 from
+    loopback too. Wrong keys count against the client's address (`webui.throttle`): after
+    `RKMOJO_API_KEY_FAILURES` every key from there is a 429 until the lockout ends, the right one too.
     """
-    from webui.models import ApiKey, hash_key
+    from webui import config, throttle
+    from webui.models import KEY_PREFIX, ApiKey, hash_key
 
-    from webui import config
-
-    policy = (await config.acurrent())["api_keys"]
-    if not key_required(policy, request.META.get("REMOTE_ADDR")):
-        return
     header = request.headers.get("Authorization", "")
     key = header[7:].strip() if header[:7].lower() == "bearer " else ""
+    policy = (await config.acurrent())["api_keys"]
+    if not key.startswith(KEY_PREFIX) and not key_required(policy, request.META.get("REMOTE_ADDR")):
+        return
     if not key:
         raise ApiError(
             401,
@@ -165,18 +167,44 @@ async def check_api_key(request: HttpRequest) -> None:
             "with `rkmojo up --create-api-key NAME` or in the admin pages.",
             code="missing_api_key",
         )
+    tries = throttle.key_subjects(request)
+    try:
+        await throttle.check(tries)
+    except throttle.Locked as e:
+        raise ApiError(429, str(e), code="too_many_wrong_keys", headers={"Retry-After": e.retry_after}) from None
     found = await ApiKey.objects.filter(digest=hash_key(key), revoked=None).afirst()
     if found is None:
+        await throttle.failed(tries)
         raise ApiError(
             401, f"Incorrect API key provided: {key[:6]}…; check it or create a new one.", code="invalid_api_key"
         )
     now = timezone.now()
     if found.last_used is None or now - found.last_used > timedelta(minutes=1):
         await ApiKey.objects.filter(pk=found.pk).aupdate(last_used=now)
+    return found
 
 
-def api_view(flavor: str, methods: tuple[str, ...] = ("POST",), *, auth: bool = True):
-    """Decorate an async view `fn(request, body)` (body: the parsed JSON object for POST/DELETE, else {})."""
+def check_scope(request: HttpRequest, scope: str, what: str) -> None:
+    """Raise 403 naming the key's scope unless its key has `scope` (`webui.models.Scope`). A client served
+    without a key (loopback under "remote", or "never") has every scope, as it had before scopes existed.
+    """
+    key = getattr(request, "api_key", None)
+    if key is not None and not key.allows(scope):
+        raise ApiError(
+            403,
+            f"this API key has scope {key.scope}; {what} needs an {scope} key (make one with `rkmojo up "
+            f"--create-api-key NAME --scope {scope}`, or give this key that scope on the panel's API keys page)",
+            code="insufficient_scope",
+        )
+
+
+def api_view(flavor: str, methods: tuple[str, ...] = ("POST",), *, auth: bool = True, scope: str = "chat"):
+    """Decorate an async view `fn(request, body)` (body: the parsed JSON object for POST/DELETE, else {}).
+
+    The key (`request.api_key`, None when none was needed) must have `scope`, else 403 naming it (the view's
+    name says what needed it: "pull needs an admin key"). A view that needs a scope for some bodies only
+    calls `check_scope` itself.
+    """
 
     def wrap(fn):
         @csrf_exempt
@@ -189,8 +217,8 @@ def api_view(flavor: str, methods: tuple[str, ...] = ("POST",), *, auth: bool = 
                         f"{request.method} is not allowed on {request.path}; use {' or '.join(methods)}",
                         headers={"Allow": ", ".join(methods)},
                     )
-                if auth:
-                    await check_api_key(request)
+                request.api_key = await check_api_key(request) if auth else None
+                check_scope(request, scope, fn.__name__)
                 body = parse_json(request) if request.method in ("POST", "DELETE") else {}
                 return await fn(request, body, *args, **kwargs)
             except ApiError as e:

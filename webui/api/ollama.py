@@ -14,6 +14,9 @@ client raises it). Like Ollama, fields it does not know are ignored; values the 
 - `think`: true or false (or "low", "medium", "high": on); a thinking model's thoughts come apart, as
   `message.thinking` (chat) or `thinking` (generate), never in the content. Unset: the model's default.
 /api/show's capabilities say "tools" for every chat model and "thinking" where the template has a mode.
+
+/api/pull, /api/delete and an explicit load or unload (an empty prompt or no messages) need an admin key;
+the rest a chat key (`webui.models.Scope`).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from appliance.events import Delta, Error, Final, Progress, ToolCallDelta, Usage, logprob_dicts
 
 from . import board, jobs
-from .common import Answer, ApiError, api_view, ollama_model_name, record
+from .common import Answer, ApiError, api_view, check_scope, ollama_model_name, record
 from .openai import embedding_result
 from inference.engine import EngineConfig
 from inference.options import OLLAMA
@@ -341,8 +344,10 @@ async def _respond(job, model: str, t0: float, piece, stream: bool, on_final=Non
 
 
 async def _load_or_unload(request, model: str, keep_alive: float | None, piece) -> JsonResponse:
-    """Ollama's way to load a model (empty prompt/messages) or unload it (that and keep_alive 0)."""
+    """Ollama's way to load a model (empty prompt/messages) or unload it (that and keep_alive 0): admin keys
+    only. A chat's own keep_alive (Open WebUI's, Home Assistant's -1) is a chat key's to set."""
     kind = "unload" if keep_alive == 0 else "load"
+    check_scope(request, "admin", f"{kind} (a request with an empty prompt or no messages)")
     job = await jobs.Job.submit(
         "rkmojo.generate",
         model,
@@ -594,13 +599,13 @@ async def version(request, body):
     return JsonResponse({"version": VERSION})
 
 
-@api_view("ollama", ("DELETE",))
+@api_view("ollama", ("DELETE",), scope="admin")
 async def delete(request, body):
     await board.delete(ModelRequest.model_validate(body).target())
     return JsonResponse({})
 
 
-@api_view("ollama")
+@api_view("ollama", scope="admin")
 async def pull(request, body):
     req = PullRequest.model_validate(body)
     job, _ = await board.start_install(req.model or req.name or "", req.worker)

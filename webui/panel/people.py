@@ -1,7 +1,10 @@
-"""API keys (create: the key shown once; list with last use; revoke) and users (create, disable, reset password).
+"""API keys (create with a scope: the key shown once; list with last use; change the scope; revoke) and users
+(create, disable, reset password; see and lift sign-in and API-key lockouts).
 
 A new key or password is shown on the page that answers the POST, never stored in plain text nor put in a
 URL or a message cookie. Staff cannot disable themselves (the panel would lock its last administrator out).
+Passwords pass Django's validators (`AUTH_PASSWORD_VALIDATORS`: the forms below run them), whose messages
+the page shows. Failures and locks are `webui.throttle`'s, kept in Redis.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from ..models import ApiKey
+from .. import throttle
+from ..models import ApiKey, Scope
 from .access import staff_only
 
 
@@ -22,16 +26,41 @@ def keys(request):
     new_key = error = None
     if request.method == "POST":
         name = request.POST.get("name", "").strip()
+        scope = request.POST.get("scope", Scope.CHAT)
         if not name or len(name) > 100:
             error = "Give the key a name (up to 100 characters), e.g. the app or person using it."
+        elif scope not in Scope.values:
+            error = f"Choose the key's scope: {' or '.join(Scope.values)}."
         else:
-            _, new_key = ApiKey.create(name)
+            _, new_key = ApiKey.create(name, scope)
     return render(
         request,
         "webui/panel/keys.html",
-        {"section": "panel", "tab": "keys", "keys": ApiKey.objects.all(), "new_key": new_key, "error": error},
+        {
+            "section": "panel",
+            "tab": "keys",
+            "keys": ApiKey.objects.all(),
+            "scopes": Scope.values,
+            "new_key": new_key,
+            "error": error,
+        },
         status=400 if error else 200,
     )
+
+
+@staff_only
+@require_POST
+def set_key_scope(request, pk: int):
+    """Give a key another scope (`webui.models.Scope`); it applies from the key's next request."""
+    key = get_object_or_404(ApiKey, pk=pk, revoked=None)
+    scope = request.POST.get("scope", "")
+    if scope not in Scope.values:
+        messages.error(request, f"Scope {scope!r}: choose {' or '.join(Scope.values)}.")
+    else:
+        key.scope = scope
+        key.save(update_fields=["scope"])
+        messages.success(request, f"The key {key.name} ({key.prefix}…) now has scope {scope}.")
+    return redirect("/panel/keys/")
 
 
 @staff_only
@@ -66,9 +95,30 @@ def users(request):
     return render(
         request,
         "webui/panel/users.html",
-        {"section": "panel", "tab": "users", "form": form, "users": get_user_model().objects.order_by("username")},
+        {
+            "section": "panel",
+            "tab": "users",
+            "form": form,
+            "users": get_user_model().objects.order_by("username"),
+            "failures": throttle.counts(),
+            "limits": throttle.limits(),
+        },
         status=400 if form.errors else 200,
     )
+
+
+@staff_only
+@require_POST
+def clear_lock(request):
+    """Forget the failures of one address or user name (`subject`: `signin:user:NAME`, …), lifting its lock."""
+    try:
+        subject = throttle.Subject.parse(request.POST.get("subject", ""))
+    except ValueError as e:
+        messages.error(request, str(e))
+    else:
+        throttle.clear(subject)
+        messages.success(request, f"Cleared the failed {subject.describe()}.")
+    return redirect("/panel/users/")
 
 
 @staff_only

@@ -34,6 +34,7 @@ LABELS = {
     "prompt_cache_days": "Prompt-cache days",
     "prompt_cache_max": "Prompt-cache size",
     "chat_open": "Chat without sign-in",
+    "pull_from_lan": "Pull from the LAN",
 }
 SIZES = {"memory_budget", "prompt_cache_max"}
 

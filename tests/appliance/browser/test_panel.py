@@ -1,6 +1,7 @@
-"""The admin panel in Chromium against the real stack: a pull from a local Range-serving server with its progress
-bar moving, then its deletion; an API key made on the page and used by the openai client; the queue limit
-changed on the page and enforced by the API; the live view with moving numbers and the heatmap; a phone.
+"""The admin panel in Chromium against the real stack: a pull from a Range-serving server on the LAN (its
+progress bar moving), then its deletion; an API key made on the page and used by the openai client; the
+queue limit changed on the page and enforced by the API; the live view with moving numbers and the heatmap;
+a phone.
 
 The live view's update rate is measured (not asserted) and printed: run with `-s` to see it.
 """
@@ -38,10 +39,12 @@ def clean_settings(django_for_stack):
 
 
 @pytest.fixture
-def gguf_server(smollm2_gguf, tmp_path):
+def gguf_server(smollm2_gguf, tmp_path, lan, pull_from_lan):
+    """A file server on the LAN (the worker's pull policy refuses this machine), the switch allowing it on."""
     shutil.copy(smollm2_gguf, tmp_path / "smollm2-copy.gguf")
-    server = HubServer(tmp_path)
+    server = HubServer(tmp_path, lan=lan)
     server.rate = 24 * 2**20  # bytes/s: the 98 MB download takes about four seconds
+    pull_from_lan(True)
     yield server
     server.close()
 

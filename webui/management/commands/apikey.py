@@ -1,11 +1,13 @@
-"""`python -m django apikey create NAME | list | revoke PREFIX` (settings: appliance.settings)."""
+"""`python -m django apikey create NAME [--scope chat|admin] | list | revoke PREFIX` (settings: appliance.settings).
+
+A new key is a chat key unless `--scope admin` says otherwise (`webui.models.Scope`)."""
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import OperationalError
 from django.utils import timezone
 
 from inference.errors import disk_full
-from webui.models import ApiKey
+from webui.models import ApiKey, Scope
 
 
 class Command(BaseCommand):
@@ -13,14 +15,21 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         sub = parser.add_subparsers(dest="action", required=True)
-        sub.add_parser("create").add_argument("name")
+        create = sub.add_parser("create")
+        create.add_argument("name")
+        create.add_argument(
+            "--scope",
+            choices=Scope.values,
+            default=Scope.CHAT,
+            help="chat: generate and list (default); admin: also pull, delete, load and unload models",
+        )
         sub.add_parser("list")
         sub.add_parser("revoke").add_argument("prefix", help="the key's first characters, as `list` shows them")
 
     def handle(self, *args, action, **opts):
         if action == "create":
             try:
-                _, key = ApiKey.create(opts["name"])
+                _, key = ApiKey.create(opts["name"], opts["scope"])
             except OperationalError as e:
                 if disk_full(e):  # SQLite rolled the insert back: no key exists
                     raise CommandError("the data disk is full: no key was created; free space and retry") from e
@@ -29,7 +38,7 @@ class Command(BaseCommand):
         elif action == "list":
             for k in ApiKey.objects.all():
                 self.stdout.write(
-                    f"{k.prefix}  {k.name}  created {k.created:%Y-%m-%d}{'  revoked' if k.revoked else ''}"
+                    f"{k.prefix}  {k.name}  {k.scope}  created {k.created:%Y-%m-%d}{'  revoked' if k.revoked else ''}"
                 )
         else:
             n = ApiKey.objects.filter(prefix__startswith=opts["prefix"], revoked=None).update(revoked=timezone.now())

@@ -39,7 +39,6 @@ from appliance.events import Delta, Error, Final, Progress, ToolCallDelta, Usage
 from . import board, jobs
 from .common import Answer, ApiError, api_view, check_scope, ollama_model_name, record
 from .openai import embedding_result
-from inference.engine import EngineConfig
 from inference.options import OLLAMA
 
 from .params import Tool, chat_messages, check_embed_batch, check_sampling, check_schema, check_tools, sampling_field
@@ -84,7 +83,9 @@ class Options(_Req):
         return {k: v for k, v in data.items() if k not in _RUNTIME_OPTIONS} if isinstance(data, dict) else data
 
     num_predict: int | None = None  # -1: no limit
-    num_ctx: int | None = Field(None, ge=1)  # at most the server's context (`check_num_ctx`)
+    # Ollama's KV size; the worker's context is fixed (RKMOJO_CONTEXT) and a larger value is served within it,
+    # as Ollama serves one past a model's limit (Home Assistant sends 8192 by default)
+    num_ctx: int | None = Field(None, ge=1)
     temperature: sampling_field("temperature") = None
     top_k: sampling_field("top_k") = None
     top_p: float | None = Field(None, ge=0, le=1)  # 0: unset
@@ -179,7 +180,6 @@ def keep_alive_seconds(value) -> float | None:
 def sampling(req: _Generation, **extra) -> dict:
     """The request's `SamplingParams` fields, checked (`extra`: the chat's tools)."""
     o = req.options or Options()
-    check_num_ctx(o.num_ctx)
     for name, neutral in (("mirostat", 0), ("tfs_z", 1.0), ("typical_p", 1.0)):
         if getattr(o, name) not in (None, neutral):
             raise ApiError(400, f"option {name} is not supported by this server", param=f"options.{name}")
@@ -214,19 +214,6 @@ def _format(value: str | dict | None) -> dict | None:
     if isinstance(value, str):
         raise ApiError(400, f'format {value!r}: give "json" or a JSON schema object', param="format")
     return check_schema(value, "format")
-
-
-def check_num_ctx(value: int | None) -> None:
-    """`num_ctx` sizes Ollama's own KV cache; here the worker's context is fixed (RKMOJO_CONTEXT), so a
-    value is accepted up to it and refused past it instead of being ignored."""
-    limit = settings.RKMOJO["ENGINE"].get("context", EngineConfig.context)  # the workers' (RKMOJO_CONTEXT)
-    if value is not None and value > limit:
-        raise ApiError(
-            400,
-            f"options.num_ctx {value}: this server runs a context of {limit} tokens "
-            "(RKMOJO_CONTEXT); give at most that",
-            param="options.num_ctx",
-        )
 
 
 def _now() -> str:

@@ -36,6 +36,7 @@ import time
 from typing import Any, Literal
 
 from django.http import JsonResponse, StreamingHttpResponse
+import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from appliance.events import Delta, Error, Final, ToolCallDelta
@@ -43,7 +44,7 @@ from inference.options import Surface
 
 from . import jobs
 from . import response_items as items
-from .common import Answer, ApiError, api_view, collect, record
+from .common import Answer, ApiError, api_view, collect, record, validation_error
 from .openai import THINK_OFF
 from .params import (
     Tool,
@@ -75,30 +76,35 @@ class ResponsesRequest(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
     model: str
-    input: str | list[Any]
-    instructions: str | None = None
+    input: str | list[Any] = Field(
+        description="a user message, or items: messages, and earlier turns' reasoning, message, function_call "
+        "and function_call_output items"
+    )
+    instructions: str | None = Field(None, description="the system message")
     stream: bool | None = False
     stream_options: dict | None = None  # include_obfuscation: nothing is obfuscated here
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: sampling_field("temperature") = None
     top_p: sampling_field("top_p") = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    tools: list[Any] | None = None
-    tool_choice: str | dict | None = None
+    tools: list[Any] | None = Field(None, description='function tools: {"type": "function", "name", "parameters"}')
+    tool_choice: str | dict | None = Field(
+        None, description='none, auto, required, {"type": "function", "name"} or {"type": "allowed_tools", …}'
+    )
     parallel_tool_calls: bool | None = None
-    text: dict | None = None
-    reasoning: dict | None = None
-    include: list[str] | None = None
-    store: bool | None = None
+    text: dict | None = Field(None, description='{"format": text, json_object or json_schema {name, schema}}')
+    reasoning: dict | None = Field(None, description='{"effort": none or minimal (thinking off), low … xhigh (on)}')
+    include: list[str] | None = Field(None, description="message.output_text.logprobs is honoured")
+    store: bool | None = Field(None, description="accepted; nothing is stored (every response says false)")
     metadata: dict[str, str] | None = None
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     service_tier: str | None = None
     truncation: Literal["auto", "disabled"] | None = None
-    previous_response_id: str | None = None
-    conversation: Any = None
-    background: bool | None = None
+    previous_response_id: str | None = Field(None, description="refused: this server stores no responses")
+    conversation: Any = Field(None, description="refused: this server stores no conversations")
+    background: bool | None = Field(None, description="true is refused")
     max_tool_calls: int | None = None
     prompt: Any = None
     # extensions, as /v1/chat/completions takes them
@@ -106,6 +112,11 @@ class ResponsesRequest(BaseModel):
     top_k: sampling_field("top_k") = None
     min_p: sampling_field("min_p") = None
     repetition_penalty: sampling_field("repetition_penalty") = None
+
+
+def _named(value: Any) -> str:
+    """A client's value in a message: quoted when it is a short string (never a dump cut short)."""
+    return repr(value) if isinstance(value, str) and len(value) <= 40 else "such"
 
 
 def _refuse(field: str, why: str, code: str = "unsupported_value") -> ApiError:
@@ -129,10 +140,10 @@ def _refuse_state(req: ResponsesRequest) -> None:
     if req.truncation == "auto":
         raise _refuse("truncation", '"auto" is not supported: a prompt longer than the context is refused, not cut')
     if req.service_tier not in (None, "auto", "default"):
-        raise _refuse("service_tier", f"{req.service_tier!r} is not supported; use auto or default")
+        raise _refuse("service_tier", f"{_named(req.service_tier)} is not supported; use auto or default")
     unknown = [v for v in req.include or () if v != LOGPROBS and v not in INCLUDE_NOOP]
     if unknown:
-        raise _refuse("include", f"{unknown[0]!r} is not supported; this server honours {LOGPROBS}")
+        raise _refuse("include", f"{_named(unknown[0])} is not supported; this server honours {LOGPROBS}")
 
 
 # --- the request as the engine's chat ---------------------------------------------------------------
@@ -158,7 +169,7 @@ class _Spelling:
             return f"tools[{self.tool_at[i] if i < len(self.tool_at) else i}]{m.group(2)}"
         if param == "format" or param.startswith(("format.", "format[")):  # the engine's: the JSON schema
             return "text.format.schema" + param[len("format") :]
-        return {"prompt": "input", "max_tokens": "max_output_tokens"}.get(param, param)
+        return {"prompt": "input", "messages": "input", "max_tokens": "max_output_tokens"}.get(param, param)
 
     def error(self, e: ApiError) -> ApiError:
         param = self.rename(e.param)
@@ -209,8 +220,13 @@ def _messages(req: ResponsesRequest, spelling: _Spelling) -> list[dict]:
             raise _refuse(where, "must be an object (a message or an item)", "invalid_value")
         kind, role = item.get("type", "message"), item.get("role")
         if kind == "reasoning":
-            parts = item.get("content") or item.get("summary") or []
-            text = "".join(p.get("text", "") for p in parts if isinstance(p, dict))
+            key = "content" if item.get("content") else "summary"
+            parts = item.get(key) or []
+            if not isinstance(parts, list) or not all(
+                isinstance(p, dict) and isinstance(p.get("text"), str) for p in parts
+            ):
+                raise _refuse(f"{where}.{key}", "a reasoning item's parts are {type, text} objects", "invalid_value")
+            text = "".join(p["text"] for p in parts)
             model_turn(where)["reasoning_content"] = model_turn(where).get("reasoning_content", "") + text
         elif kind == "function_call":
             for key in ("call_id", "name", "arguments"):
@@ -230,7 +246,7 @@ def _messages(req: ResponsesRequest, spelling: _Spelling) -> list[dict]:
             turn = None
             if role not in ("user", "system", "developer"):
                 raise _refuse(
-                    f"{where}.role", f"{role!r} is not one of user, system, developer, assistant", "invalid_value"
+                    f"{where}.role", f"{_named(role)} is not one of user, system, developer, assistant", "invalid_value"
                 )
             if "content" not in item:
                 raise _refuse(f"{where}.content", "a message needs content", "missing_required_parameter")
@@ -246,7 +262,7 @@ def _messages(req: ResponsesRequest, spelling: _Spelling) -> list[dict]:
         else:
             raise _refuse(
                 f"{where}.type",
-                f"{kind!r} items are not supported; send messages, function_call and function_call_output items",
+                f"{_named(kind)} items are not supported; send messages, function_call and function_call_output items",
             )
     return chat
 
@@ -257,12 +273,20 @@ def _tools(req: ResponsesRequest, spelling: _Spelling) -> tuple[list[dict] | Non
     for i, t in enumerate(req.tools or ()):
         kind = t.get("type") if isinstance(t, dict) else None
         if kind != "function":
-            raise _refuse(f"tools[{i}].type", f"{kind!r} tools are not supported; give function tools")
+            raise _refuse(f"tools[{i}].type", f"{_named(kind)} tools are not supported; give function tools")
         fn = {k: t[k] for k in ("name", "description", "parameters", "strict") if t.get(k) is not None}
-        tools.append((i, Tool.model_validate({"type": "function", "function": fn})))
+        try:
+            tools.append((i, Tool.model_validate({"type": "function", "function": fn})))
+        except pydantic.ValidationError as e:  # it names `function.name`: a Responses tool is flat
+            err = validation_error(e)
+            param = f"tools[{i}]" + (err.param or "").removeprefix("function")
+            message = str(err).replace(err.param, param, 1) if err.param else f"{param}: {err}"
+            raise ApiError(400, message, param=param, code=err.code) from None
     choice = req.tool_choice
     if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
-        allowed = {c.get("name") for c in choice.get("tools") or () if isinstance(c, dict)}
+        if not isinstance(choice.get("tools"), list):
+            raise _refuse("tool_choice.tools", "allowed_tools needs a list of tools", "invalid_value")
+        allowed = {c.get("name") for c in choice["tools"] if isinstance(c, dict)}
         tools = [(i, t) for i, t in tools if t.function.name in allowed]
         choice = choice.get("mode", "auto")
     elif isinstance(choice, dict) and choice.get("type") == "function":
@@ -270,7 +294,7 @@ def _tools(req: ResponsesRequest, spelling: _Spelling) -> tuple[list[dict] | Non
     elif isinstance(choice, dict):
         raise _refuse(
             "tool_choice",
-            f"{choice.get('type')!r} is not supported; use none, auto, required, a function or allowed_tools",
+            f"{_named(choice.get('type'))} is not supported; use none, auto, required, a function or allowed_tools",
         )
     spelling.tool_at = [i for i, _ in tools]
     checked = check_tools([t for _, t in tools])
@@ -291,7 +315,7 @@ def _format(text: dict | None) -> tuple[dict | None, dict]:
         if not isinstance(fmt.get("name"), str):
             raise _refuse("text.format.name", "a json_schema format needs a name", "missing_required_parameter")
         return check_schema(fmt.get("schema"), "text.format.schema"), fmt
-    raise _refuse("text.format.type", f"{kind!r} is not one of text, json_object, json_schema", "invalid_value")
+    raise _refuse("text.format.type", f"{_named(kind)} is not one of text, json_object, json_schema", "invalid_value")
 
 
 def _think(reasoning: dict | None) -> bool | None:
@@ -301,7 +325,9 @@ def _think(reasoning: dict | None) -> bool | None:
         return None
     if effort not in ("none", "minimal", "low", "medium", "high", "xhigh"):
         raise _refuse(
-            "reasoning.effort", f"{effort!r} is not one of none, minimal, low, medium, high, xhigh", "invalid_value"
+            "reasoning.effort",
+            f"{_named(effort)} is not one of none, minimal, low, medium, high, xhigh",
+            "invalid_value",
         )
     return effort not in THINK_OFF
 
@@ -352,9 +378,11 @@ async def responses(request, body):
     echo = functools.partial(items.response_object, items.item_id("resp"), int(time.time()), req, fmt)
     logprobs = LOGPROBS in (req.include or ())
     if req.stream:
-        return _sse(job, _stream(job, echo, logprobs, req.model, payload["messages"]))
+        return _sse(job, _stream(job, echo, logprobs, spelling, req.model, payload["messages"]))
     try:
         answer = await collect(job)
+    except ApiError as e:
+        raise spelling.error(e) from None
     finally:
         await job.close()
     await record("openai", req.model, payload["messages"], answer)
@@ -363,7 +391,7 @@ async def responses(request, body):
     return JsonResponse(done)
 
 
-async def _stream(job, echo, logprobs: bool, model: str, messages: list[dict]):
+async def _stream(job, echo, logprobs: bool, spelling: _Spelling, model: str, messages: list[dict]):
     """The response's stream events, numbered; the exchange recorded at the end."""
     seq, answer, stream = 0, Answer(), items.ItemStream(logprobs)
 
@@ -376,8 +404,9 @@ async def _stream(job, echo, logprobs: bool, model: str, messages: list[dict]):
     yield event({"type": "response.in_progress", "response": echo("in_progress", [])})
     async for ev in job.events():
         if isinstance(ev, Error):
-            yield event({"type": "error", "code": ev.code, "message": ev.message, "param": ev.param})
-            error = {"code": ev.code or "server_error", "message": ev.message}
+            err = spelling.error(ApiError.from_event(ev))
+            yield event({"type": "error", "code": ev.code, "message": str(err), "param": err.param})
+            error = {"code": ev.code or "server_error", "message": str(err)}
             yield event({"type": "response.failed", "response": echo("failed", stream.output(), error=error)})
             return
         if not isinstance(ev, (Delta, ToolCallDelta, Final)):

@@ -9,7 +9,8 @@ Server → client: first {"t": "turn", "session", "index", "user"?, "prefix", "p
 prefill, delta {text, channel: content | reasoning}, tool_call {index, id, name?, arguments}, final,
 error); the final event carries the stored answer rendered on the server (`message`) and the context used.
 `stop` asks the worker to stop at its next token: the answer so far is stored (finish_reason
-cancelled) and the socket stays open. Closing the socket cancels the running generation.
+cancelled) and the socket stays open. Closing the socket cancels the running generation; so does the end
+of its session (logout, a new password, the user disabled, …: `webui.socket_auth` closes it with 4401).
 Same-origin browser pages only: the socket is wrapped in Channels' origin check in `appliance.asgi`.
 A socket needs a logged-in session, or `RKMOJO_CHAT_OPEN` and a client the API key rule lets in
 without a key (`key_required`): every way into generation follows that rule. Others are refused at
@@ -110,6 +111,11 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     async def disconnect(self, code):
         if self.task and not self.task.done():
-            self.task.cancel()  # its `finally` cancels the job: the worker stops at its next token
+            # the worker is told first: a cancellation that lands in a Redis read can be lost (redis-py 8.2
+            # on Python 3.11, under load), and the task would then follow the answer to its end
+            self.stopping = True
+            if self.job is not None:
+                await self.job.stop()
+            self.task.cancel()  # its `finally` closes the job: released from the queue
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task

@@ -4,7 +4,8 @@ Workers write their stats once a second to Redis (`bus.k_stats`) and send them t
 `bus.LIVE_GROUP` (`live.stats`). The page renders the latest stats on the server, then `LiveConsumer`
 (`ws/panel/live/`, staff only) sends the latest of every worker at connect and forwards the group's
 messages, at most `MAX_HZ` per worker (a worker faster than that has its latest sample sent at the next
-slot; the ones in between are dropped). Messages are `events.as_dict(WorkerStats)`.
+slot; the ones in between are dropped). Messages are `events.as_dict(WorkerStats)`. The socket closes
+with 4401 when its session ends or its user loses staff (`webui.socket_auth`).
 """
 
 from __future__ import annotations

@@ -21,14 +21,17 @@
   let ws = null;
   let live = null; // the answer being written: {li, body, text, dirty, thinking, calls, scheduled}
   let busy = false;
+  let signedOut = false; // the socket closed with 4401: the session ended (webui/socket_auth.py)
 
   // --- the socket ---------------------------------------------------------------------------------
   function connect() {
     ws = new WebSocket(location.protocol.replace("http", "ws") + "//" + location.host + "/ws/chat/");
     ws.addEventListener("message", (e) => onEvent(JSON.parse(e.data)));
-    ws.addEventListener("close", () => {
+    ws.addEventListener("close", (e) => {
       ws = null;
-      if (busy) {
+      if (e.code === 4401) {
+        showSignedOut();
+      } else if (busy) {
         setStatus("The connection to the board was lost; reload the page to see what was stored.", true);
         setBusy(false);
       }
@@ -36,6 +39,7 @@
   }
 
   function send(msg) {
+    if (signedOut) return showSignedOut();
     if (ws && ws.readyState === WebSocket.OPEN) {
       ws.send(JSON.stringify(msg));
       return;
@@ -48,6 +52,15 @@
   function setStatus(text, error) {
     statusEl.textContent = text;
     statusEl.classList.toggle("error", !!error);
+  }
+
+  function showSignedOut() {
+    signedOut = true;
+    onError({ message: "" }); // what was streaming stays as far as it came
+    const link = document.createElement("a");
+    link.href = "/login/?next=" + encodeURIComponent(location.pathname);
+    link.textContent = "sign in again";
+    statusEl.replaceChildren("Signed out — ", link, ".");
   }
 
   function setBusy(on) {
@@ -351,6 +364,7 @@
     const form = e.target;
     if (!form.matches("form[data-ws]")) return;
     e.preventDefault();
+    if (signedOut) return showSignedOut(); // the text typed stays in its box
     if (busy) return;
     const data = new FormData(form, e.submitter);
     const msg = { action: data.get("action") || "send", session: config.session };

@@ -214,7 +214,13 @@
     var ws = new WebSocket(location.protocol.replace("http", "ws") + "//" + location.host + "/ws/panel/live/");
     ws.onopen = function () { retry = 500; };
     ws.onmessage = function (m) { update(JSON.parse(m.data)); };
-    ws.onclose = function () {
+    ws.onclose = function (e) {
+      if (e.code === 4401) { // the session ended (webui/socket_auth.py): no reconnecting
+        var link = el("a", null, "sign in again");
+        link.href = "/login/?next=" + encodeURIComponent(location.pathname);
+        status.replaceChildren("Signed out — ", link);
+        return;
+      }
       status.textContent = "disconnected; reconnecting…";
       setTimeout(connect, retry);
       retry = Math.min(retry * 2, 10000);

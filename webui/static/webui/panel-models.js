@@ -60,8 +60,15 @@
       else if (ev.t === "final") end(ev.finish_reason !== "cancelled", "cancelled");
       else if (ev.t === "error") end(false, ev.message);
     };
-    ws.onclose = function () {
+    ws.onclose = function (e) {
       if (finished) return;
+      if (e.code === 4401) { // the session ended (webui/socket_auth.py): no reconnecting
+        var link = document.createElement("a");
+        link.href = "/login/?next=" + encodeURIComponent(location.pathname);
+        link.textContent = "sign in again";
+        statusEl.replaceChildren("Signed out — ", link);
+        return;
+      }
       statusEl.textContent = "reconnecting…";
       setTimeout(connect, retry);
       retry = Math.min(retry * 2, 8000);

@@ -4,9 +4,10 @@ daphne (through twisted.web) buffers a request's whole body before it calls the 
 then queues it to the application in one go: a 200 MB body grew the process by 200 MB before any
 view could answer 401 or 413. Here twisted's `gotLength` hook, which runs when the headers are in,
 swaps the body's buffer for a sink when the length is over `DATA_UPLOAD_MAX_MEMORY_SIZE`; the
-request is then answered 413 (in the API's error format, `webui.door`) without reaching Django. A
-chunked body has no length up front: `handleContentChunk` counts it and swaps in the sink once past
-the limit. (twisted still receives the rest of a refused body before it lets us answer.)
+request is then answered 413 (in the API's error format, `webui.door`; a page's form: 303 back to its
+page) without reaching Django. A chunked body has no length up front: `handleContentChunk` counts it
+and swaps in the sink once past the limit. (twisted still receives the rest of a refused body before it
+lets us answer.)
 """
 
 from __future__ import annotations
@@ -63,9 +64,10 @@ def process(self):
     from django.utils.module_loading import import_string
 
     too_large_response = import_string("webui.door.too_large_response")  # by name, as in `appliance.asgi`
-    status, body = too_large_response(self.path.decode("latin-1"), _limit())
+    status, headers, body = too_large_response(self.path.decode("latin-1"), _limit())
     self.setResponseCode(status)
-    self.setHeader(b"Content-Type", b"application/json")
+    for name, value in headers:
+        self.setHeader(name, value)
     self.setHeader(b"Connection", b"close")
     self.write(body)
     self.finish()

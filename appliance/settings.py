@@ -65,6 +65,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "webui.headers.PageHeadersMiddleware",  # Content-Security-Policy, no-store; static files' too
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "webui.door.LanDoorMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

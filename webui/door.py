@@ -4,7 +4,8 @@ Two layers, outermost first:
 - `BodyLimit` (ASGI, around Django): a body over `RKMOJO_MAX_REQUEST_BYTES` is answered 413 from its
   Content-Length header, before Django reads it; a chunked body is read only up to the limit.
   (daphne itself buffers a body before it calls the application; `appliance.serve` stops that at the
-  header too.)
+  header too.) A page's form (`TOO_LARGE_PAGES`: the chat's import) is sent back to its page instead,
+  303, which says so where the page shows its errors.
 - `LanDoorMiddleware` (Django, after SecurityMiddleware):
   - a present `Origin` that is not one of this machine's names (`ALLOWED_HOSTS`, `appliance.hosts`) →
     403, on every path: a page of another site, or a DNS-rebinding page, gets nothing;
@@ -194,13 +195,21 @@ class LanDoorMiddleware:
 
 
 # --- body size (ASGI) --------------------------------------------------------------------------------
-def too_large_response(path: str, limit: int) -> tuple[int, bytes]:
+# a form whose file may be too large → the page that shows why (the view reads `?refused=too-large`)
+TOO_LARGE_PAGES = {"/chat/import/": "/chat/?refused=too-large"}
+
+
+def too_large_response(path: str, limit: int) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """The answer to a body over `limit`: (status, headers, body); `Connection: close` is the caller's."""
+    if path in TOO_LARGE_PAGES:
+        return 303, [(b"location", TOO_LARGE_PAGES[path].encode()), (b"content-length", b"0")], b""
     e = ApiError(
         413,
         f"the request body is larger than {limit} bytes, the most this server takes (RKMOJO_MAX_REQUEST_BYTES)",
         code="request_too_large",
     )
-    return 413, error_response(flavor(path), e).content
+    body = error_response(flavor(path), e).content
+    return 413, [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())], body
 
 
 class BodyLimit:
@@ -236,16 +245,6 @@ class BodyLimit:
         return await self.app(scope, replay, send)
 
     async def _refuse(self, scope, send):
-        status, body = too_large_response(scope.get("path", ""), self.limit)
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
+        status, headers, body = too_large_response(scope.get("path", ""), self.limit)
+        await send({"type": "http.response.start", "status": status, "headers": [*headers, (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": body})

@@ -1,5 +1,7 @@
 from django.contrib import admin
+from django.templatetags.static import static
 from django.urls import include, path
+from django.views.generic import RedirectView
 
 from . import pages, setup_page, throttle
 from .api import ollama, openai, openapi, responses
@@ -12,6 +14,8 @@ urlpatterns = [
     path("chat/", include("webui.chat.urls")),
     path("panel/", include("webui.panel.urls")),
     path("setup/", setup_page.setup),
+    # browsers ask for /favicon.ico on pages that name no icon (Django's admin): the page's own SVG
+    path("favicon.ico", RedirectView.as_view(url=static("webui/favicon.svg"), permanent=True)),
     path("openapi.json", openapi.openapi_json),
     path("v1/chat/completions", openai.chat_completions),
     path("v1/completions", openai.completions),

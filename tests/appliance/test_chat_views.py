@@ -2,6 +2,7 @@
 
 import json
 import re
+import warnings
 
 import pytest
 
@@ -21,6 +22,15 @@ def client_of(user=None, csrf=False):
     if user is not None:
         c.force_login(user)
     return c
+
+
+def download(client, path: str) -> bytes:
+    """An export, which streams: read whole here (Django warns that its sync test client must)."""
+    r = client.get(path)
+    assert r.status_code == 200 and r.streaming, path
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return b"".join(r)
 
 
 def conversation(owner, messages=(("user", "hi"), ("assistant", "hello")), title="a chat"):
@@ -51,7 +61,7 @@ def test_one_user_cannot_see_rename_export_or_delete_anothers_conversation(peopl
     assert bob.post(f"/chat/{s.pk}/delete/").status_code == 404
     assert bob.post(f"/chat/{s.pk}/act/", {"action": "regenerate"}).status_code == 302  # refused, said on the page
     assert "ann&#x27;s secret" not in bob.get("/chat/").content.decode()
-    assert "ann's secret" not in bob.get("/chat/export/").content.decode()
+    assert "ann's secret" not in download(bob, "/chat/export/").decode()
     s.refresh_from_db()
     assert s.title == "ann's secret" and s.messages.count() == 2
     assert client_of(people["ann"]).get(f"/chat/{s.pk}/").status_code == 200
@@ -114,9 +124,9 @@ def test_export_and_import_round_trip(people):
 
     s = conversation(people["ann"], (("user", "what is 2+2?"), ("assistant", "**4**")), title="sums")
     ann = client_of(people["ann"])
-    md = ann.get(f"/chat/{s.pk}/export/?format=md").content.decode()
+    md = download(ann, f"/chat/{s.pk}/export/?format=md").decode()
     assert "# sums" in md and "## User\n\nwhat is 2+2?" in md and "## Assistant\n\n**4**" in md
-    data = json.loads(ann.get(f"/chat/{s.pk}/export/").content)
+    data = json.loads(download(ann, f"/chat/{s.pk}/export/"))
     assert data["format"] == "rkmojo-chat" and data["conversations"][0]["messages"][1]["content"] == "**4**"
     from django.core.files.uploadedfile import SimpleUploadedFile
 
@@ -297,12 +307,12 @@ def test_export_and_import_carry_thinking_tool_calls_and_tool_results(people):
 
     s = stored(people["ann"], title="tools round trip")
     ann = client_of(people["ann"])
-    data = json.loads(ann.get(f"/chat/{s.pk}/export/").content)
+    data = json.loads(download(ann, f"/chat/{s.pk}/export/"))
     msgs = data["conversations"][0]["messages"]
     assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "assistant"]
     assert msgs[1]["reasoning"].startswith("The user wants") and msgs[1]["tool_calls"][0]["arguments"]["days"] == 2
     assert msgs[2]["tool_call_id"] == "call_0123"
-    md = ann.get(f"/chat/{s.pk}/export/?format=md").content.decode()
+    md = download(ann, f"/chat/{s.pk}/export/?format=md").decode()
     assert "> **Thinking**\n>\n> The user wants **weather**" in md
     assert '**Tool call** `get_weather`\n\n```json\n{\n  "city": "Paris' in md
     assert '## Tool result (get_weather)\n\n```json\n{\n  "temperature": 21,' in md

@@ -15,6 +15,12 @@ Export is JSON (`Export`, the format import reads back) or Markdown. An exported
 {role: user | assistant | tool, content, the answer's measurements, reasoning, tool_calls: [{id, name,
 arguments: {…}}], tool_call_id, name}; the last four only where they apply (thinking and tool calls on
 an assistant's message, the call's id and the tool's name on a tool's), checked on import.
+
+What a conversation costs is bounded by these, not by its length: a page reads `LAST` messages
+(`window`: "Load earlier" asks for the `LAST` before them), an export is text made one message at a time
+from a database read of `CHUNK` rows (`export_json`, `export_markdown`; the view streams it), and an
+import takes at most `MAX_CONVERSATIONS` conversations, `MAX_MESSAGES` messages in one, `MAX_TOTAL` in
+all, nested at most `IMPORT_DEPTH` deep (`read_export` refuses more, naming the limit).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import datetime
 import json
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from django.core.exceptions import ValidationError
@@ -30,14 +37,25 @@ from django.db.models import QuerySet
 from django.http import Http404
 from django.utils import timezone
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ValidationError as SchemaError
 
 from appliance.events import Final
 
+from ..api.common import ApiError
+from ..door import load_json
 from ..models import ChatMessage, ChatSession
 from ..sessions import for_worker, name_tool_results, tool_call
 
 TITLE_LENGTH = 80
 ROLES = ("user", "assistant", "tool")  # what a conversation shows and exports (API sessions also store "system")
+LAST = 100  # messages a conversation's page shows at a time (`window`); "Load earlier" brings as many more
+CHUNK = 500  # messages read from the database, or written, at a time by export and import
+# what one imported file may hold: a conversation's page shows `LAST` at a time whatever its length, but an
+# import is parsed whole in memory (the request's body limit, RKMOJO_MAX_REQUEST_BYTES, bounds its bytes)
+MAX_CONVERSATIONS = 1_000
+MAX_MESSAGES = 10_000  # in one conversation
+MAX_TOTAL = 50_000  # in the whole file
+IMPORT_DEPTH = 32  # objects and arrays inside each other: an export needs 8, plus a tool call's arguments
 
 
 @dataclass(frozen=True)
@@ -139,18 +157,42 @@ def _history(session: ChatSession, upto: int | None = None) -> list[dict]:
     return out + [for_worker(m) for m in msgs]
 
 
-def _last(session: ChatSession) -> ChatMessage | None:
+def last_message(session: ChatSession) -> ChatMessage | None:
     return session.messages.order_by("-index").first()
+
+
+def before(query) -> int | None:
+    """A page's `?before=INDEX` (its query dict): the window ahead of that message; None (the newest) if
+    absent or not a number."""
+    try:
+        return min(max(0, int(query["before"])), 2**31)  # past SQLite's integers: an OverflowError
+    except (KeyError, ValueError):
+        return None
+
+
+def window(messages: QuerySet[ChatMessage], before: int | None = None, n: int = LAST):
+    """The last `n` of `messages` (all of a conversation's, or a filter of them) with an index below
+    `before` (None: the newest), oldest first; and the `before` that asks for the ones ahead of them, None
+    when these are the first. Two indexed reads of at most `n + 1` rows, whatever the conversation's length.
+
+    Returns:
+        (messages, earlier)
+    """
+    if before is not None:
+        messages = messages.filter(index__lt=before)
+    rows = list(messages.order_by("-index")[: n + 1])
+    earlier = rows[n - 1].index if len(rows) > n else None
+    return rows[:n][::-1], earlier
 
 
 @transaction.atomic
 def send(session: ChatSession, text: str) -> Turn:
     if not text.strip():
         raise TurnError("the message is empty")
-    last = _last(session)
+    last = last_message(session)
     if last is not None and last.role == "user":  # an unanswered question (its answer failed): replace it
         last.delete()
-        last = _last(session)
+        last = last_message(session)
     index = 0 if last is None else last.index + 1
     ChatMessage.objects.create(session=session, index=index, role="user", content=text)
     if not session.title:
@@ -161,10 +203,10 @@ def send(session: ChatSession, text: str) -> Turn:
 
 @transaction.atomic
 def regenerate(session: ChatSession) -> Turn:
-    last = _last(session)
+    last = last_message(session)
     if last is not None and last.role == "assistant":
         last.delete()
-        last = _last(session)
+        last = last_message(session)
     if last is None or last.role not in ("user", "tool"):  # a tool's result is answered as a question is
         raise TurnError("there is no question to answer again")
     session.save()
@@ -188,7 +230,7 @@ def edit(session: ChatSession, index: int, text: str) -> Turn:
 @transaction.atomic
 def proceed(session: ChatSession) -> Turn:
     """Continue the last answer where it was cut off (the chat template's continue_final_message)."""
-    last = _last(session)
+    last = last_message(session)
     if last is None or last.role != "assistant" or not last.content.strip():
         raise TurnError("there is no answer to continue")
     session.save()
@@ -290,30 +332,38 @@ class Export(_Strict):
 FIELDS = [f for f in ExportedMessage.model_fields if f not in ("role", "content")]  # ChatMessage's own names
 
 
-def export(sessions: list[ChatSession]) -> Export:
-    convs = []
-    for s in sessions:
-        msgs = [
-            ExportedMessage(role=m.role, content=m.content, **{f: getattr(m, f) for f in FIELDS})
-            for m in s.messages.all()
-            if m.role in ROLES
-        ]  # in index order (Meta), prefetched by the caller
-        convs.append(
-            ExportedConversation(
-                title=s.title, model=s.model, system=s.system, params=s.params, created=s.created, messages=msgs
-            )
-        )
-    return Export(conversations=convs)
+def _exported(m: ChatMessage) -> ExportedMessage:
+    return ExportedMessage(role=m.role, content=m.content, **{f: getattr(m, f) for f in FIELDS})
 
 
-def markdown(sessions: list[ChatSession]) -> str:
-    parts = []
-    for s in sessions:
-        parts.append(f"# {s.title or 'Untitled'}\n\n_{s.model} · {s.created:%Y-%m-%d %H:%M} UTC_\n")
+def _messages(s: ChatSession) -> Iterator[ChatMessage]:
+    """`s`'s messages as a conversation shows them, read from the database `CHUNK` at a time."""
+    return s.messages.filter(role__in=ROLES).order_by("index").iterator(chunk_size=CHUNK)
+
+
+def export_json(sessions: Iterable[ChatSession]) -> Iterator[str]:
+    """The `Export` of `sessions` as JSON text in pieces, one message at a time: what `Export` would
+    dump, never held whole (a conversation of 100k messages is ~30 MB of JSON)."""
+    yield '{"format": "rkmojo-chat", "version": 1, "conversations": ['
+    for i, s in enumerate(sessions):
+        head = ExportedConversation(
+            title=s.title, model=s.model, system=s.system, params=s.params, created=s.created, messages=[]
+        ).model_dump_json(exclude={"messages"})
+        yield ("," if i else "") + "\n" + head[:-1] + ', "messages": ['  # messages last: after the head's fields
+        for j, m in enumerate(_messages(s)):
+            yield ("," if j else "") + "\n " + _exported(m).model_dump_json()
+        yield "]}"
+    yield "\n]}\n"
+
+
+def export_markdown(sessions: Iterable[ChatSession]) -> Iterator[str]:
+    """The conversations as Markdown, in pieces as `export_json`."""
+    for i, s in enumerate(sessions):
+        yield ("\n" if i else "") + f"# {s.title or 'Untitled'}\n\n_{s.model} · {s.created:%Y-%m-%d %H:%M} UTC_\n"
         if s.system:
-            parts.append(f"**System:** {s.system}\n")
-        parts += [_markdown_message(m) for m in s.messages.all()]
-    return "\n".join(parts)
+            yield f"\n**System:** {s.system}\n"
+        for m in _messages(s):
+            yield "\n" + _markdown_message(m)
 
 
 def _markdown_message(m: ChatMessage) -> str:
@@ -342,12 +392,63 @@ def _fenced(text: str, lang: str) -> str:
     return f"{ticks}{lang}\n{text}\n{ticks}\n"
 
 
+class ImportRefused(ValueError):
+    """A file the import does not take; the message names the limit or the field, and the fix."""
+
+
+def read_export(raw: bytes | str) -> Export:
+    """An uploaded file as an `Export`, checked against the import's limits before it is validated.
+
+    Raises:
+        ImportRefused: not JSON, nested deeper than `IMPORT_DEPTH`, more than `MAX_CONVERSATIONS`
+            conversations, `MAX_MESSAGES` messages in one or `MAX_TOTAL` in all, or not an export's shape.
+    """
+    try:
+        value = load_json(raw, IMPORT_DEPTH)
+    except ApiError as e:
+        raise ImportRefused(f"that file is not a chat export: {e}") from None
+    convs = value.get("conversations") if isinstance(value, dict) else None
+    if isinstance(convs, list):  # counted before validation: a 100k-message file costs no model per message
+        _check_counts(convs)
+    try:
+        return Export.model_validate(value)
+    except SchemaError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "the file"
+        raise ImportRefused(f"that file is not a chat export: {where}: {err['msg']}") from None
+
+
+def _check_counts(convs: list) -> None:
+    if len(convs) > MAX_CONVERSATIONS:
+        raise ImportRefused(
+            f"that file holds {len(convs):,} conversations; an import takes at most {MAX_CONVERSATIONS:,}: "
+            "import it in parts (each conversation's own Export link gives a file of one)"
+        )
+    total = 0
+    for i, c in enumerate(convs):
+        msgs = c.get("messages") if isinstance(c, dict) else None
+        n = len(msgs) if isinstance(msgs, list) else 0
+        if n > MAX_MESSAGES:
+            raise ImportRefused(
+                f"conversations.{i} holds {n:,} messages; an import takes at most {MAX_MESSAGES:,} per "
+                "conversation: split it into conversations of fewer messages"
+            )
+        total += n
+    if total > MAX_TOTAL:
+        raise ImportRefused(
+            f"that file holds {total:,} messages; an import takes at most {MAX_TOTAL:,} in all: import "
+            "it in parts (each conversation's own Export link gives a file of one)"
+        )
+
+
 @transaction.atomic
 def import_(who: Who, data: Export) -> list[ChatSession]:
     made = []
     for c in data.conversations:
         s = create(who, c.model, c.system, c.params, c.title)
         rows = name_tool_results([m.model_dump() for m in c.messages])
-        ChatMessage.objects.bulk_create([ChatMessage(session=s, index=i, **row) for i, row in enumerate(rows)])
+        ChatMessage.objects.bulk_create(
+            [ChatMessage(session=s, index=i, **row) for i, row in enumerate(rows)], batch_size=CHUNK
+        )
         made.append(s)
     return made

@@ -4,19 +4,26 @@ Every page works without JavaScript: messages are rendered here (`render.prepare
 regenerating, editing and continuing are form posts to `act`, which runs the turn to its end before
 it redirects. With JavaScript (`static/webui/chat.js`) the same forms go over the WebSocket instead
 and the answer streams. Only the list's newest `PAGE` conversations are loaded (`?n=` for more).
+
+A conversation's page shows its newest `conversations.LAST` messages. Above them "Load earlier
+messages" is a link to `?before=INDEX` (the page of the ones before), which htmx turns into a request
+for the same URL with `HX-Request`, answered with those messages alone (`_messages.html`) to put in its
+place. Exports stream (`StreamingHttpResponse` over `_in_pieces`); an import the file limits refuse
+(`conversations.read_export`) is the chat page again, status 400, saying which limit and what to do.
 """
 
 from __future__ import annotations
 
 import functools
-import json
+from collections.abc import Iterator
 
 from asgiref.sync import async_to_sync, iscoroutinefunction, sync_to_async
+from django.conf import settings
 from django.contrib import messages as flash
-from django.http import HttpResponse, HttpResponseRedirect
+from django.http import HttpResponse, HttpResponseRedirect, StreamingHttpResponse
 from django.shortcuts import render
+from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_GET, require_POST
-from pydantic import ValidationError
 
 from ..api.common import ApiError
 from . import conversations as conv
@@ -61,7 +68,7 @@ def chat_view(view):
     return wrapper
 
 
-def _page(request, who: conv.Who, template: str, catalog: dict | None = None, **ctx) -> HttpResponse:
+def _page(request, who: conv.Who, template: str, catalog: dict | None = None, status: int = 200, **ctx) -> HttpResponse:
     q = request.GET.get("q", "").strip()[:200]
     try:
         n = max(PAGE, min(int(request.GET.get("n", PAGE)), 10000))
@@ -91,12 +98,11 @@ def _page(request, who: conv.Who, template: str, catalog: dict | None = None, **
             "catalog": catalog,
             **ctx,
         },
+        status=status,
     )
 
 
-@require_GET
-@chat_view
-def index(request, who):
+def _new_chat(request, who, status: int = 200) -> HttpResponse:
     catalog = async_to_sync(turns.models)()
     form = NewChatForm(models=list(catalog))
     first = next(iter(catalog.values()), {})
@@ -105,6 +111,7 @@ def index(request, who):
         who,
         "webui/chat/new.html",
         catalog,
+        status,
         form=form,
         sampling=form.sampling(model_defaults(first.get("generation"))),
     )
@@ -112,21 +119,43 @@ def index(request, who):
 
 @require_GET
 @chat_view
+def index(request, who):
+    if request.GET.get("refused") == "too-large":  # an import over the body limit (webui.door.TOO_LARGE_PAGES)
+        flash.error(
+            request,
+            f"that file is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE / 2**20:g} MiB, the most this "
+            "appliance takes in one request (RKMOJO_MAX_REQUEST_BYTES): import it in parts (each "
+            "conversation's own Export link gives a file of one), or raise the limit",
+        )
+    return _new_chat(request, who)
+
+
+@require_GET
+@chat_view
 def conversation(request, who, pk):
     session = conv.get(who, pk)
-    msgs = prepare(list(session.messages.order_by("index")))
-    last = msgs[-1] if msgs else None
-    used = (last.prompt_tokens or 0) + (last.completion_tokens or 0) if last and last.role == "assistant" else 0
-    return _page(
-        request,
-        who,
-        "webui/chat/conversation.html",
-        session=session,
-        msgs=msgs,
-        used=used,
-        can_continue=last is not None and last.role == "assistant" and last.finish_reason in ("length", "cancelled"),
-        can_regenerate=last is not None,
-    )
+    before = conv.before(request.GET)
+    msgs, earlier = conv.window(session.messages.all(), before)
+    prepare(msgs)
+    if request.headers.get("HX-Request"):  # "Load earlier": these messages alone, put where the link was
+        resp = render(request, "webui/chat/_messages.html", {"session": session, "msgs": msgs, "earlier": earlier})
+    else:
+        last = msgs[-1] if before is None and msgs else conv.last_message(session)  # the conversation's
+        answered = last is not None and last.role == "assistant"
+        resp = _page(
+            request,
+            who,
+            "webui/chat/conversation.html",
+            session=session,
+            msgs=msgs,
+            earlier=earlier,
+            later=before is not None,
+            used=(last.prompt_tokens or 0) + (last.completion_tokens or 0) if answered else 0,
+            can_continue=answered and last.finish_reason in ("length", "cancelled"),
+            can_regenerate=last is not None,
+        )
+    patch_vary_headers(resp, ["HX-Request"])
+    return resp
 
 
 @require_POST
@@ -181,18 +210,49 @@ def delete(request, who, pk):
     return HttpResponseRedirect("/chat/")
 
 
+async def _in_pieces(parts: Iterator[str], size: int = 64 * 1024):
+    """The text of `parts` (a generator that reads the database), encoded, in pieces of about `size`
+    characters, each made in Django's thread for sync code: the event loop never waits on the database
+    or on the formatting, and a sync iterator would have been read whole first (Django under ASGI)."""
+
+    def take() -> bytes:
+        buf, n = [], 0
+        for part in parts:
+            buf.append(part)
+            n += len(part)
+            if n >= size:
+                break
+        return "".join(buf).encode()
+
+    try:
+        while piece := await sync_to_async(take)():
+            yield piece
+    finally:  # a client gone mid-way: the database read ends here, not when the generator is collected
+        await sync_to_async(parts.close)()
+
+
+def _to_export(who: conv.Who, pk) -> list:
+    return [conv.get(who, pk)] if pk else list(conv.owned(who).order_by("-updated"))
+
+
 @require_GET
 @chat_view
-def export(request, who, pk=None):
-    sessions = [conv.get(who, pk)] if pk else list(conv.owned(who).prefetch_related("messages"))
+async def export(request, who, pk=None):
+    sessions = await sync_to_async(_to_export)(who, pk)
     name = f"chat-{pk}" if pk else "chats"
     if request.GET.get("format") == "md":
-        resp = HttpResponse(conv.markdown(sessions), content_type="text/markdown; charset=utf-8")
-        resp["Content-Disposition"] = f'attachment; filename="{name}.md"'
-        return resp
-    resp = HttpResponse(conv.export(sessions).model_dump_json(indent=1), content_type="application/json")
-    resp["Content-Disposition"] = f'attachment; filename="{name}.json"'
+        parts, kind, ext = conv.export_markdown(sessions), "text/markdown; charset=utf-8", "md"
+    else:
+        parts, kind, ext = conv.export_json(sessions), "application/json", "json"
+    resp = StreamingHttpResponse(_in_pieces(parts), content_type=kind)
+    resp["Content-Disposition"] = f'attachment; filename="{name}.{ext}"'
     return resp
+
+
+def _refused(request, who, message: str) -> HttpResponse:
+    """The chat page again, status 400, saying why the import took nothing."""
+    flash.error(request, message)
+    return _new_chat(request, who, status=400)
 
 
 @require_POST
@@ -200,18 +260,11 @@ def export(request, who, pk=None):
 def import_(request, who):
     form = ImportForm(request.POST, request.FILES)
     if not form.is_valid():
-        flash.error(request, "choose a JSON file exported from this page")
-        return HttpResponseRedirect("/chat/")
+        return _refused(request, who, "choose a JSON file exported from this page")
     try:
-        data = conv.Export.model_validate(json.loads(form.cleaned_data["file"].read()))
-    except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or "the file"
-        flash.error(request, f"that file is not a chat export: {where}: {err['msg']}")
-        return HttpResponseRedirect("/chat/")
-    except ValueError as e:
-        flash.error(request, f"that file is not a chat export: {str(e).splitlines()[0]}")
-        return HttpResponseRedirect("/chat/")
+        data = conv.read_export(form.cleaned_data["file"].read())
+    except conv.ImportRefused as e:
+        return _refused(request, who, str(e))
     made = conv.import_(who, data)
     flash.success(request, f"imported {len(made)} conversation{'s' if len(made) != 1 else ''}")
     return HttpResponseRedirect(f"/chat/{made[0].pk}/" if len(made) == 1 else "/chat/")

@@ -1,5 +1,9 @@
 """Sessions: every conversation (web and API), viewed and deleted; the prompt-cache files' total size and a
-button that clears them (the workers then recompute prompts until they save new ones)."""
+button that clears them (the workers then recompute prompts until they save new ones).
+
+A conversation's transcript is bounded as the chat page's is (`webui.chat.views`): its newest
+`conversations.LAST` messages, "Load earlier messages" above them as a link to `?before=INDEX` that htmx
+turns into a request for those messages alone (`_transcript.html`, asked with `HX-Request`)."""
 
 from __future__ import annotations
 
@@ -9,8 +13,10 @@ from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_POST
 
+from ..chat import conversations
 from ..chat.render import prepare
 from ..models import ChatSession
 from .access import staff_only
@@ -53,11 +59,15 @@ def session(request, pk):
         s.delete()
         messages.success(request, f"Deleted the conversation {s.title or s.pk}.")
         return redirect("/panel/sessions/")
-    return render(
-        request,
-        "webui/panel/session.html",
-        {"section": "panel", "tab": "sessions", "s": s, "chat_messages": prepare(list(s.messages.all()))},
-    )
+    before = conversations.before(request.GET)
+    msgs, earlier = conversations.window(s.messages.all(), before)
+    ctx = {"section": "panel", "tab": "sessions", "s": s, "chat_messages": prepare(msgs), "earlier": earlier}
+    if request.headers.get("HX-Request"):  # "Load earlier": these messages alone, put where the link was
+        resp = render(request, "webui/panel/_transcript.html", ctx)
+    else:
+        resp = render(request, "webui/panel/session.html", {**ctx, "later": before is not None})
+    patch_vary_headers(resp, ["HX-Request"])
+    return resp
 
 
 @staff_only

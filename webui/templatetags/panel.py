@@ -38,11 +38,12 @@ def percent(x) -> str:
 
 @register.simple_tag
 def membar(memory) -> str:
-    """The stacked bar of a `MemoryBudget`: one span per part, its width its share of the budget."""
+    """The stacked bar of a `MemoryBudget`: one span per part, its width its share of the budget in whole
+    percents, as a class (`panel.css`: the page's Content-Security-Policy allows no style attributes)."""
     whole = memory.total or sum(getattr(memory, k) for k, _ in MEMORY_PARTS) or 1
     parts = [(k, label, getattr(memory, k)) for k, label in MEMORY_PARTS if getattr(memory, k)]
     return format_html_join(
         "",
-        '<span class="mem mem-{}" style="width:{}%" title="{}: {}"></span>',
-        ((k, f"{100 * v / whole:.2f}", label, bytes_h(v)) for k, label, v in parts),
+        '<span class="mem mem-{} w{}" title="{}: {}"></span>',
+        ((k, min(100, round(100 * v / whole)), label, bytes_h(v)) for k, label, v in parts),
     ) or format_html('<span class="muted">no memory figures</span>')

@@ -57,7 +57,7 @@ def test_a_prompt_streams_over_several_renders_and_ends_rendered_by_the_server(p
     page.fill("#id_system", "You are a storyteller.")
     shot(page, "chat-new")
     new_chat(page, "Tell a short story about a cat.", max_tokens=60)
-    page.wait_for_function("window.chatStats.renders >= 4", timeout=60000)
+    page.wait_for_function("() => window.chatStats.renders >= 4", timeout=60000)
     shot(page, "chat-streaming")
     page.wait_for_selector(ANSWERED, timeout=60000)
     lengths = page.evaluate("window.chatStats.lengths")
@@ -77,7 +77,7 @@ def test_a_prompt_streams_over_several_renders_and_ends_rendered_by_the_server(p
 def test_stop_frees_the_worker_within_a_second_and_the_next_prompt_works(page, users, stack):
     sign_in(page, "alice")
     new_chat(page, "Write a very long story about a dragon and a knight.", max_tokens=400)
-    page.wait_for_function("window.chatStats.renders >= 2", timeout=60000)
+    page.wait_for_function("() => window.chatStats.renders >= 2", timeout=60000)
     page.click("#stop")
     clicked = time.monotonic()
     stack.idle(timeout=5)
@@ -89,7 +89,7 @@ def test_stop_frees_the_worker_within_a_second_and_the_next_prompt_works(page, u
     shot(page, "chat-stopped")
     page.fill("#composer textarea[name=text]", "Now say hello.")
     page.press("#composer textarea[name=text]", "Enter")
-    page.wait_for_function(f"document.querySelectorAll({ANSWERED!r}).length == 2", timeout=60000)
+    page.wait_for_function(f"() => document.querySelectorAll({ANSWERED!r}).length == 2", timeout=60000)
     assert page.locator("li.msg").count() == 4
 
 
@@ -100,7 +100,7 @@ def test_regenerate_replaces_the_answer_and_edit_resends_dropping_what_followed(
     page.evaluate("document.querySelector('li.msg.assistant').dataset.old = '1'")
     page.click("#regenerate")
     page.wait_for_function(
-        f"!document.querySelector('li.msg.assistant[data-old]') && document.querySelectorAll({ANSWERED!r}).length == 1",
+        f"() => !document.querySelector('li.msg.assistant[data-old]') && document.querySelectorAll({ANSWERED!r}).length == 1",
         timeout=60000,
     )
     assert page.locator("li.msg").count() == 2
@@ -110,14 +110,14 @@ def test_regenerate_replaces_the_answer_and_edit_resends_dropping_what_followed(
     box.type("Just one.")
     assert box.input_value() == "And a fruit?\nJust one." and page.locator("li.msg").count() == 2
     box.press("Enter")
-    page.wait_for_function(f"document.querySelectorAll({ANSWERED!r}).length == 2", timeout=60000)
+    page.wait_for_function(f"() => document.querySelectorAll({ANSWERED!r}).length == 2", timeout=60000)
     first = page.locator("li.msg.user").first
     first.locator("summary").click()
     first.locator("textarea").fill("Name an animal.")
     shot(page, "chat-editing")
     first.locator("textarea").press("Enter")
     page.wait_for_function(
-        f"document.querySelectorAll('li.msg').length == 2 && document.querySelectorAll({ANSWERED!r}).length == 1",
+        f"() => document.querySelectorAll('li.msg').length == 2 && document.querySelectorAll({ANSWERED!r}).length == 1",
         timeout=60000,
     )
     assert "Name an animal." in page.locator("li.msg.user .body").inner_text()
@@ -255,11 +255,15 @@ def test_measure_ttfb_with_200_conversations_and_render_time_at_the_end_of_200_m
 
     page.route_web_socket("**/ws/chat/", proxy)
     page.goto(f"/chat/{long.pk}/")
+    assert page.locator("li.msg").count() == 100  # the newest 100; the 100 before them on asking
+    page.click("text=Load earlier messages")
+    page.wait_for_selector("#m99")
     assert page.locator("li.msg").count() == 200
     page.fill("#composer textarea[name=text]", "Write a few sentences about the sea.")
     page.press("#composer textarea[name=text]", "Enter")
     page.wait_for_function(
-        "document.querySelectorAll('li.msg').length == 202 && !document.querySelector('.streaming')", timeout=90000
+        "() => document.querySelectorAll('li.msg').length == 202 && !document.querySelector('.streaming')",
+        timeout=90000,
     )
     ms = page.evaluate("window.chatStats.renderMs")
     out = {

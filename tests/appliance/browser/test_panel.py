@@ -56,7 +56,7 @@ def test_a_pull_shows_its_progress_then_the_model_is_deleted(admin, gguf_server,
     page.fill("#id_source", f"{gguf_server.url}/cdn/smollm2-copy.gguf")
     page.click("#pull-form button[type=submit]")
     page.wait_for_selector("#job")
-    page.wait_for_function("window.rkmojoJob && window.rkmojoJob.progress.length >= 3", timeout=60000)
+    page.wait_for_function("() => window.rkmojoJob && window.rkmojoJob.progress.length >= 3", timeout=60000)
     assert "MiB/s" in page.inner_text("#job-numbers") and "ETA" in page.inner_text("#job-numbers")
     shot(page, "panel-pull-progress")
     values = page.evaluate("window.rkmojoJob.progress")
@@ -80,7 +80,7 @@ def test_a_pull_can_be_cancelled_and_fails_with_one_clear_message(admin, gguf_se
     page.goto("/panel/models/")
     page.fill("#id_source", f"{gguf_server.url}/cdn/smollm2-copy.gguf")
     page.click("#pull-form button[type=submit]")
-    page.wait_for_function("window.rkmojoJob && window.rkmojoJob.progress.length >= 1", timeout=60000)
+    page.wait_for_function("() => window.rkmojoJob && window.rkmojoJob.progress.length >= 1", timeout=60000)
     page.click("#job-cancel")
     page.wait_for_selector("#job-error:not([hidden])", timeout=30000)
     assert page.inner_text("#job-error") == "cancelled"
@@ -168,7 +168,7 @@ def test_the_live_view_updates_its_numbers_and_heatmap(admin, stack):
     t.start()
     try:
         count = "window.rkmojoLive.perWorker['board-demo'] || 0"
-        page.wait_for_function(f"({count}) >= 2", timeout=15000)
+        page.wait_for_function(f"() => ({count}) >= 2", timeout=15000)
         before = card.locator('[data-f="queue"]').inner_text()
         t0 = page.evaluate(count)
         time.sleep(6)
@@ -236,7 +236,7 @@ def test_the_live_view_follows_the_real_worker(admin, stack):
     page = admin
     page.goto("/panel/")
     card = page.locator('[data-worker="board-a"]')
-    page.wait_for_function("(window.rkmojoLive.perWorker['board-a'] || 0) >= 1", timeout=15000)
+    page.wait_for_function("() => (window.rkmojoLive.perWorker['board-a'] || 0) >= 1", timeout=15000)
     oai = stack.openai()
     t0 = page.evaluate("window.rkmojoLive.perWorker['board-a']")
     started = time.monotonic()

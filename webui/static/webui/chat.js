@@ -422,6 +422,7 @@
   }
 
   decorate(document);
+  document.addEventListener("htmx:load", function (e) { decorate(e.detail.elt); }); // "load earlier" messages
   if (config.session) scrollDown();
   connect();
 })();

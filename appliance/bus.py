@@ -6,6 +6,9 @@ Keys (all under `rkmojo:`):
   TTL: a worker that stops answering disappears.
 - `seen:MODEL` — the worker that last served a model, kept for minutes: a request for it waits in the
   queue while that worker restarts instead of being refused as an unknown model.
+- `gone:NAME` — a worker's clean stop (its host name), kept for `GONE_TTL` and deleted when it registers
+  again: the web side tells a model whose worker stopped (404) from one whose worker's registration a
+  Redis restart lost (503 until it registers again; `webui.api.jobs.known`).
 - `queue:MODEL` — sorted set of the requests admitted for a model (waiting or running), scored by the
   last time their HTTP side renewed its lease. Admission is one Lua script: count, compare, add.
 - `req:ID` — a request's description for `/api/ps` (model, kind, state, client, times).
@@ -15,6 +18,9 @@ Keys (all under `rkmojo:`):
 - `stats:NAME` — a worker's latest `events.WorkerStats`, written once a second with a short TTL; the same
   event is sent to the Channels group `LIVE_GROUP` (message type `live.stats`, field `stats`: the encoded
   event), which the admin panel's live view forwards to browsers.
+- `stats-history:NAME` — list of a worker's last `stats.HISTORY` samples (two minutes), each the JSON of the
+  few `WorkerStats` fields the live view's charts draw (`stats.CHARTED`), oldest first; the live view sends
+  it to a browser at load so that its charts start full.
 - `auth` — a pub/sub channel, not a key: `session:KEY` or `user:ID`, published after a commit that deleted
   that session or saved or deleted that user; processes serving sockets then check theirs at once
   (`webui.socket_auth`).
@@ -49,6 +55,10 @@ def k_seen(model: str) -> str:
     return f"{PREFIX}seen:{model}"
 
 
+def k_gone(worker: str) -> str:
+    return f"{PREFIX}gone:{worker}"
+
+
 def k_queue(model: str) -> str:
     return f"{PREFIX}queue:{model}"
 
@@ -67,6 +77,10 @@ def k_cancel(req_id: str) -> str:
 
 def k_stats(worker: str) -> str:
     return f"{PREFIX}stats:{worker}"
+
+
+def k_stats_history(worker: str) -> str:
+    return f"{PREFIX}stats-history:{worker}"
 
 
 K_SETTINGS = f"{PREFIX}settings"
@@ -200,11 +214,13 @@ def cancelled_at(r: redis.Redis, req_id: str) -> float | None:
 
 # --- the worker registry -----------------------------------------------------------------------
 SEEN_TTL = 300
+GONE_TTL = 3600
 
 
 def register(r: redis.Redis, name: str, info: dict, ttl: float) -> None:
     p = r.pipeline(transaction=False)
     p.set(k_worker(name), json.dumps(info), px=int(ttl * 1000))
+    p.delete(k_gone(name))
     for m in info.get("models", []):
         p.set(k_seen(m["name"]), name, ex=SEEN_TTL)
     p.execute()
@@ -217,6 +233,17 @@ def unregister(r: redis.Redis, name: str, boot: str) -> None:
         for m in json.loads(raw).get("models", []):
             forget(r, m["name"], name)
         r.delete(k_worker(name))
+        r.set(k_gone(name), json.loads(raw).get("hostname") or "", ex=GONE_TTL)
+
+
+async def gone(r) -> dict[str, str]:
+    """{worker name: its host} of the workers that stopped cleanly and have not registered since."""
+    out = {}
+    async for key in r.scan_iter(match=k_gone("*"), count=100):
+        host = await r.get(key)
+        if host is not None:
+            out[key[len(k_gone("")) :]] = host
+    return out
 
 
 def forget(r: redis.Redis, model: str, worker: str) -> None:

@@ -18,7 +18,8 @@ A request's stream (`bus.k_events`) carries, in order:
 - `Final` {finish_reason, usage (reasoning_tokens: those of the completion that wrote reasoning), timings
   (with the expert cache hit rate), load_duration, logprobs?,
   tool_calls?, cancel_latency?, tokens_after_cancel?}: finish_reason "tool_calls" when the answer ended
-  with at least one tool call, whose parsed arguments are in `tool_calls` [{id, name, arguments}];
+  with at least one tool call, whose parsed arguments are in `tool_calls` [{id, name, arguments}], and
+  "repetition" when the repetition guard stopped an answer that ended in a loop (the APIs say "stop");
 - `Error` {status, code, param, message} instead of `Start`, or after it when something broke.
 
 `WorkerStats` is the worker's once-a-second summary for the live view (not on a request's stream).
@@ -139,7 +140,7 @@ class Timings(_Event):
 
 class Final(_Event):
     t: Literal["final"] = "final"
-    finish_reason: str  # stop, length, cancelled, tool_calls; load, unload for the control kinds
+    finish_reason: str  # stop, length, cancelled, tool_calls, repetition; load, unload for the control kinds
     usage: Usage | None = None
     timings: Timings | None = None
     load_duration: float = 0.0

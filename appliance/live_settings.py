@@ -5,8 +5,7 @@ it at every heartbeat (`Board.read_settings`) and takes the names it owns:
 
 - `keep_alive` (what `RKMOJO_KEEP_ALIVE` sets: seconds, or a duration like "30m"; negative: forever)
   applies at once, to the loaded models that follow the default too;
-- `prompt_cache_days` and `prompt_cache_max` apply at once too: each model's prompt cache is opened again
-  with the new limits at its next use;
+- `prompt_cache_days` and `prompt_cache_max` apply at once too: each open prompt cache prunes to them;
 - `pull_from_lan` applies to the next install: its URL pull's policy (`inference.pull.PullPolicy`);
 - the engine's options (`inference.engine.EngineConfig`: expert_slots, prefetch, kv_dtype, threads,
   context, memory_budget, …), checked by their schema, apply at the next load of a model: a loaded

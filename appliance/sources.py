@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import urllib.parse
 from pathlib import Path
 
 REPO_ID = re.compile(r"[\w.-]+/[\w.-]+")
@@ -29,9 +30,12 @@ def local_path(source: str, import_dir: Path) -> Path | None:
     """The file a local source names (inside `import_dir`), or None for a repository id or URL.
 
     Raises:
-        SourceError: another URL scheme, a path outside `import_dir`, or neither a path nor a repo id.
+        SourceError: another URL scheme, a URL that names no file (it ends in "/"), a path outside
+            `import_dir`, or neither a path nor a repo id.
     """
     if source.startswith(("http://", "https://")):
+        if not urllib.parse.urlsplit(source).path.rsplit("/", 1)[-1]:
+            raise SourceError(f"{source}: the URL names no file; give the .gguf file's URL")
         return None
     if "://" in source or source.startswith("file:"):
         raise SourceError(f"{source.split(':', 1)[0]}: URLs are taken as http:// or https:// only")

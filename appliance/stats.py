@@ -5,7 +5,9 @@ queue, tokens per second, the last time to first token, the expert cache's hit r
 over the last second, where its memory goes, the machine (CPU, load, temperatures, clock) and the
 expert heatmap of a loaded model whose experts stream. `Sampler.run(stop)` is the worker's
 `rkmojo-stats` thread: it samples once a second, writes the summary to `bus.k_stats` (EX 5) and sends it
-to the Channels group `bus.LIVE_GROUP` as `{"type": "live.stats", "stats": <the encoded event>}`.
+to the Channels group `bus.LIVE_GROUP` as `{"type": "live.stats", "stats": <the encoded event>}`. It also
+appends the charted fields (`CHARTED`) to a ring of the last `HISTORY` samples (`bus.k_stats_history`, a
+capped list), which the live view sends a browser at load so that its charts start with two minutes.
 
 The sampler only reads: the board's fields and the loaded engines' counters, never under the engine
 lock, so a running generation never waits for it (a counter may be one request behind). Rates are
@@ -15,6 +17,7 @@ one tried: the live view never stops a worker.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -32,6 +35,9 @@ log = logging.getLogger("rkmojo.stats")
 INTERVAL = 1.0  # seconds between samples
 TTL = 5  # seconds `stats:NAME` outlives its worker's last sample
 HALF_LIFE = 30.0  # seconds: the heatmap's counts halve over this long
+HISTORY = 120  # samples in the charts' ring: two minutes at one a second
+# the WorkerStats fields the live view charts: a ring entry is the JSON object of these (no heatmap: small)
+CHARTED = ("at", "tokens_per_s", "ttft", "expert_hit_rate", "disk_mb_per_s")
 THROTTLE = 0.9  # a busy core below this share of its maximum clock counts as throttled
 
 
@@ -151,6 +157,30 @@ class HeatmapWindow:
         )
 
 
+# --- the charts' ring --------------------------------------------------------------------------
+def remember(r, stats: WorkerStats) -> None:
+    """Append `stats`' charted fields to its worker's ring, kept to the last `HISTORY` (`r`: a sync Redis
+    client or pipeline). The ring outlives its worker by as long as it spans."""
+    key = bus.k_stats_history(stats.worker)
+    r.rpush(key, json.dumps({f: getattr(stats, f) for f in CHARTED}))
+    r.ltrim(key, -HISTORY, -1)
+    r.expire(key, int(HISTORY * INTERVAL) + TTL)
+
+
+def history(raw: list) -> list[dict]:
+    """A ring as read from Redis (`LRANGE`): its points, oldest first, each with the `CHARTED` fields; an
+    unreadable entry is left out."""
+    out = []
+    for item in raw:
+        try:
+            point = json.loads(item)
+        except ValueError:
+            continue
+        if isinstance(point, dict) and isinstance(point.get("at"), (int, float)):
+            out.append({f: point.get(f) for f in CHARTED})
+    return out
+
+
 # --- the sampler ---------------------------------------------------------------------------------
 class Sampler:
     """Builds a board's `WorkerStats` (see the module docstring); `sysfs` is /sys unless a test fakes it."""
@@ -223,12 +253,16 @@ class Sampler:
         return None
 
     def publish(self, stats: WorkerStats) -> None:
-        """Write the summary to `bus.k_stats` and send it to the live view's Channels group."""
+        """Write the summary to `bus.k_stats` and its charted fields to the ring, and send it to the live
+        view's Channels group."""
         from asgiref.sync import async_to_sync
         from channels.layers import get_channel_layer
 
         text = encode(stats)
-        self.board.r.set(bus.k_stats(stats.worker), text, ex=TTL)
+        pipe = self.board.r.pipeline()
+        pipe.set(bus.k_stats(stats.worker), text, ex=TTL)
+        remember(pipe, stats)
+        pipe.execute()
         layer = get_channel_layer()
         if layer is not None:
             async_to_sync(layer.group_send)(bus.LIVE_GROUP, {"type": "live.stats", "stats": text})

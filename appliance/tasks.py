@@ -11,6 +11,12 @@ from the KV cache are in neither): (0, total) first, then after each prefill chu
 [Loading], Start, Embeddings, Final. (`Queued` is the web side's: `webui.api.jobs`.) A chat's Deltas carry
 their channel (content or reasoning), its tool calls come as ToolCallDelta pieces and, parsed, in Final.
 
+A generation's payload: {id, kind (chat, complete, embed, load, unload), model, messages (chat) or prompt,
+params (`SamplingParams` fields), session?, keep_alive?, template?, defaults?}. `defaults` are the chat
+page's (`tunables.chat_defaults`: repetition_guard, max_tokens) for the fields `params` leave unset, over
+the worker's own (`RKMOJO_<FIELD>`); its max_tokens is a cap, fitted to the room the prompt leaves in the
+context, where an explicit max_tokens that does not fit is refused.
+
 While a task computes it keeps the board's live-view fields current (`Board.state`: loading, prefill with
 `Board.prefill`, decoding, embedding; `Board.tokens`; `Board.last_ttft`) for the stats thread.
 
@@ -56,6 +62,7 @@ from .worker import board
 
 log = logging.getLogger("rkmojo.tasks")
 PREFILL_EVENT_INTERVAL = 0.25  # seconds between two prefill progress events (the last one always goes)
+VERIFY_EVENT_INTERVAL = 0.1  # seconds between two verify progress events (a new group always goes)
 
 
 class RequestError(Exception):
@@ -194,16 +201,23 @@ def _generate(b, eng, req: dict, load_s: float) -> None:
             cancel_seen["at"], cancel_seen["tokens"], cancel_seen["seen"] = at, n_tokens, time.time()
         return True
 
-    params = SamplingParams.from_any(_params(b.cfg.get("SAMPLING", {}), req), cancel=cancelled)
+    page = dict(req.get("defaults") or {})  # the chat page's, for what its conversation leaves unset
+    cap = page.pop("max_tokens", None)
+    params = SamplingParams.from_any(_params({**b.cfg.get("SAMPLING", {}), **page}, req), cancel=cancelled)
     tok = eng.tokenizer
     ids = eng.chat_prompt(req["messages"], params) if chat else tok.encode(req["prompt"])
+    if cap and (req.get("params") or {}).get("max_tokens") is None and len(ids) < eng.context_length:
+        params.max_tokens = min(int(cap), eng.context_length - len(ids))  # a default fits what is left
     ld = b.loaded[name]
-    if ld.dirty and common_prefix(np.asarray(ids), np.asarray(eng.tokens)) < len(eng.tokens):
-        b.save_state(name)  # the engine's conversation is about to be cut short: keep it for later
+    shared = common_prefix(np.asarray(ids), np.asarray(eng.tokens))
+    # another conversation (or an earlier point of this one) is about to cut the engine's short: keep it for
+    # later. A prompt that extends the last one continues its conversation: the state it leaves covers it.
+    if ld.dirty and shared < min(ld.prompt, len(eng.tokens)):
+        b.save_state(name)
     b.prompt_cache(name).restore(eng, ids)
     # checks the parameters and the context before any compute
     events = eng.generate(ids, params, progress=_prefill_reporter(b, rid), chat=chat)
-    ld.dirty, ld.session = True, req.get("session")
+    ld.dirty, ld.session, ld.prompt = True, req.get("session"), len(ids)
     bus.emit(b.r, rid, Start(prompt_tokens=len(ids), load_duration=load_s))
     # tokens are counted as reasoning when the text they complete is (the first TextDelta after them)
     n_tokens, counted, reasoning_tokens, pending_lp = 0, 0, 0, []
@@ -324,14 +338,16 @@ def _install(b, req: dict, node: str) -> None:
     rid, name, source = req["id"], req["name"], req["source"]
     stop = threading.Event()
     try:
-        out = b.models_dir / name
-        if out.exists():
-            raise RequestError(409, f"model {name!r} is already installed on {b.name}; delete it first")
-        threading.Thread(target=_watch_pull, args=(b, rid, out, stop), daemon=True).start()
         try:
             local = local_path(source, settings.RKMOJO["IMPORT_DIR"])
         except SourceError as e:
             raise RequestError(400, str(e), param="model") from None
+        if not name or "/" in name or name.startswith("."):
+            raise RequestError(400, f"{source}: no model name to install it as; give the .gguf file's URL")
+        out = b.models_dir / name
+        if out.exists():
+            raise RequestError(409, f"model {name!r} is already installed on {b.name}; delete it first")
+        threading.Thread(target=_watch_pull, args=(b, rid, out, stop), daemon=True).start()
         bus.emit(b.r, rid, Progress(status=f"pulling {source}"))
         if local is not None:
             from inference.convert import convert
@@ -347,6 +363,8 @@ def _install(b, req: dict, node: str) -> None:
                 progress=False,
                 cancel=lambda: bus.cancelled_at(b.r, rid) is not None,  # the panel's Cancel
                 policy=PullPolicy(lan=b.cfg["PULL_FROM_LAN"]),
+                # "connection failed, retry 2 of 6 in 1.1 s": one wording whatever the port (the policy's rule)
+                on_retry=lambda why: bus.emit(b.r, rid, Progress(status=f"pulling {name}: {why}")),
             )
         stop.set()
         bus.emit(b.r, rid, Progress(status="verifying"))
@@ -358,7 +376,7 @@ def _install(b, req: dict, node: str) -> None:
         with b.lock:
             b.scan()
         b.heartbeat()
-        b.caches.pop(name, None)
+        b.close_caches(name)
         from .celery import app
 
         app.control.add_consumer(bus.model_queue(name), destination=[node], reply=False)
@@ -413,6 +431,7 @@ def delete(req: dict) -> None:
             bus.emit(b.r, rid, RequestError(404, f"model {name!r} not found on {b.name}").event())
             return
         b.unload(name)
+        b.close_caches(name)  # its writes finish before its directory goes
         path = b.models_dir / name
         if path.is_symlink():
             path.unlink()
@@ -420,7 +439,7 @@ def delete(req: dict) -> None:
             shutil.rmtree(path)
         shutil.rmtree(Path(settings.PROMPT_CACHE_DIR) / name, ignore_errors=True)
         b.popularity_path(name).unlink(missing_ok=True)
-        b.caches.pop(name, None)
+        b.verify_path(name).unlink(missing_ok=True)
         b.scan()
     bus.forget(b.r, name, b.name)
     b.heartbeat()
@@ -433,6 +452,11 @@ def delete(req: dict) -> None:
 
 @shared_task(name="rkmojo.verify", ignore_result=True)
 def verify(req: dict) -> None:
+    """Check every digest of a model's store: Start, Progress… ("verifying dense tensors", "verifying
+    experts/layer_07.bin", bytes done of all, at most `VERIFY_EVENT_INTERVAL` apart but at each new group),
+    then a last Progress saying "verified: …" and Final, or an Error 422 naming the first tensor or expert
+    that does not match. The result and its time are kept (`Board.save_verify`): the model's description
+    in the registration carries them as `verified`."""
     from inference.errors import RkmojoError
     from inference.store import Store
 
@@ -444,15 +468,35 @@ def verify(req: dict) -> None:
         return
     bus.emit(b.r, rid, Start())
     st = Store(b.models[name]["path"])
-    total, done = st.total_bytes(), [0]
+    total, done, what, last = st.total_bytes(), [0], ["the store"], [float("-inf")]
+
+    def emit(force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - last[0] >= VERIFY_EVENT_INTERVAL:
+            last[0] = now
+            bus.emit(b.r, rid, Progress(status=f"verifying {what[0]}", completed=min(done[0], total), total=total))
 
     def progress(n: int) -> None:
         done[0] += n
-        bus.emit(b.r, rid, Progress(status="verifying", completed=done[0], total=total))
+        emit()
 
+    def group(g: str) -> None:
+        what[0] = g
+        emit(force=True)
+
+    t0 = time.monotonic()
     try:
-        st.verify(progress=progress)
+        st.verify(progress=progress, group=group)
     except RkmojoError as e:
-        bus.emit(b.r, rid, RequestError(422, str(e)).event())
+        b.save_verify(name, st.digest, ok=False, message=str(e))
+        bus.emit(b.r, rid, RequestError(422, str(e), code="verify_failed").event())
         return
+    n_experts = sum(lay.n_experts for lay in st.expert_layers.values())
+    result = (
+        f"verified: {len(st.manifest['dense']['tensors'])} tensors"
+        + (f" and {n_experts} expert blobs" if n_experts else "")
+        + f" match their digests ({total / 2**20:.0f} MiB in {time.monotonic() - t0:.1f} s)"
+    )
+    b.save_verify(name, st.digest, ok=True, message=result)
+    bus.emit(b.r, rid, Progress(status=result, completed=total, total=total))
     bus.emit(b.r, rid, Final(finish_reason="stop"))

@@ -101,6 +101,23 @@ SERVICE: dict[str, Tunable] = {
             "bool",
         ),
         Tunable(
+            "chat_max_tokens",
+            1024,
+            "the chat page's answer length, in tokens, for a conversation that sets none: an answer stops there, "
+            "or where the context ends if that comes first (0: at the end of the context)",
+            "web",
+            lambda t: parse_int(t, 0),
+        ),
+        Tunable(
+            "chat_repetition_guard",
+            True,
+            "the chat page stops an answer that ends in a loop (a run of up to 64 tokens repeated over the last "
+            "128 or more) and says so, for a conversation that does not say otherwise",
+            "web",
+            parse_bool,
+            "bool",
+        ),
+        Tunable(
             "chat_open",
             False,
             "the chat page without signing in (for clients the API-key rule lets in)",
@@ -110,6 +127,17 @@ SERVICE: dict[str, Tunable] = {
         ),
     )
 }
+
+
+def chat_defaults(values) -> dict:
+    """What a chat-page request carries as its payload's `defaults` (`appliance.tasks`), from the settings in
+    effect (`webui.config.current()`, or any mapping of these names): the sampling fields its conversation
+    leaves unset. `max_tokens` is a cap the worker fits to the room left in the context."""
+    out = {"repetition_guard": bool(values["chat_repetition_guard"])}
+    if values["chat_max_tokens"]:
+        out["max_tokens"] = int(values["chat_max_tokens"])
+    return out
+
 
 # the engine options the settings page offers (the rest stay RKMOJO_* variables and CLI flags)
 ENGINE_NAMES = ("memory_budget", "expert_slots", "prefetch", "kv_dtype", "threads", "context")

@@ -6,9 +6,11 @@ serves, what is loaded, what runs, what it did with the saved settings), applies
 administrator saved (`live_settings`: keep-alive at once, engine options at the next load) and
 unloads models idle past their keep-alive. While no task runs it also fills a newly loaded model's
 expert caches with the experts most used before (`warm`, from `POPULARITY_DIR/NAME.npz`), and saves
-that popularity after use (at most once a minute, at unload and at shutdown). A stats thread (`stats.Sampler`) publishes the live view's
-`WorkerStats` once a second; it reads the board's fields below (`state`, `prefill`, `tokens`,
-`last_ttft`, which the tasks keep current) and the engines' counters, and never takes `lock`.
+that popularity after use (at most once a minute, at unload and at shutdown). It keeps each model's
+last verify (`verify/NAME.json` beside `prompt-cache/`), which its description in the registration
+carries. A stats thread (`stats.Sampler`) publishes the live view's `WorkerStats` once a second; it
+reads the board's fields below (`state`, `prefill`, `tokens`, `last_ttft`, which the tasks keep
+current) and the engines' counters, and never takes `lock`.
 
 Celery signals wire it up: `worker_init` scans the models directory and subscribes to one queue per
 model (`model.NAME`) and one for the board (`board.NAME`); `worker_ready` preloads a model and starts
@@ -17,6 +19,7 @@ the heartbeat; `worker_shutdown` unregisters.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -51,6 +54,7 @@ class Loaded:
     loaded_at: float
     expires_at: float | None  # None: kept until something else needs the memory
     dirty: bool = False  # its KV holds a sequence not yet saved as a prompt-cache file
+    prompt: int = 0  # the last request's prompt length (a request that extends it continues its conversation)
     session: str | None = None
     keep_alive: float | None = None  # the last request's own keep-alive; None: the worker's default
     used_at: float = 0.0  # when the last request finished (its expiry counts from here)
@@ -101,7 +105,8 @@ class Board:
 
         found = {}
         for m in list_models(self.models_dir)[0]:
-            found[m.name] = describe_model(m)
+            d = describe_model(m)
+            found[m.name] = {**d, "verified": self.last_verify(m.name, d["digest"])}
         self.models = found
         return found
 
@@ -152,14 +157,23 @@ class Board:
         return self.caches[name]
 
     def save_state(self, name: str) -> None:
-        """Save the engine's current conversation as a prompt-cache file if it is not saved yet."""
+        """Save the engine's current conversation as a prompt-cache file if it is not saved yet (its rows
+        are copied now and written by the cache's writer thread)."""
         ld = self.loaded.get(name)
         if ld is not None and ld.dirty:
             try:
-                self.prompt_cache(name).save(ld.engine, ld.session)
+                self.prompt_cache(name).save(ld.engine, ld.session, ld.prompt)
             except OSError as e:
                 log.warning("could not save the prompt cache of %s: %s", name, e)
             ld.dirty = False
+
+    def close_caches(self, *names: str) -> None:
+        """Finish the writes of these models' prompt caches (all when none is named) and forget them: they
+        open again, with the limits then in force, at their next use."""
+        for name in names or list(self.caches):
+            pc = self.caches.pop(name, None)
+            if pc is not None:
+                pc.close()
 
     def unload(self, name: str) -> bool:
         with self.lock:
@@ -208,6 +222,36 @@ class Board:
                     self.save_popularity(name)
         finally:
             self.lock.release()
+
+    # --- the last verify of each model: the model page shows it ----------------------------------------
+    def verify_path(self, name: str) -> Path:
+        return Path(self.cfg["PROMPT_CACHE_DIR"]).parent / "verify" / f"{name}.json"
+
+    def save_verify(self, name: str, digest: str, *, ok: bool, message: str) -> None:
+        """Keep a verify's result ({at, ok, message}) for the model's description, and register it now."""
+        path = self.verify_path(name)
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp")
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+                json.dump({"digest": digest, "at": time.time(), "ok": ok, "message": message}, f)
+            os.replace(tmp, path)
+        except OSError as e:  # a full disk: the result was shown, it is not remembered
+            log.warning("%s: the verify result was not saved: %s", name, e)
+        if name in self.models:
+            self.models[name]["verified"] = self.last_verify(name, digest)
+        self.heartbeat()
+
+    def last_verify(self, name: str, digest: str) -> dict | None:
+        """The last verify of the store `name` holds now ({at, ok, message}); None if never (or of an
+        earlier install: another digest)."""
+        try:
+            info = json.loads(self.verify_path(name).read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(info, dict) or info.get("digest") != digest:
+            return None
+        return {k: info.get(k) for k in ("at", "ok", "message")}
 
     # --- expert popularity: warm caches after a restart -------------------------------------------
     def popularity_path(self, name: str) -> Path:
@@ -283,7 +327,8 @@ class Board:
                     ld.expires_at = self._expiry(None, ld.used_at)
         if any(self.cfg[k] != v for k, v in res.prompt_cache.items()):
             self.cfg.update(res.prompt_cache)
-            self.caches.clear()  # each model's prompt cache opens again with the new limits at its next use
+            for pc in list(self.caches.values()):  # the open ones prune to the new limits in their writer thread
+                pc.limit(self.cfg["PROMPT_CACHE_MAX"], self.cfg["PROMPT_CACHE_DAYS"] * 86400)
         self.settings = res
 
     # --- registration --------------------------------------------------------------------------
@@ -299,6 +344,7 @@ class Board:
             "state": self.state,
             "prefill": self.prefill,
             "models": [{k: v for k, v in m.items() if k != "path"} for m in self.models.values()],
+            "context": self.configured_context(),  # the KV length the next load opens a model with
             "loaded": [
                 {
                     "name": n,
@@ -306,12 +352,19 @@ class Board:
                     "loaded_at": ld.loaded_at,
                     "expires_at": ld.expires_at,
                     "context": ld.engine.context_length,  # the limit its overflow errors name
+                    "configured_context": ld.engine.cfg.context,  # what it was opened with
                     **_backend(ld.engine),
                 }
                 for n, ld in list(self.loaded.items())
             ],
             "settings": self.settings.status([getattr(ld.engine, "cfg", None) for ld in list(self.loaded.values())]),
         }
+
+    def configured_context(self) -> int:
+        """The context the next load opens a model with (RKMOJO_CONTEXT, Settings → Context, else the default)."""
+        from inference.engine import EngineConfig
+
+        return int(self.cfg["ENGINE"].get("context") or EngineConfig.__dataclass_fields__["context"].default)
 
     def heartbeat(self) -> None:
         bus.register(self.r, self.name, self.info(), self.cfg["HEARTBEAT_TTL"])
@@ -344,6 +397,8 @@ class Board:
         for name, ld in list(self.loaded.items()):  # the next start warms its caches from these
             if ld.used_at > ld.popularity_saved:
                 self.save_popularity(name)
+            self.save_state(name)  # and a returning conversation restores its KV
+        self.close_caches()
 
     def queues(self) -> list[str]:
         return [bus.board_queue(self.name)] + [bus.model_queue(m) for m in sorted(self.models)]

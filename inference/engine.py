@@ -363,16 +363,33 @@ class Engine:
         """Write the current token ids and KV state to `path` (atomic)."""
         prompt_cache.save(path, self.store.digest, self.tokens, self.cache)
 
-    def load_prompt_cache(self, path) -> int:
-        """Restore the token ids and KV state from `path`; returns how many tokens it holds.
+    def snapshot_prompt_cache(self) -> prompt_cache.Snapshot:
+        """A copy of the current token ids and the KV rows that hold them, to write later
+        (`prompt_cache.write`) or restore (`load_prompt_cache`); the engine may go on meanwhile."""
+        return prompt_cache.snapshot(self.store.digest, self.tokens, self.cache)
+
+    def load_prompt_cache(self, source) -> int:
+        """Restore the token ids and KV state from a file or a `prompt_cache.Snapshot`; returns how many
+        tokens it holds. The file's KV capacity and precision need not be this engine's.
 
         Raises:
-            PromptCacheError: another store's file, truncated or corrupted; the current state is kept.
+            PromptCacheError: another store's file, truncated or corrupted, or more tokens than the
+                context holds; the current state is kept.
         """
+        if isinstance(source, prompt_cache.Snapshot):
+            snap, where = source, "prompt cache"
+            if snap.store != self.store.digest:
+                raise prompt_cache.PromptCacheError("prompt cache belongs to another model store")
+        else:
+            snap, where = prompt_cache.read(source, self.store.digest), str(source)
+        if len(snap.tokens) > self.context_length:
+            raise prompt_cache.PromptCacheError(
+                f"{where}: holds {len(snap.tokens)} tokens and the context holds {self.context_length}; prefill again"
+            )
         fresh = self.model.new_cache()
-        tokens = prompt_cache.load(path, self.store.digest, fresh)
-        self.cache, self.tokens = fresh, tokens
-        return len(tokens)
+        prompt_cache.restore(snap, fresh, where)
+        self.cache, self.tokens = fresh, snap.tokens.tolist()
+        return len(self.tokens)
 
     def close(self) -> None:
         self.backend.backend.close()

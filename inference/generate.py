@@ -3,7 +3,8 @@ check the request and return `decode(engine, …)`, the generator below; `Engine
 
 The events, in order: for each new token a `TokenEvent` (its id, and log-probabilities when asked)
 followed by a `TextDelta` when that token completes text that is safe to show (see
-`tokenizer.TextStream`); last, one `Final` with the finish reason, token counts and timings.
+`tokenizer.TextStream`); last, one `Final` with the finish reason (stop, length, cancelled, tool_calls, or
+repetition when `repetition_guard` found a loop), token counts and timings.
 
     for ev in engine.chat([{"role": "user", "content": "Hi"}], {"temperature": 0, "max_tokens": 64}):
         if isinstance(ev, TextDelta):
@@ -41,6 +42,39 @@ class EngineBusyError(RkmojoError):
     """A generation is already running on this engine."""
 
 
+# --- the repetition guard --------------------------------------------------------------------------
+LOOP_PERIOD = 64  # the longest loop, in tokens, the guard looks for
+LOOP_SPAN = 128  # a loop stops the answer when its repeats cover this many tokens, and 3 periods at least
+
+
+class RepetitionGuard:
+    """Whether the tokens generated so far end in a loop: for some period p ≤ `period`, each of the last
+    max(`span`, 3p) tokens equals the token p before it (so they are the same p tokens, over and over).
+
+    Why these bounds: 128 tokens of one token (p = 1: "=====", blank lines) or of a short phrase is no
+    prose; 3 back-to-back copies of a block of up to 64 tokens (a sentence, a line of code) is a model
+    stuck, where 2 may be a chorus or a repeated line. Longer loops (whole paragraphs) are not caught; the
+    answer's max_tokens ends those. Stopping costs at most `span` tokens or 3 periods past the loop's start.
+
+    Per period p it keeps the run length of the latest tokens that equal the token p before them; a new token
+    updates every period at once against the last `period` tokens: the same work per token (a few vector
+    operations of 64) however long the answer is.
+    """
+
+    def __init__(self, period: int = LOOP_PERIOD, span: int = LOOP_SPAN):
+        p = np.arange(1, period + 1)
+        self.need = np.maximum(span, 3 * p) - p  # run length at which period p's repeats cover the span
+        self.recent = np.full(period, -1, np.int64)  # recent[j]: the token j + 1 places back (-1: none yet)
+        self.run = np.zeros(period, np.int64)
+
+    def push(self, token: int) -> bool:
+        """Add the next generated token; True when the answer now ends in a loop."""
+        self.run = np.where(self.recent == token, self.run + 1, 0)
+        self.recent[1:] = self.recent[:-1]
+        self.recent[0] = token
+        return bool((self.run >= self.need).any())
+
+
 # --- the token loop: plain functions over an engine (Engine.chat/complete/generate call them) ----------
 def max_new_tokens(n_prompt: int, p: SamplingParams, context: int) -> int:
     """How many tokens a generation may add: `p.max_tokens`, or what is left of the context.
@@ -73,6 +107,7 @@ def decode(
     """
     tok = engine.tokenizer
     sampler = Sampler(p)
+    guard = RepetitionGuard() if p.repetition_guard else None
     stream: TextStream = tok.stream(p.stop, skip_special_tokens=not (plan and plan.keep_special))
     before = _expert_counts(engine.expert_stats)
     t0 = time.perf_counter()
@@ -112,6 +147,9 @@ def decode(
                 yield from _text(text, plan, pieces)
             if stream.stopped or end:
                 reason = "stop"
+                break
+            if guard is not None and guard.push(nxt):
+                reason = "repetition"
                 break
             if len(generated) >= max_tokens:
                 reason = "length"

@@ -76,9 +76,11 @@ def _base(tp: Any) -> Any:
 
 
 def allowed(tp: Any, spec: Spec) -> str:
-    """The range in words: `[0, 2]`, `(0, 1]`, `an integer ≥ 1`, `one of lfu, lru`."""
+    """The range in words: `[0, 2]`, `(0, 1]`, `an integer ≥ 1`, `one of lfu, lru`, `on or off`."""
     if spec.choices:
         return f"one of {', '.join(spec.choices)}"
+    if _base(tp) is bool:
+        return "on or off"
     lo, lo_open = (spec.gt, True) if spec.gt is not None else (spec.ge, False)
     hi, hi_open = (spec.lt, True) if spec.lt is not None else (spec.le, False)
     kind = "an integer" if _base(tp) is int else "a number"
@@ -172,7 +174,7 @@ def add_flags(group, cls: type, *, exclude: tuple[str, ...] = ()) -> None:
             if spec.choices
             else {
                 "type": str if spec.parse else _base(tp) if _base(tp) in (int, float) else str,
-                "metavar": CLI.spell(name).lstrip("-").replace("-", "_").upper(),
+                "metavar": "{on,off}" if _base(tp) is bool else CLI.spell(name).lstrip("-").replace("-", "_").upper(),
             }
         )
         group.add_argument(CLI.spell(name), dest=name, default=None, help=f"{spec.help} ({allowed(tp, spec)})", **kw)
@@ -198,6 +200,8 @@ def read_value(cls: type, name: str, value: Any, surface: Surface) -> Any:
     try:
         if isinstance(value, str) and spec.parse is not None:
             return check_value(cls, name, spec.parse(value))
+        if isinstance(value, str) and _base(tp) is bool:
+            return check_value(cls, name, parse_bool(value))
         if isinstance(value, str) and _base(tp) in (int, float):
             return check_value(cls, name, TypeAdapter(_base(tp)).validate_strings(value))
         return check_value(cls, name, value)
@@ -205,6 +209,20 @@ def read_value(cls: type, name: str, value: Any, surface: Surface) -> Any:
         raise ValueError(OptionError(name, value, allowed(tp, spec)).spelled(surface.spell(name))) from None
     except (RkmojoError, ValueError) as e:  # text the option's own parser refuses
         raise ValueError(f"{surface.spell(name)}={value!r}: {e}") from None
+
+
+def parse_bool(text: str) -> bool:
+    """An on/off option written as text: 1/true/yes/on or 0/false/no/off.
+
+    Raises:
+        ValueError: saying what it takes.
+    """
+    word = text.strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("write on or off (1/true/yes or 0/false/no)")
 
 
 def from_env(cls: type, environ: Mapping[str, str] | None = None, names: tuple[str, ...] | None = None) -> dict:

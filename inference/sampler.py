@@ -61,6 +61,8 @@ class SamplingParams:
         format: a JSON schema the answer must match (constrained decoding; `inference.structured`).
         think: a thinking model reasons before it answers; None: the template's default.
         logit_bias: token id → a number in [-100, 100] added to its logit before sampling.
+        repetition_guard: stop the answer, finish_reason "repetition", when it ends in a loop (see
+            `inference.generate.RepetitionGuard`); None or False: off (the chat page turns it on).
     """
 
     max_tokens: int | None = option(help="answer length limit (default: the context)", ge=1)
@@ -76,6 +78,10 @@ class SamplingParams:
     seed: int | None = option(help="same seed, prompt and parameters: same output", ge=0)
     stop: list[str] = field(default_factory=list)
     logprobs: int | None = option(help="log-probabilities of each token and this many alternatives", ge=0, le=20)
+    repetition_guard: bool | None = option(
+        help="stop an answer that ends in a loop: a run of ≤ 64 tokens repeated over the last 128 tokens or more "
+        "(3 times at least); finish reason repetition"
+    )
     cancel: Any = None
     template: dict = field(default_factory=dict)
     tools: list | None = None

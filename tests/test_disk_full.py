@@ -64,16 +64,16 @@ def test_a_prompt_cache_write_on_a_full_disk_says_so_and_leaves_nothing(small_di
     from inference.engine import Engine
 
     engine = Engine.open(smollm2_store, context=256, threads=1)
-    engine.forward(np.arange(1, 40))
-    disk = small_disk(2)  # the KV at 256 positions is ~12 MB
+    engine.forward(np.arange(1, 200))
+    disk = small_disk(2)  # the KV rows of 199 positions are ~4.6 MB
     with pytest.raises(DiskFullError, match="the disk is full; the prompt cache was not saved"):
         engine.save_prompt_cache(disk / "a.pc")
     assert list(disk.iterdir()) == []
     # the worker's index of prompt caches: no .kv without its .json, no half-written .json
     cache = PromptCache(disk, "smollm2", max_bytes=2**30, max_age=3600)
-    with pytest.raises(DiskFullError):
-        cache.save(engine, "session-1")
-    assert [p.name for p in (disk / "smollm2").iterdir()] == []
+    cache.save(engine, "session-1")  # written by the cache's writer thread, which logs the failure
+    cache.flush()
+    assert [p.name for p in (disk / "smollm2").iterdir()] == [] and not cache.entries
 
 
 def django(env: dict, *args: str) -> subprocess.CompletedProcess:
@@ -86,7 +86,7 @@ def test_the_database_on_a_full_disk_refuses_clearly_and_stays_whole(small_disk)
 
     data = small_disk(3)
     env = processes.base_env(
-        RKMOJO_DATA=str(data), REDIS_URL="redis://127.0.0.1:1/0", RKMOJO_SETUP_TOKEN_FILE=str(data / "setup-token")
+        RKMOJO_DATA=str(data), REDIS_URL="redis://127.0.0.1:6379/15", RKMOJO_SETUP_TOKEN_FILE=str(data / "setup-token")
     )
     env = {k: v for k, v in env.items() if k != "DATABASE_URL"}
     assert django(env, "migrate", "--noinput", "-v", "0").returncode == 0

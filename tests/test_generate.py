@@ -213,3 +213,37 @@ def test_the_expert_hit_rate_of_a_streaming_engine_is_reported(moe_store):
         e.close()
     assert final.usage.completion_tokens + (final.finish_reason == "stop") >= 1
     assert 0.0 <= final.timings.expert_hit_rate <= 1.0
+
+
+# --- the repetition guard ---------------------------------------------------------------------------------
+def loop_stops_at(tokens) -> int | None:
+    """How many tokens a `RepetitionGuard` takes of `tokens` before it calls a loop (None: never)."""
+    from inference.generate import RepetitionGuard
+
+    guard = RepetitionGuard()
+    return next((i + 1 for i, t in enumerate(tokens) if guard.push(int(t))), None)
+
+
+def test_the_guard_stops_a_loop_once_it_covers_128_tokens_and_three_periods():
+    rng = np.random.default_rng(0)
+    lead = list(rng.integers(1000, 2000, 37))  # the answer before it loops
+    for period, span in [(1, 128), (2, 128), (7, 128), (43, 129), (50, 150), (64, 192)]:
+        block = list(range(3000, 3000 + period))  # distinct tokens: no shorter period
+        assert loop_stops_at(lead + block * 400) == len(lead) + span, period
+
+
+def test_the_guard_lets_prose_two_copies_and_loops_longer_than_64_pass():
+    rng = np.random.default_rng(1)
+    assert loop_stops_at(rng.integers(0, 50, 5000)) is None  # a small vocabulary repeats, never for long
+    block = list(range(100, 164))
+    assert loop_stops_at(block * 2 + list(range(200, 400))) is None  # a repeated line, a chorus
+    assert loop_stops_at(list(range(500, 600)) * 10) is None  # a loop of 100 tokens: max_tokens ends those
+
+
+def test_a_looping_answer_stops_with_finish_reason_repetition_when_guarded(engine):
+    prompt = "The cat sat on the mat. " * 12  # the demo model goes on saying it
+    ids, _, final = run(engine.complete(prompt, {"temperature": 0, "max_tokens": 300, "repetition_guard": True}))
+    assert final.finish_reason == "repetition"
+    assert 128 <= len(ids) < 140 and final.text.count("The cat sat on the mat.") >= 10
+    ids, _, final = run(engine.complete(prompt, {"temperature": 0, "max_tokens": 160}))  # off by default
+    assert final.finish_reason == "length" and len(ids) == 160

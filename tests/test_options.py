@@ -62,6 +62,17 @@ def test_flags_and_environment_come_from_the_same_declaration():
         options.from_env(SamplingParams, {"RKMOJO_SEED": "x"})
 
 
+def test_an_on_off_option_reads_words_on_every_surface():
+    p = argparse.ArgumentParser()
+    options.add_flags(p, SamplingParams)
+    assert options.from_flags(SamplingParams, p.parse_args(["--repetition-guard", "on"])) == {"repetition_guard": True}
+    assert options.from_env(SamplingParams, {"RKMOJO_REPETITION_GUARD": "no"}) == {"repetition_guard": False}
+    with pytest.raises(ValueError, match=r"^RKMOJO_REPETITION_GUARD='maybe': write on or off"):
+        options.from_env(SamplingParams, {"RKMOJO_REPETITION_GUARD": "maybe"})
+    with pytest.raises(OptionError, match=r"allowed: on or off$"):
+        SamplingParams(repetition_guard=1)  # JSON's true, not a number
+
+
 def test_an_engine_applies_its_thread_count_and_activations_to_its_own_compute_only():
     before = kernels.get_threads(), kernels.get_activations()
     other = "q8" if before[1] != "q8" else "f32"

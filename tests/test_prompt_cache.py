@@ -1,4 +1,5 @@
-"""Prompt-cache files: continuing from one equals never stopping; bad files are refused, never used."""
+"""Prompt-cache files: continuing from one equals never stopping; a file restores into a KV cache of any
+capacity and either precision; bad files are refused, never used."""
 
 import numpy as np
 import pytest
@@ -68,7 +69,88 @@ def test_files_from_another_store_or_damaged_are_refused_and_the_state_kept(stor
     (tmp_path / "c.pc").write_bytes(bytes(flipped))
     with pytest.raises(PromptCacheError, match="truncated or corrupted"):
         e.load_prompt_cache(tmp_path / "c.pc")
-    with pytest.raises(PromptCacheError, match="other KV settings"):
-        Engine.open(a, chunk=8).load_prompt_cache(tmp_path / "a.pc")
-    with pytest.raises(PromptCacheError, match="KV precision"):
-        Engine.open(a, kv_dtype="f32").load_prompt_cache(tmp_path / "a.pc")
+
+
+def test_a_file_restores_into_a_cache_of_another_capacity(stores, tmp_path):
+    """The soak's failure: full layers grown past their first 256 rows, restored into a fresh cache (256
+    rows), and rings sized by another prefill chunk."""
+    a, _ = stores
+    ids = np.random.default_rng(4).integers(0, 512, 300)
+    e1 = Engine.open(a, chunk=16)
+    logits = e1.forward(ids)[-1]
+    assert any(l.cap > 256 for l in e1.cache.layers if not l.window)  # grown
+    e1.save_prompt_cache(tmp_path / "s.pc")
+    whole = continue_greedy(e1, logits, 12)
+    for chunk in (16, 8, 64):
+        e2 = Engine.open(a, chunk=chunk)
+        assert e2.load_prompt_cache(tmp_path / "s.pc") == 300
+        logits2, reused = e2.prefill(list(ids))
+        assert reused == 299
+        np.testing.assert_allclose(logits2, logits, rtol=1e-4, atol=1e-4)
+        if chunk == 16:  # the same layout: bit for bit
+            assert np.array_equal(logits2, logits)
+        assert continue_greedy(e2, logits2, 12) == whole
+
+
+def test_either_kv_precision_restores_into_the_other(stores, tmp_path):
+    a, _ = stores
+    ids = np.random.default_rng(5).integers(0, 512, 40)
+    f32 = Engine.open(a, kv_dtype="f32")
+    f32.forward(ids)
+    f32.save_prompt_cache(tmp_path / "f32.pc")
+    f16 = Engine.open(a, kv_dtype="f16")
+    logits16 = f16.forward(ids)[-1]
+    f16.save_prompt_cache(tmp_path / "f16.pc")
+
+    # f32 → f16 rounds each row as an f16 cache rounds what it appends (the first layer's rows, computed
+    # from the embeddings alone, are the f16 engine's own; later ones saw f32 keys upstream)
+    e = Engine.open(a, kv_dtype="f16")
+    e.load_prompt_cache(tmp_path / "f32.pc")
+    assert all(l.k.dtype == np.float16 for l in e.cache.layers)
+    mine, theirs = e.cache.layers[0], f16.cache.layers[0]
+    assert np.array_equal(mine.pos, theirs.pos) and np.array_equal(mine.k, theirs.k)
+    logits, reused = e.prefill(list(ids))
+    assert reused == 39
+    np.testing.assert_allclose(logits, logits16, rtol=1e-2, atol=1e-2)
+
+    # f16 → f32 widens: the history keeps f16's rounding, the rest is computed in f32
+    e = Engine.open(a, kv_dtype="f32")
+    e.load_prompt_cache(tmp_path / "f16.pc")
+    assert all(l.k.dtype == np.float32 for l in e.cache.layers)
+    logits, reused = e.prefill(list(ids))
+    assert reused == 39
+    np.testing.assert_allclose(logits, logits16, rtol=1e-2, atol=1e-2)
+
+
+def test_a_file_is_a_few_rows_not_the_whole_cache(stores, tmp_path):
+    a, _ = stores
+    e = Engine.open(a, kv_dtype="f32")
+    e.forward(np.arange(20))
+    e.save_prompt_cache(tmp_path / "a.pc")
+    # 20 positions × 4 layers × (K + V); the rings' and the full layers' empty rows are not written
+    per_token = sum(l.k.shape[0] * (l.k.shape[2] + l.v.shape[2]) * 4 + 8 for l in e.cache.layers)
+    assert (tmp_path / "a.pc").stat().st_size < 20 * per_token + 4096
+
+
+def test_a_file_longer_than_the_context_is_refused_naming_both(stores, tmp_path):
+    a, _ = stores
+    e = Engine.open(a)
+    e.forward(np.arange(40))
+    e.save_prompt_cache(tmp_path / "a.pc")
+    small = Engine.open(a, context=32)
+    with pytest.raises(PromptCacheError, match="holds 40 tokens and the context holds 32"):
+        small.load_prompt_cache(tmp_path / "a.pc")
+    assert small.tokens == []
+
+
+def test_a_snapshot_restores_without_a_file_and_is_its_own_copy(stores):
+    a, _ = stores
+    e = Engine.open(a)
+    ids = list(range(30))
+    logits = e.forward(ids)[-1]
+    snap = e.snapshot_prompt_cache()
+    e.reset()
+    e.forward(list(range(100, 130)))  # the engine goes on: the snapshot keeps its rows
+    e.load_prompt_cache(snap)
+    assert e.tokens == ids
+    assert np.array_equal(e.prefill(ids)[0], logits)

@@ -8,6 +8,7 @@ LAN tests, inside a network namespace as a LAN neighbour (root only), allowed by
 import ipaddress
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -20,7 +21,17 @@ import pytest
 import torch
 
 from inference.convert import convert
-from inference.pull import FAILED, REFUSED, DownloadFailed, PullError, PullLock, PullPolicy, PullRefused, pull
+from inference.pull import (
+    FAILED,
+    REFUSED,
+    DownloadFailed,
+    PullCancelled,
+    PullError,
+    PullLock,
+    PullPolicy,
+    PullRefused,
+    pull,
+)
 from inference.pull.policy import Kind, kind, resolve_host
 from inference.store import Store
 from hub_server import HubServer
@@ -180,10 +191,25 @@ def test_the_token_follows_no_redirect_to_another_host(server, tmp_path, monkeyp
     assert server.cdn_auth == 0 and any(r.startswith("/cdn/") for r in server.requests)
 
 
-def test_transient_errors_are_retried(server, tmp_path):
+def test_transient_errors_are_retried_and_each_retry_is_told(server, tmp_path):
     server.fail = 2
-    out = pull(REPO, tmp_path / "models", endpoint=server.url, progress=False)
+    told = []
+    out = pull(REPO, tmp_path / "models", endpoint=server.url, progress=False, on_retry=told.append)
     assert (out / "manifest.json").is_file()
+    assert [re.sub(r"in [\d.]+ s$", "in T s", t) for t in told] == [
+        "HTTP 503, retry 1 of 6 in T s",
+        "HTTP 503, retry 2 of 6 in T s",
+    ]
+
+
+def test_a_pull_waiting_to_retry_is_cancelled_at_once(server, tmp_path):
+    server.fail = 100
+    asked = time.monotonic()
+    with pytest.raises(PullCancelled):
+        pull(
+            REPO, tmp_path / "models", endpoint=server.url, progress=False, cancel=lambda: time.monotonic() > asked + 1
+        )
+    assert time.monotonic() - asked < 3  # not after the backoff's 30 s
 
 
 def test_two_pulls_of_one_name_cannot_run_at_once(server, tmp_path):
@@ -351,7 +377,7 @@ def test_an_open_and_a_closed_port_fail_with_one_message_and_leave_nothing(lan, 
     closed = lan.listen()
     closed_port = closed.getsockname()[1]
     closed.close()
-    errors = []
+    errors, told = [], []
     for port in (not_http.getsockname()[1], closed_port):
         with pytest.raises(DownloadFailed) as e:
             pull(
@@ -360,8 +386,10 @@ def test_an_open_and_a_closed_port_fail_with_one_message_and_leave_nothing(lan, 
                 progress=False,
                 retries=1,
                 policy=PullPolicy(lan=True),
+                on_retry=lambda t: told.append(re.sub(r"in [\d.]+ s$", "in T s", t)),
             )
         errors.append(str(e.value))
     not_http.close()
     assert errors == [FAILED, FAILED]
+    assert told == ["connection failed, retry 1 of 1 in T s"] * 2  # the retries tell nothing of the port either
     assert nothing_in(tmp_path / "models")

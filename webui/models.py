@@ -1,4 +1,4 @@
-"""API keys (stored hashed, each with a scope) and chat sessions with their messages."""
+"""API keys (stored hashed, each with a scope), chat sessions with their messages, and chat presets."""
 
 from __future__ import annotations
 
@@ -88,6 +88,10 @@ class ChatSession(models.Model):
     model = models.CharField(max_length=200)
     title = models.CharField(max_length=200, blank=True)
     source = models.CharField(max_length=20, default="api")  # openai | ollama | web
+    # an API session's key (None: made without one, or the key was deleted since); the panel's owner column
+    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="sessions")
+    # when its owner pinned it to the top of the chat page's list (None: not pinned)
+    pinned = models.DateTimeField(null=True, blank=True)
     digest = models.CharField(max_length=64, db_index=True, help_text="of the messages so far, reply included")
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
@@ -141,3 +145,26 @@ class Setting(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}={self.value!r}"
+
+
+class Preset(models.Model):
+    """A named system prompt and sampling set of one chat page user (or, with `RKMOJO_CHAT_OPEN`, of an
+    anonymous browser's session, as `ChatSession.visitor`), which a conversation takes on
+    (`webui.chat.presets`). The built-in presets every user sees live in code there, not in this table."""
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="presets"
+    )
+    visitor = models.CharField(max_length=64, blank=True, db_index=True)
+    name = models.CharField(max_length=100)
+    system = models.TextField(blank=True, help_text="the system prompt a conversation starts with")
+    params = models.JSONField(default=dict, blank=True, help_text="sampling options, as ChatSession.params")
+    created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["owner", "visitor", "name"], name="one_preset_per_name")]
+
+    def __str__(self) -> str:
+        return self.name

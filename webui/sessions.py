@@ -115,9 +115,11 @@ def record(
     *,
     reasoning: str = "",
     tool_calls=(),
+    api_key=None,
 ) -> str:
     """Store the exchange; returns the session id. `messages`: the worker's payload messages; `reply`,
-    `reasoning`: the answer's text and thinking; `tool_calls`: the calls it made (`tool_call` reads them)."""
+    `reasoning`: the answer's text and thinking; `tool_calls`: the calls it made (`tool_call` reads them);
+    `api_key`: the request's `ApiKey` (None without one), kept with a session this exchange starts."""
     answer = {"role": "assistant", "content": reply, "reasoning": reasoning, "tool_calls": list(tool_calls or ())}
     conversation = messages + [answer]
     rows = name_tool_results(list(map(stored, conversation)))
@@ -129,7 +131,11 @@ def record(
         if session is None:
             first_user = next((m.get("content") or "" for m in messages if m["role"] == "user"), "")
             session = ChatSession.objects.create(
-                model=model, source=source, title=str(first_user)[:80], digest=digest(conversation)
+                model=model,
+                source=source,
+                title=str(first_user)[:80],
+                digest=digest(conversation),
+                api_key=api_key,
             )
             start = 0
         else:

@@ -93,6 +93,8 @@ def setup(request: HttpRequest) -> HttpResponse:
         page = render(request, "webui/setup.html", {"form": SetupForm(), "locked": str(e)}, status=429)
         page["Retry-After"] = e.retry_after
         return page
+    except throttle.RedisUnavailable:  # tries could not be counted: refuse rather than let guesses through
+        return render(request, "webui/setup.html", {"form": form, "locked": throttle.REDIS_DOWN}, status=503)
     if not secrets.compare_digest(request.POST.get("token", "").strip().encode(), token.encode()):
         form.add_error("token", "This is not the setup token shown on the board's console.")
         return _page(request, form, 403)  # the try stays counted

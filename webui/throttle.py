@@ -201,6 +201,9 @@ def _settle(subjects: list[Subject], reply: list) -> None:
         raise Locked(subjects[which - 1], wait_ms / 1000)
 
 
+RedisUnavailable = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
+
 def attempt(subjects: list[Subject]) -> None:
     """Count a try before it is checked; `forgive` it if it was right. Raises: Locked, counting nothing."""
     _settle(subjects, _redis().eval(*_try_args(subjects, True)))
@@ -276,7 +279,7 @@ def _throttled(form: AuthenticationForm, check: Callable[[], dict]) -> dict:
     except Locked as e:
         form.locked = e
         raise ValidationError(str(e), code="locked") from None
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+    except RedisUnavailable:
         raise ValidationError(REDIS_DOWN, code="redis_unavailable") from None
     cleaned = check()  # a wrong password raises here, and its try stays counted
     forgive(subjects)

@@ -175,9 +175,14 @@ class KVCache:
         self.layers = layers
         self.offset = 0
 
+    def can_truncate(self, n: int) -> bool:
+        """Whether `truncate(n)` would succeed: n ≤ the positions held, and no ring has overwritten rows that
+        position n would still attend to."""
+        return n <= self.offset and all(l.can_truncate(n) for l in self.layers)
+
     def truncate(self, n: int) -> bool:
         """Keep only the first n positions; False (cache unchanged) when that is impossible."""
-        if n > self.offset or not all(l.can_truncate(n) for l in self.layers):
+        if not self.can_truncate(n):
             return False
         for l in self.layers:
             l.truncate(n)

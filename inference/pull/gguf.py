@@ -24,11 +24,12 @@ def pull_gguf(
     retries: int = 6,
     cancel=None,
     policy: PullPolicy | None = None,
+    on_retry=None,
 ) -> Path:
     """Download one GGUF file by URL (resumable, chunk digests), convert it into `out`, drop the download."""
     parsed = urllib.parse.urlsplit(url)
     label = parsed.path.rsplit("/", 1)[-1] or url
-    remote = Remote(url, label, token=token, retries=retries, cancel=cancel, policy=policy)
+    remote = Remote(url, label, token=token, retries=retries, cancel=cancel, policy=policy, on_retry=on_retry)
     staging = staging_dir(out)
     with staged(staging, out.name) as journal:
         size, etag = remote.size("")

@@ -9,6 +9,10 @@ Under a `PullPolicy` (`policy.py`) every connection, redirects included, goes to
 refused one raises `PullRefused` at once (no retry), and a connection that failed, was reset, timed out
 or did not speak HTTP gives up with `policy.FAILED`, one message whatever the port behind it; the reason
 goes to stderr (the worker's log) only. Without a policy the give-up names the reason.
+
+Each retry is told to `on_retry(message)` before the wait: "connection failed, retry 2 of 6 in 1.1 s"
+("HTTP 503, retry …" for a status; without a policy a connection failure names its reason,
+"connection refused, retry …"), so a caller can show that a pull is waiting, not stuck.
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ class Remote:
         retries: attempts after the first for transient failures.
         cancel: asked between blocks (at most every `CANCEL_POLL` s); True stops with `PullCancelled`.
         policy: the addresses it may connect to (None: any).
+        on_retry: called with a one-line message before each retry's wait (see the module docstring).
     """
 
     def __init__(
@@ -82,8 +87,10 @@ class Remote:
         timeout: float = 60.0,
         cancel: Callable[[], bool] | None = None,
         policy: PullPolicy | None = None,
+        on_retry: Callable[[str], None] | None = None,
     ):
         self.base = base.rstrip("/")
+        self.on_retry = on_retry
         self.label = label
         self.token = token
         self.retries = retries
@@ -145,7 +152,18 @@ class Remote:
         if retry_after and retry_after.isdigit():
             delay = max(delay, min(float(retry_after), 120.0))
         print(f"rkmojo pull: {file}: {why}; retrying in {delay:.1f} s", file=sys.stderr)
-        time.sleep(delay)
+        if self.on_retry is not None:
+            said = "connection failed" if connection and self.policy is not None else _short(why)
+            self.on_retry(f"{said}, retry {attempt + 1} of {self.retries} in {delay:.1f} s")
+        self._sleep(delay)
+
+    def _sleep(self, delay: float) -> None:
+        """Wait `delay` s before a retry, asking `cancel` meanwhile: a pull waiting to retry cancels at once."""
+        end = time.monotonic() + delay
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(left, CANCEL_POLL))
+            self._asked = 0.0
+            self.check_cancel()
 
     def _call(self, file: str, rng, read, *, optional: bool = False):
         """`read(response)` of a GET (ranged when `rng()` gives (start, end)), retried on transient failures."""
@@ -209,6 +227,15 @@ class Remote:
             return int(total), r.headers.get("ETag")
 
         return self._call(file, lambda: (0, 1), read)
+
+
+def _short(why: str) -> str:
+    """A failure's reason in a few words for a progress line: "connection refused", "timed out", "HTTP 503"."""
+    low = why.lower()
+    for words in ("connection refused", "connection reset", "name or service not known", "timed out"):
+        if words in low:
+            return words
+    return why.split(": ", 1)[-1] if why.startswith(("URLError", "OSError")) else why
 
 
 def _why(e: Exception) -> str:

@@ -170,6 +170,7 @@ def pull_repo(
     retries: int = 6,
     cancel=None,
     policy: PullPolicy | None = None,
+    on_retry=None,
 ) -> Path:
     """Install `repo` (a Hugging Face repository id) at `out`, converting as it downloads.
 
@@ -184,6 +185,7 @@ def pull_repo(
         retries=retries,
         cancel=cancel,
         policy=policy,
+        on_retry=on_retry,
     )
     source = {"type": "hf", "endpoint": endpoint, "repo": repo, "revision": revision}
     staging = staging_dir(out)

@@ -173,15 +173,19 @@ class Store:
         return lay.view(m[e * lay.stride : e * lay.stride + lay.blob_size])
 
     # --- verification ----------------------------------------------------------------------
-    def verify(self, progress=None) -> None:
+    def verify(self, progress=None, group=None) -> None:
         """Check every dense tensor and expert blob against its digest.
 
         Args:
             progress: optional callable(nbytes) called as data is checked.
+            group: optional callable(what) called as each group starts: "dense tensors", then each
+                expert file ("experts/layer_07.bin"), then "NPU graphs".
         Raises:
             ModelFormatError: naming the first tensor or layer/expert that does not match.
         """
         m = self._dense()
+        if group:
+            group("dense tensors")
         for name, spec in self.manifest["dense"]["tensors"].items():
             h = digest_bytes()
             for p in spec["parts"].values():
@@ -195,6 +199,8 @@ class Store:
                 )
         for layer, lay in sorted(self.expert_layers.items()):
             fm = self.expert_map(layer)
+            if group:
+                group(str(lay.path.relative_to(self.path)))
             for e in range(lay.n_experts):
                 blob = fm[e * lay.stride : e * lay.stride + lay.blob_size]
                 if digest_bytes(memoryview(blob)).hexdigest() != lay.digests[e]:
@@ -204,6 +210,8 @@ class Store:
                     )
                 if progress:
                     progress(lay.blob_size)
+        if group and any(True for _ in self.npu_files()):
+            group("NPU graphs")
         self.verify_npu(progress)
 
     def npu_files(self) -> Iterator[tuple[Path, str]]:

@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class Stack:
-    def __init__(self, base: Path, store: Path):
+    def __init__(self, base: Path, store: Path, **env: str):
+        """`env`: RKMOJO_* variables over the tests' own (a benchmark's RKMOJO_CONTEXT, say)."""
         self.base = base
         self.data = base / "data"
         (self.data / "models").mkdir(parents=True)
@@ -48,6 +49,7 @@ class Stack:
             RKMOJO_NO_WORKER_TIMEOUT="30",
             RKMOJO_SETUP_TOKEN_FILE=str(base / "setup-token"),
         )
+        self.env.update(env)
         subprocess.run(processes.migrate_argv(), env=self.env, cwd=ROOT, check=True)
         self.key = subprocess.run(
             [sys.executable, "-m", "django", "apikey", "create", "tests", "--scope", "admin"],

@@ -1,13 +1,9 @@
-"""The appliance's small pieces without the stack: settings helpers, keep-alive, API-key policy, prompt cache."""
-
-import os
-import time
+"""The appliance's small pieces without the stack: settings helpers, keep-alive, API-key policy."""
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from appliance import bus, env
-from appliance.promptcache import PromptCache
 from webui.api.common import key_required
 from webui.api.ollama import keep_alive_seconds
 
@@ -54,59 +50,6 @@ def test_api_keys_are_required_off_loopback_by_default():
 def test_redis_urls_become_kombu_broker_urls():
     assert bus.kombu_url("unix:///data/redis.sock?db=2") == "redis+socket:///data/redis.sock?virtual_host=2"
     assert bus.kombu_url("redis://10.0.0.5:6379/1") == "redis://10.0.0.5:6379/1"
-
-
-class FakeEngine:
-    def __init__(self, tokens, nbytes=1000):
-        self.tokens, self.nbytes, self.loaded = list(tokens), nbytes, None
-
-    def save_prompt_cache(self, path):
-        path.write_bytes(b"\0" * self.nbytes)
-
-    def load_prompt_cache(self, path):
-        self.loaded = path
-
-
-def test_the_prompt_cache_restores_the_longest_shared_prefix(tmp_path):
-    pc = PromptCache(tmp_path, "m", max_bytes=10**6, max_age=3600)
-    a = list(range(100, 140))
-    b = list(range(100, 120)) + list(range(500, 530))
-    pc.save(FakeEngine(a))
-    pc.save(FakeEngine(b))
-    pc.save(FakeEngine(a[:5]))  # too short to be worth a file
-    assert len(pc.entries) == 2
-    eng = FakeEngine(range(100, 110))
-    assert pc.restore(eng, b + [7, 8, 9]) == len(b) and eng.loaded.name.endswith(".kv")
-    eng = FakeEngine(a + [1])  # the engine already holds more of the prompt than any file: nothing loaded
-    assert pc.restore(eng, a + [1, 2]) == len(a) + 1 and eng.loaded is None
-    again = PromptCache(tmp_path, "m", max_bytes=10**6, max_age=3600)  # a restarted worker finds them
-    assert again.best(a + [1])[1] == len(a)
-
-
-def test_a_prompt_cache_file_cleared_meanwhile_is_forgotten_not_an_error(tmp_path):
-    class ReadingEngine(FakeEngine):
-        def load_prompt_cache(self, path):
-            self.loaded = path.read_bytes()  # as Engine.load_prompt_cache opens the file
-
-    pc = PromptCache(tmp_path, "m", max_bytes=10**6, max_age=3600)
-    a = list(range(100, 140))
-    pc.save(FakeEngine(a)).unlink()  # the panel's "Clear" while this worker still lists the file
-    eng = ReadingEngine(a[:10])
-    assert pc.restore(eng, a + [1]) == 10 and eng.loaded is None and not pc.entries
-
-
-def test_prompt_cache_files_expire_and_are_capped_oldest_first(tmp_path):
-    pc = PromptCache(tmp_path, "m", max_bytes=3500, max_age=3600)
-    paths = [pc.save(FakeEngine(range(k * 100, k * 100 + 20))) for k in range(3)]
-    for i, p in enumerate(paths):
-        os.utime(p, (time.time() - 100 + i, time.time() - 100 + i))
-    pc.save(FakeEngine(range(900, 920)))  # 4 × 1000 bytes > 3500: the oldest goes
-    assert [p.exists() for p in paths] == [False, True, True]
-    old = time.time() - 8 * 86400
-    os.utime(paths[1], (old, old))
-    PromptCache(tmp_path, "m", max_bytes=10**6, max_age=7 * 86400)  # a week unused: expired
-    assert not paths[1].exists() and not paths[1].with_suffix(".json").exists()
-    assert len(list(tmp_path.glob("m/*.kv"))) == 2
 
 
 def test_pull_sources_are_repo_ids_urls_or_files_of_the_import_directory(tmp_path):

@@ -1,5 +1,6 @@
-"""The live view's data on the real stack: the worker's stats in Redis and on the Channels group, a waiting
-request's place in the queue and its prefill progress on the chat socket, saved settings applied."""
+"""The live view's data on the real stack: the worker's stats in Redis (and their two-minute ring) and on the
+Channels group, a waiting request's place in the queue and its prefill progress on the chat socket, saved
+settings applied."""
 
 import asyncio
 import json
@@ -40,6 +41,20 @@ def test_the_worker_writes_its_stats_to_redis_within_three_seconds(stack):
     if "smollm2" in s.loaded:
         assert s.memory.dense > 0 and s.memory.kv > 0 and s.heatmap is None  # a dense model: no heatmap
     assert 0 < r.ttl(bus.k_stats("board-a")) <= 5
+
+
+def test_the_worker_keeps_a_ring_of_its_charted_stats_in_redis(stack):
+    from appliance.stats import CHARTED, HISTORY, history
+
+    r = stack.r()
+    key = bus.k_stats_history("board-a")
+    r.delete(key)
+    stack.wait_until(lambda: r.llen(key) >= 3, timeout=6)
+    points = history(r.lrange(key, 0, -1))
+    assert 3 <= len(points) <= HISTORY and all(set(p) == set(CHARTED) for p in points)
+    ats = [p["at"] for p in points]
+    assert ats == sorted(ats) and 0.5 < (ats[-1] - ats[0]) / (len(ats) - 1) < 1.5  # one a second, oldest first
+    assert HISTORY < r.ttl(key) <= HISTORY + 5  # outlives the worker by as long as it spans
 
 
 def test_a_live_group_member_receives_the_stats_about_once_a_second(django_for_stack):

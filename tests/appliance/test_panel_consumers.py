@@ -1,6 +1,6 @@
 """The panel's WebSockets through Channels' communicator on the real ASGI application: the live view is for
-staff from this server's origin, sends the latest stats at connect, forwards the live group at most twice a
-second per worker; a job socket follows a board job to its end."""
+staff from this server's origin, sends each worker's last two minutes and its latest stats at connect,
+forwards the live group at most twice a second per worker; a job socket follows a board job to its end."""
 
 import asyncio
 import time
@@ -56,9 +56,9 @@ def test_the_live_socket_sends_the_latest_stats_then_the_group_throttled(staff_c
         ws = socket("/ws/panel/live/", staff_cookie)
         assert (await ws.connect())[0]
         got = []
-        while not any(m["worker"] == "board-live" for m in got):  # other workers' stats may come first
+        while not any(m["t"] == "stats" and m["worker"] == "board-live" for m in got):  # others' may come first
             got.append(await ws.receive_json_from(timeout=5))
-        latest = next(m for m in got if m["worker"] == "board-live")
+        latest = next(m for m in got if m["t"] == "stats" and m["worker"] == "board-live")
         assert latest["heatmap"]["experts"] == 32 and latest["memory"]["total"] == 8 * 2**30
 
         # ten samples within half a second: one goes out at once, the latest at the next slot, none between
@@ -74,7 +74,7 @@ def test_the_live_socket_sends_the_latest_stats_then_the_group_throttled(staff_c
             if await ws.receive_nothing(timeout=0.05, interval=0.01):
                 continue  # (a receive that times out would cancel the consumer)
             m = await ws.receive_json_from()
-            if m["worker"] == "board-other":
+            if m["t"] == "stats" and m["worker"] == "board-other":
                 seen.append((time.monotonic() - t0, m["oldest_wait"]))
         await pusher
         await ws.disconnect()
@@ -85,6 +85,35 @@ def test_the_live_socket_sends_the_latest_stats_then_the_group_throttled(staff_c
     assert 2 <= len(seen) <= 3, seen
     assert all(b[0] - a[0] >= 0.45 for a, b in zip(seen, seen[1:])), seen
     assert seen[-1][1] == sample("board-other", 11).oldest_wait  # the latest sample is the one sent
+
+
+def test_a_new_live_socket_gets_each_workers_last_two_minutes_before_its_latest_stats(staff_cookie, stack):
+    from appliance.stats import CHARTED, HISTORY, remember
+
+    r = stack.r()
+    r.delete("rkmojo:stats-history:board-past")
+    t0 = time.time() - 200
+    for step in range(HISTORY + 30):  # more than the ring keeps: the oldest fall out
+        s = sample("board-past", step)
+        remember(r, s.model_copy(update={"at": t0 + step}))
+    store(r, sample("board-past", 999))
+
+    async def scenario():
+        ws = socket("/ws/panel/live/", staff_cookie)
+        assert (await ws.connect())[0]
+        got = []
+        while not any(m["t"] == "stats" and m["worker"] == "board-past" for m in got):
+            got.append(await ws.receive_json_from(timeout=5))
+        await ws.disconnect()
+        return [m for m in got if m["worker"] == "board-past"]
+
+    history, latest = asyncio.run(scenario())
+    r.delete("rkmojo:stats:board-past", "rkmojo:stats-history:board-past")
+    assert history["t"] == "history" and latest["t"] == "stats"
+    points = history["points"]
+    assert len(points) == HISTORY and set(points[0]) == set(CHARTED)
+    assert [p["at"] for p in points] == [t0 + step for step in range(30, HISTORY + 30)]  # oldest first
+    assert points[-1]["tokens_per_s"] == sample("board-past", HISTORY + 29).tokens_per_s
 
 
 def test_a_job_socket_follows_a_verify_to_its_end(staff_cookie, stack):

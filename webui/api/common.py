@@ -320,8 +320,9 @@ async def collect(job) -> Answer:
     raise ApiError(500, "the worker's stream ended without a final event")
 
 
-async def record(source: str, model: str, messages: list[dict], answer: Answer) -> None:
-    """Store the exchange as an API chat session (`webui.sessions`); a failure is logged, never raised."""
+async def record(source: str, model: str, messages: list[dict], answer: Answer, key=None) -> None:
+    """Store the exchange as an API chat session (`webui.sessions`), with the request's API key (`request.api_key`,
+    which the panel names as the session's owner); a failure is logged, never raised."""
     from webui import sessions
 
     final = answer.final
@@ -334,6 +335,7 @@ async def record(source: str, model: str, messages: list[dict], answer: Answer) 
             final.usage_dict() if final else None,
             reasoning=answer.thinking,
             tool_calls=final.tool_calls or () if final else (),
+            api_key=key,
         )
     except Exception:  # the answer is delivered; a full disk must not turn it into an error
         log.exception("could not record the chat session")

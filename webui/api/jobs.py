@@ -12,6 +12,12 @@ them. `Queued` is the one event made here rather than by the worker: until a wor
 `events()` yields the number of requests ahead of it in its model's queue (`bus.queued`, oldest first)
 each time it changes, the first value included (a request claimed at once sees none).
 
+A model no live worker lists is a 404, unless Redis restarted (empty) within `RESTART_WINDOW` seconds and the
+model is known: installed in this machine's models directory while this machine's worker has not registered
+yet, or listed within `KNOWN_FOR` seconds by workers none of which has registered since. Such a model is a
+503 with Retry-After while its workers register again, not a 404 a client would take as final; a worker
+that registered again without it has deleted it meanwhile: 404.
+
 While it waits, `events()` renews the request's lease in the queue and watches the worker: a worker
 that took the request and then vanished (killed, its registration expired or replaced by a restarted
 worker's) ends the stream with an error event instead of a hang. So does losing Redis: a broken
@@ -22,8 +28,11 @@ connection, or a stream that vanished because Redis restarted empty, is an error
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 import uuid
+from dataclasses import dataclass
+from pathlib import Path
 from typing import AsyncIterator
 
 from asgiref.sync import sync_to_async
@@ -40,6 +49,9 @@ from .common import ApiError
 _CLIENTS: dict = {}
 STATUS = (Queued, Loading, PrefillProgress)  # what a request is waiting for; not part of its answer
 QUEUE_POLL_MS = 250  # how often a request not yet claimed looks at its place in the queue
+KNOWN_FOR = 600.0  # s a model listed by a worker stays known while that worker has not registered again
+RESTART_WINDOW = 120  # s after Redis started in which a known model no worker lists is a 503, not a 404
+_KNOWN: dict[str, tuple[float, frozenset]] = {}  # model → (when listed, by which workers), in this process
 
 
 def redis():
@@ -58,20 +70,53 @@ async def catalog() -> dict[str, list[dict]]:
     for w in await bus.workers(redis()):
         for m in w.get("models", []):
             out.setdefault(m["name"], []).append((w, m))
+    now = time.monotonic()
+    for name, found in out.items():
+        _KNOWN[name] = (now, frozenset(w["name"] for w, _ in found))
     return out
+
+
+async def known(name: str) -> bool:
+    """Whether `name`, which no live worker lists, should come back: Redis started within the last
+    `RESTART_WINDOW` seconds (it restarted, empty), and the model is installed in this machine's models
+    directory while no worker of this machine has registered yet, or was listed lately by workers none of
+    which has registered since (one that has, without it, deleted it meanwhile). A worker that stopped
+    cleanly since (`bus.gone`) will not register again soon: its models are not known."""
+    r = redis()
+    if (await r.info("server")).get("uptime_in_seconds", RESTART_WINDOW) >= RESTART_WINDOW:
+        return False  # no restart: a model no worker lists is gone
+    live, stopped = await bus.workers(r), await bus.gone(r)
+    here = socket.gethostname()
+    installed = "/" not in name and not name.startswith(".") and (Path(settings.MODELS_DIR) / name / "manifest.json")
+    if installed and installed.is_file() and here not in {w.get("hostname") for w in live} | set(stopped.values()):
+        return True
+    at, by = _KNOWN.get(name, (float("-inf"), frozenset()))
+    waiting = by - set(stopped)
+    return time.monotonic() - at <= KNOWN_FOR and bool(waiting) and not (by & {w["name"] for w in live})
 
 
 async def find_model(name: str) -> tuple[list[dict], dict]:
     """The workers serving `name` and its description (a restarting worker counts).
 
     Raises:
-        ApiError 404: no live worker serves it.
+        ApiError: 404 no live worker serves it; 503 with Retry-After when it is known (`known`) and its
+            workers have not registered yet.
     """
     if not isinstance(name, str) or not name:
         raise ApiError(400, "you must provide a model parameter", param="model", code="missing_required_parameter")
     found = (await catalog()).get(name)
     if not found and (worker := await bus.seen(redis(), name)):
         return [{"name": worker}], {"name": name}  # its worker is restarting: the request waits for it
+    if not found and await known(name):
+        wait = settings.RKMOJO["RETRY_AFTER"]
+        raise ApiError(
+            503,
+            f"The model '{name}' is installed but no worker has registered it yet (workers register again within "
+            f"seconds of a restart); retry after {wait} s",
+            param="model",
+            code="model_unavailable",
+            headers={"Retry-After": str(wait)},
+        )
     if not found:
         raise ApiError(
             404,
@@ -80,6 +125,53 @@ async def find_model(name: str) -> tuple[list[dict], dict]:
             code="model_not_found",
         )
     return [w for w, _ in found], found[0][1]
+
+
+@dataclass(frozen=True)
+class Context:
+    """A model's context on a worker, both figures named.
+
+    `configured` is the KV cache length the worker opens the model with (RKMOJO_CONTEXT, Settings →
+    Context); `model` the model's own maximum (its config's max_position_embeddings; None when it says
+    none). `tokens`, the smaller, is what a conversation may hold, prompt and answer: the figure the
+    chat page's gauge and the engine's overflow errors use.
+    """
+
+    configured: int
+    model: int | None
+
+    @property
+    def tokens(self) -> int:
+        return min(self.configured, self.model) if self.model else self.configured
+
+
+def context_of(worker: dict, desc: dict) -> Context:
+    """The context of the model `desc` (a worker's description of it) on `worker` (its registration): as
+    the loaded engine was opened, or as the worker's next load will open it."""
+    loaded = next((ld for ld in worker.get("loaded", []) if ld.get("name") == desc.get("name")), None)
+    if loaded is not None:
+        configured = loaded.get("configured_context") or loaded.get("context")
+    else:
+        configured = worker.get("context")
+    if not configured:  # a worker of an earlier version: the engine's default
+        from inference.engine import EngineConfig
+
+        configured = EngineConfig.__dataclass_fields__["context"].default
+    return Context(int(configured), int(desc.get("context") or 0) or None)
+
+
+async def model_context(name: str) -> Context:
+    """The context of `name` on the first live worker serving it.
+
+    Raises:
+        ApiError: as `find_model`.
+    """
+    found = (await catalog()).get(name)
+    if not found:
+        await find_model(name)  # raises the 404 or 503 of a model no worker lists
+        raise ApiError(404, f"The model '{name}' is not served by any worker", param="model")
+    worker, desc = found[0]
+    return context_of(worker, desc)
 
 
 class Job:

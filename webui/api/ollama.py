@@ -297,7 +297,8 @@ async def _answer(job, model: str, t0: float, piece, stream: bool, on_final=None
             raise ApiError.from_event(ev)
 
 
-DONE_REASONS = {"cancelled": "stop", "tool_calls": "stop"}  # Ollama ends an answer of tool calls with "stop"
+# Ollama ends an answer of tool calls with "stop"; it has no word for the repetition guard's stop either
+DONE_REASONS = {"cancelled": "stop", "tool_calls": "stop", "repetition": "stop"}
 
 
 def _tool_call(index: int, cid: str, name: str, arguments: dict) -> dict:
@@ -377,7 +378,7 @@ async def chat(request, body):
     await job.started()
 
     async def on_final(answer: Answer) -> None:
-        await record("ollama", model, messages, answer)
+        await record("ollama", model, messages, answer, request.api_key)
 
     return await _respond(job, model, t0, _chat_piece, req.stream is not False, on_final)
 

@@ -51,7 +51,7 @@ from .params import (
     seed_value,
 )
 
-FINISH = {"stop": "stop", "length": "length", "cancelled": "stop", "tool_calls": "tool_calls"}
+FINISH = {"stop": "stop", "length": "length", "cancelled": "stop", "tool_calls": "tool_calls", "repetition": "stop"}
 MAX_CHOICES = 8  # n: computed one after another on one board
 THINK_OFF = ("none", "minimal")  # reasoning_effort values that turn thinking off
 TEMPLATE_RESERVED = ("messages", "tools", "documents", "add_generation_prompt", "continue_final_message")
@@ -255,7 +255,7 @@ async def chat_completions(request, body):
             answers.append(await collect(run.job))
     finally:
         await run.close()
-    await record("openai", req.model, messages, answers[0])
+    await record("openai", req.model, messages, answers[0], request.api_key)
     return JsonResponse(
         {
             **meta,
@@ -406,7 +406,7 @@ async def _chat_chunks(run: _Run, meta, payloads, include_usage: bool, messages,
                 finals.append(ev)
                 yield chunk(i, {}, FINISH.get(ev.finish_reason, "stop"), lps=logprob_dicts(ev) if logprobs else None)
                 if not i:
-                    await record("openai", meta["model"], messages, answer)
+                    await record("openai", meta["model"], messages, answer, run.request.api_key)
             elif isinstance(ev, Error):
                 raise ApiError.from_event(ev)
     if include_usage:

@@ -378,21 +378,21 @@ async def responses(request, body):
     echo = functools.partial(items.response_object, items.item_id("resp"), int(time.time()), req, fmt)
     logprobs = LOGPROBS in (req.include or ())
     if req.stream:
-        return _sse(job, _stream(job, echo, logprobs, spelling, req.model, payload["messages"]))
+        return _sse(job, _stream(job, echo, logprobs, spelling, req.model, payload["messages"], request.api_key))
     try:
         answer = await collect(job)
     except ApiError as e:
         raise spelling.error(e) from None
     finally:
         await job.close()
-    await record("openai", req.model, payload["messages"], answer)
+    await record("openai", req.model, payload["messages"], answer, request.api_key)
     status = "incomplete" if items.incomplete(answer.final) else "completed"
     done = echo(status, items.output(answer, logprobs), usage=items.usage(answer.final), completed_at=int(time.time()))
     return JsonResponse(done)
 
 
-async def _stream(job, echo, logprobs: bool, spelling: _Spelling, model: str, messages: list[dict]):
-    """The response's stream events, numbered; the exchange recorded at the end."""
+async def _stream(job, echo, logprobs: bool, spelling: _Spelling, model: str, messages: list[dict], key=None):
+    """The response's stream events, numbered; the exchange recorded at the end (with the request's API `key`)."""
     seq, answer, stream = 0, Answer(), items.ItemStream(logprobs)
 
     def event(ev: dict) -> dict:
@@ -418,7 +418,7 @@ async def _stream(job, echo, logprobs: bool, spelling: _Spelling, model: str, me
             status = "incomplete" if items.incomplete(ev) else "completed"
             done = echo(status, stream.output(), usage=items.usage(ev), completed_at=int(time.time()))
             yield event({"type": f"response.{status}", "response": done})
-            await record("openai", model, messages, answer)
+            await record("openai", model, messages, answer, key)
             return
 
 

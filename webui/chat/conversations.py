@@ -2,7 +2,8 @@
 
 Whose: a signed-in user's (`ChatSession.owner`), or with `RKMOJO_CHAT_OPEN` an anonymous browser's
 (`visitor`: its Django session key). Every lookup goes through `owned(who)`, so a conversation of
-someone else is a 404, never a 403 that tells it exists.
+someone else is a 404, never a 403 that tells it exists (a bulk action's `chosen` just leaves it out).
+The list (`listing`) shows the pinned ones first (at most `MAX_PINNED`), then the newest.
 
 A turn (`Turn`) is one answer to compute: `send` appends a user message, `regenerate` drops the last
 answer, `edit` rewrites an earlier user message and drops what followed it, `proceed` continues a
@@ -28,6 +29,7 @@ from __future__ import annotations
 import datetime
 import json
 import re
+import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -56,6 +58,7 @@ MAX_CONVERSATIONS = 1_000
 MAX_MESSAGES = 10_000  # in one conversation
 MAX_TOTAL = 50_000  # in the whole file
 IMPORT_DEPTH = 32  # objects and arrays inside each other: an export needs 8, plus a tool call's arguments
+MAX_PINNED = 25  # pinned conversations of one person: the list shows them all above the others
 
 
 @dataclass(frozen=True)
@@ -100,13 +103,46 @@ def get(who: Who, pk) -> ChatSession:
         raise Http404("no such conversation") from e
 
 
-def listing(who: Who, query: str = "", limit: int = 50) -> list[ChatSession]:
-    """The newest `limit` conversations, those whose title or messages hold `query` if given."""
-    qs = owned(who).only("id", "title", "model", "updated")
+def listing(who: Who, query: str = "", limit: int = 50) -> tuple[list[ChatSession], list[ChatSession]]:
+    """The pinned conversations (the latest pinned first), and the newest `limit` others; those whose
+    title or messages hold `query` if given.
+
+    Returns:
+        (pinned, others)
+    """
+    qs = owned(who).only("id", "title", "model", "updated", "pinned")
     if query:
         qs = qs.filter(title__icontains=query) | qs.filter(messages__content__icontains=query)
         qs = qs.distinct()
-    return list(qs.order_by("-updated")[:limit])
+    pinned = list(qs.filter(pinned__isnull=False).order_by("-pinned")[:MAX_PINNED])
+    return pinned, list(qs.filter(pinned=None).order_by("-updated")[:limit])
+
+
+def pin(session: ChatSession, on: bool) -> None:
+    """Pin `session` to the top of its owner's list, or unpin it.
+
+    Raises:
+        TurnError: its owner has `MAX_PINNED` pinned already.
+    """
+    if on and session.pinned is None:
+        others = ChatSession.objects.filter(owner=session.owner, visitor=session.visitor, pinned__isnull=False)
+        if others.count() >= MAX_PINNED:
+            raise TurnError(f"{MAX_PINNED} conversations are pinned, the most the list keeps on top: unpin one first")
+    if on != (session.pinned is not None):
+        session.pinned = timezone.now() if on else None
+        ChatSession.objects.filter(pk=session.pk).update(pinned=session.pinned)  # its place by use stays
+
+
+def chosen(who: Who, ids: Iterable[str]) -> QuerySet[ChatSession]:
+    """The conversations of `who` among `ids` (a bulk action's choice), newest first; others' ids and
+    malformed ones match nothing."""
+    pks = []
+    for i in ids:
+        try:
+            pks.append(uuid.UUID(str(i)))
+        except ValueError:
+            continue
+    return owned(who).filter(pk__in=pks).order_by("-updated")
 
 
 def create(who: Who, model: str, system: str = "", params: dict | None = None, title: str = "") -> ChatSession:

@@ -58,7 +58,7 @@ class NewChatForm(forms.Form):
     )
     text = forms.CharField(
         required=False,
-        max_length=200000,
+        max_length=300000,
         label="Message",
         strip=False,
         widget=forms.Textarea(attrs={"rows": 3, "placeholder": "Ask something"}),
@@ -94,7 +94,7 @@ class NewChatForm(forms.Form):
 
 
 class MessageForm(forms.Form):
-    text = forms.CharField(max_length=200000, strip=False, widget=forms.Textarea(attrs={"rows": 3}))
+    text = forms.CharField(max_length=300000, strip=False, widget=forms.Textarea(attrs={"rows": 3}))
 
 
 class RenameForm(forms.Form):

@@ -4,8 +4,12 @@ A message is untrusted text (the model writes what a prompt asks for). Raw HTML 
 the parser (`html=False`), and what the renderer itself produced still passes `nh3.clean` with the
 allow-list below, so neither a `<script>` nor an `<img onerror=…>` survives as markup. The page hands
 the same allow-list to DOMPurify for the message being streamed (`ALLOWED`), so both sides agree.
-Code blocks are coloured by Pygments (CSS classes, `static/webui/pygments.css`); the page's script
-adds the copy buttons.
+Code blocks are coloured by Pygments (CSS classes, `static/webui/pygments.css`), by the lexer their
+fence names, or by the file name it gives (```` ```app.py ````, as an attachment is inserted); a fenced
+block comes in a `<div class="code">` with that name as its label (`<span class="lang">`), beside which
+the page's script puts a Copy button. TeX math (`$…$`, `$$…$$`, `\\(…\\)`, `\\[…\\]`, the rules in
+`texmath`) is kept as its source in `<span class="math">` (or `math display`), which the page typesets
+with KaTeX.
 
 A message's other parts (`prepare`): an assistant's thinking (markdown, as above) in a collapsed
 `<details class="thinking">` above its answer; each tool call it made as a block with the tool's name and
@@ -26,10 +30,13 @@ import nh3
 from django.template.loader import render_to_string
 from django.utils.safestring import SafeString, mark_safe
 from markdown_it import MarkdownIt
+from markdown_it.renderer import RendererHTML
 from pygments import highlight
 from pygments.formatters import HtmlFormatter
-from pygments.lexers import get_lexer_by_name
+from pygments.lexers import get_lexer_by_name, get_lexer_for_filename
 from pygments.util import ClassNotFound
+
+from .texmath import texmath
 
 # tag → the attributes it may keep; no images, forms, styles or scripts, ever
 ALLOWED: dict[str, set[str]] = {
@@ -74,17 +81,35 @@ URL_SCHEMES = {"http", "https", "mailto"}
 _FORMATTER = HtmlFormatter(nowrap=True)
 
 
-def _highlight(code: str, info: str, _attrs) -> str:
-    lang = info.split()[0].lower() if info.split() else ""
+def _lexer(lang: str):
+    """Pygments' lexer for a fence's language (`python`) or file name (`app.py`), else None."""
     try:
-        body = highlight(code, get_lexer_by_name(lang), _FORMATTER) if lang else escape(code)
+        return get_lexer_by_name(lang.lower())
     except ClassNotFound:
-        body = escape(code)
+        pass
+    try:
+        return get_lexer_for_filename(lang) if "." in lang else None
+    except ClassNotFound:
+        return None
+
+
+def _highlight(code: str, info: str, _attrs) -> str:
+    lang = info.split()[0] if info.split() else ""
+    lexer = _lexer(lang) if lang else None
+    body = highlight(code, lexer, _FORMATTER) if lexer else escape(code)
     cls = f' class="language-{escape(lang)}"' if lang else ""
     return f'<pre class="pyg"><code{cls}>{body}</code></pre>'
 
 
-_MD = MarkdownIt("commonmark", {"html": False, "highlight": _highlight}).enable(["table", "strikethrough"])
+def _fence(self, tokens, idx, options, env) -> str:
+    """A fenced block in its `div.code`, labelled with the language or file name its fence gives."""
+    lang = tokens[idx].info.split()[0] if tokens[idx].info.split() else ""
+    label = f'<span class="lang">{escape(lang)}</span>' if lang else ""
+    return f'<div class="code">{label}{RendererHTML.fence(self, tokens, idx, options, env)}</div>\n'
+
+
+_MD = MarkdownIt("commonmark", {"html": False, "highlight": _highlight}).enable(["table", "strikethrough"]).use(texmath)
+_MD.add_render_rule("fence", _fence)
 
 
 def clean(html: str) -> SafeString:

@@ -1,4 +1,4 @@
-"""The chat page: the conversation list, one conversation, and the plain-form actions.
+"""The chat page: the conversation list, one conversation, presets, and the plain-form actions.
 
 Every page works without JavaScript: messages are rendered here (`render.prepare`), and sending,
 regenerating, editing and continuing are form posts to `act`, which runs the turn to its end before
@@ -10,6 +10,11 @@ messages" is a link to `?before=INDEX` (the page of the ones before), which htmx
 for the same URL with `HX-Request`, answered with those messages alone (`_messages.html`) to put in its
 place. Exports stream (`StreamingHttpResponse` over `_in_pieces`); an import the file limits refuse
 (`conversations.read_export`) is the chat page again, status 400, saying which limit and what to do.
+
+The list pins (`pin`: JSON for `conversation-list.js`, else a redirect back) and acts on the conversations
+ticked in it (`bulk`: delete them, or export them as one file through the same stream as Export). Presets
+(`webui.chat.presets`) have their page (`/chat/presets/`: yours, the built-ins, a form), fill a new chat's
+form (`/chat/?preset=KEY`), and apply to, or are saved from, a conversation (`preset_apply`, `preset_save`).
 """
 
 from __future__ import annotations
@@ -20,14 +25,15 @@ from collections.abc import Iterator
 from asgiref.sync import async_to_sync, iscoroutinefunction, sync_to_async
 from django.conf import settings
 from django.contrib import messages as flash
-from django.http import HttpResponse, HttpResponseRedirect, StreamingHttpResponse
+from django.http import HttpResponse, HttpResponseRedirect, JsonResponse, StreamingHttpResponse
 from django.shortcuts import render
 from django.utils.cache import patch_vary_headers
-from django.views.decorators.http import require_GET, require_POST
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from ..api.common import ApiError
 from . import conversations as conv
-from . import turns
+from . import presets, turns
 from .forms import ImportForm, NewChatForm, RenameForm, model_defaults
 from .render import ALLOWED, prepare
 
@@ -74,7 +80,7 @@ def _page(request, who: conv.Who, template: str, catalog: dict | None = None, st
         n = max(PAGE, min(int(request.GET.get("n", PAGE)), 10000))
     except ValueError:
         n = PAGE
-    chats = conv.listing(who, q, n + 1)
+    pinned, others = conv.listing(who, q, n + 1)
     catalog = async_to_sync(turns.models)() if catalog is None else catalog
     if ctx.get("session"):
         ctx["context"] = (catalog.get(ctx["session"].model) or {}).get("context")
@@ -91,8 +97,8 @@ def _page(request, who: conv.Who, template: str, catalog: dict | None = None, st
         template,
         {
             "section": "chat",
-            "chats": chats[:n],
-            "more": n + PAGE if len(chats) > n else None,
+            "chats": pinned + others[:n],
+            "more": n + PAGE if len(others) > n else None,
             "q": q,
             "config": config,
             "catalog": catalog,
@@ -104,8 +110,11 @@ def _page(request, who: conv.Who, template: str, catalog: dict | None = None, st
 
 def _new_chat(request, who, status: int = 200) -> HttpResponse:
     catalog = async_to_sync(turns.models)()
-    form = NewChatForm(models=list(catalog))
+    key = request.GET.get("preset", "")
+    preset = presets.find(who, key) if key else None  # someone else's: 404
+    form = NewChatForm(models=list(catalog), initial=preset.fields() if preset else None)
     first = next(iter(catalog.values()), {})
+    choices = presets.available(who)
     return _page(
         request,
         who,
@@ -114,6 +123,9 @@ def _new_chat(request, who, status: int = 200) -> HttpResponse:
         status,
         form=form,
         sampling=form.sampling(model_defaults(first.get("generation"))),
+        presets=choices,
+        preset=preset,
+        preset_data={p.key: p.fields() for p in choices},
     )
 
 
@@ -153,6 +165,8 @@ def conversation(request, who, pk):
             used=(last.prompt_tokens or 0) + (last.completion_tokens or 0) if answered else 0,
             can_continue=answered and last.finish_reason in ("length", "cancelled"),
             can_regenerate=last is not None,
+            presets=presets.available(who),
+            current=presets.Choice("", "", session.system, session.params),
         )
     patch_vary_headers(resp, ["HX-Request"])
     return resp
@@ -235,18 +249,162 @@ def _to_export(who: conv.Who, pk) -> list:
     return [conv.get(who, pk)] if pk else list(conv.owned(who).order_by("-updated"))
 
 
-@require_GET
-@chat_view
-async def export(request, who, pk=None):
-    sessions = await sync_to_async(_to_export)(who, pk)
-    name = f"chat-{pk}" if pk else "chats"
-    if request.GET.get("format") == "md":
+def _download(sessions: list, fmt: str | None, name: str) -> StreamingHttpResponse:
+    """`sessions` as one streamed file: Markdown (`fmt` "md") or JSON, the format import reads."""
+    if fmt == "md":
         parts, kind, ext = conv.export_markdown(sessions), "text/markdown; charset=utf-8", "md"
     else:
         parts, kind, ext = conv.export_json(sessions), "application/json", "json"
     resp = StreamingHttpResponse(_in_pieces(parts), content_type=kind)
     resp["Content-Disposition"] = f'attachment; filename="{name}.{ext}"'
     return resp
+
+
+@require_GET
+@chat_view
+async def export(request, who, pk=None):
+    sessions = await sync_to_async(_to_export)(who, pk)
+    return _download(sessions, request.GET.get("format"), f"chat-{pk}" if pk else "chats")
+
+
+# --- the list: pin, and several at once ------------------------------------------------------------
+def _back(request, default: str = "/chat/") -> str:
+    """Where a list action returns: the chat page it was sent from (the form's `next`), else `default`."""
+    target = request.POST.get("next", "")
+    ok = target.startswith("/chat/") and url_has_allowed_host_and_scheme(target, {request.get_host()})
+    return target if ok else default
+
+
+def _wants_json(request) -> bool:
+    return "application/json" in request.headers.get("Accept", "")
+
+
+@require_POST
+@chat_view
+def pin(request, who, pk):
+    """Pin (`pin=1`) or unpin (`pin=0`) a conversation. JSON for the page's script, else back to the page."""
+    session = conv.get(who, pk)
+    try:
+        conv.pin(session, request.POST.get("pin") == "1")
+    except conv.TurnError as e:
+        if _wants_json(request):
+            return JsonResponse({"error": str(e)}, status=409)
+        flash.error(request, str(e))
+    if _wants_json(request):
+        return JsonResponse({"pinned": session.pinned is not None})
+    return HttpResponseRedirect(_back(request, f"/chat/{pk}/"))
+
+
+BULK = ("delete", "export-json", "export-md")
+
+
+@require_POST
+@chat_view
+def bulk(request, who):
+    """The conversations ticked in the list (`ids`): deleted, or exported as one file (`action`)."""
+    action = request.POST.get("action")
+    if action not in BULK:
+        flash.error(request, f"unknown action {action!r}: choose one of {', '.join(BULK)}")
+        return HttpResponseRedirect(_back(request))
+    chosen = list(conv.chosen(who, request.POST.getlist("ids")))
+    if not chosen:
+        flash.error(request, "tick one or more conversations in the list first")
+        return HttpResponseRedirect(_back(request))
+    if action != "delete":
+        return _download(chosen, action.removeprefix("export-"), "chats")
+    conv.owned(who).filter(pk__in=[s.pk for s in chosen]).delete()
+    flash.success(request, f"deleted {len(chosen)} conversation{'s' if len(chosen) != 1 else ''}")
+    back = _back(request)
+    return HttpResponseRedirect("/chat/" if any(str(s.pk) in back for s in chosen) else back)
+
+
+# --- presets ---------------------------------------------------------------------------------------
+def _presets_page(request, who, form: presets.PresetForm, editing=None, status: int = 200) -> HttpResponse:
+    return _page(
+        request,
+        who,
+        "webui/chat/presets.html",
+        status=status,
+        form=form,
+        sampling=form.sampling({}),
+        editing=editing,
+        builtin=presets.BUILTIN,
+        mine=[p for p in presets.available(who) if not p.builtin],
+    )
+
+
+def _saved(request, who, form: presets.PresetForm, pk: int | None = None, editing=None) -> HttpResponse:
+    """Save a posted preset form; the page again (400) saying why if it cannot be."""
+    if form.is_valid():
+        d = form.cleaned_data
+        try:
+            p, new = presets.save(who, d["name"], d["system"], d["params"], pk)
+        except presets.PresetError as e:
+            form.add_error("name", str(e))
+        else:
+            flash.success(request, f"{'saved' if new else 'updated'} the preset “{p.name}”")
+            return HttpResponseRedirect("/chat/presets/")
+    return _presets_page(request, who, form, editing, status=400)
+
+
+@require_http_methods(["GET", "POST"])
+@chat_view
+def presets_page(request, who):
+    """Every preset `who` may use, and a form for a new one (`?from=KEY`: filled from that preset)."""
+    if request.method == "POST":
+        return _saved(request, who, presets.PresetForm(request.POST))
+    key = request.GET.get("from", "")
+    base = presets.find(who, key) if key else None
+    initial = {**base.fields(), "name": f"{base.name} (mine)" if base.builtin else base.name} if base else None
+    return _presets_page(request, who, presets.PresetForm(initial=initial))
+
+
+@require_http_methods(["GET", "POST"])
+@chat_view
+def preset_edit(request, who, pk):
+    p = presets.own(who, pk)
+    if request.method == "POST":
+        return _saved(request, who, presets.PresetForm(request.POST), pk, editing=p)
+    choice = presets.find(who, str(p.pk))
+    return _presets_page(request, who, presets.PresetForm(initial={**choice.fields(), "name": p.name}), editing=p)
+
+
+@require_POST
+@chat_view
+def preset_delete(request, who, pk):
+    p = presets.own(who, pk)
+    p.delete()
+    flash.success(request, f"deleted the preset “{p.name}”")
+    return HttpResponseRedirect("/chat/presets/")
+
+
+@require_POST
+@chat_view
+def preset_apply(request, who, pk):
+    """Give the conversation a preset's system prompt and sampling (`preset`: its key)."""
+    session = conv.get(who, pk)
+    choice = presets.find(who, request.POST.get("preset", ""))
+    presets.apply(session, choice)
+    flash.success(request, f"applied the preset “{choice.name}”: the next answer uses its system prompt and sampling")
+    return HttpResponseRedirect(f"/chat/{pk}/")
+
+
+@require_POST
+@chat_view
+def preset_save(request, who, pk):
+    """Save the conversation's system prompt and sampling as a preset (`name`)."""
+    session = conv.get(who, pk)
+    name = request.POST.get("name", "").strip()[:100]
+    if not name:
+        flash.error(request, "give the preset a name")
+    else:
+        try:
+            p, new = presets.from_session(who, session, name)
+        except presets.PresetError as e:
+            flash.error(request, str(e))
+        else:
+            flash.success(request, f"{'saved' if new else 'updated'} the preset “{p.name}” from this conversation")
+    return HttpResponseRedirect(f"/chat/{pk}/")
 
 
 def _refused(request, who, message: str) -> HttpResponse:

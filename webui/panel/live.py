@@ -1,11 +1,16 @@
 """The live view: one card per worker from its `WorkerStats` (`appliance.events`), pushed to the page.
 
-Workers write their stats once a second to Redis (`bus.k_stats`) and send them to the Channels group
-`bus.LIVE_GROUP` (`live.stats`). The page renders the latest stats on the server, then `LiveConsumer`
-(`ws/panel/live/`, staff only) sends the latest of every worker at connect and forwards the group's
-messages, at most `MAX_HZ` per worker (a worker faster than that has its latest sample sent at the next
-slot; the ones in between are dropped). Messages are `events.as_dict(WorkerStats)`. The socket closes
-with 4401 when its session ends or its user loses staff (`webui.socket_auth`).
+Workers write their stats once a second to Redis (`bus.k_stats`), with a two-minute ring of what the
+charts draw (`bus.k_stats_history`, `appliance.stats.remember`), and send them to the Channels group
+`bus.LIVE_GROUP` (`live.stats`). The page renders the latest stats on the server and hands the script each
+worker's ring (`live-history`), so that the charts start full. Then `LiveConsumer` (`ws/panel/live/`,
+staff only) sends, for every worker, its ring and then its latest stats at connect (a socket that
+reconnects after a gap fills it), and forwards the group's messages, at most `MAX_HZ` per worker (a worker
+faster than that has its latest sample sent at the next slot; the ones in between are dropped).
+
+Messages are `events.as_dict(WorkerStats)` (`"t": "stats"`) and, at connect, `{"t": "history", "worker":
+NAME, "points": [{at, tokens_per_s, ttft, expert_hit_rate, disk_mb_per_s}, …]}` (`stats.CHARTED`, oldest
+first). The socket closes with 4401 when its session ends or its user loses staff (`webui.socket_auth`).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from asgiref.sync import async_to_sync
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.shortcuts import render
 
-from appliance import bus
+from appliance import bus, stats
 from appliance.events import EventError, WorkerStats, as_dict, decode
 
 from ..api.jobs import redis
@@ -39,6 +44,14 @@ async def latest_stats(r) -> list[WorkerStats]:
     return out
 
 
+async def recent(r, workers: list[str]) -> dict[str, list[dict]]:
+    """The ring of each of `workers`: their charted samples of the last two minutes, oldest first."""
+    pipe = r.pipeline(transaction=False)
+    for w in workers:
+        pipe.lrange(bus.k_stats_history(w), 0, -1)
+    return {w: stats.history(raw) for w, raw in zip(workers, await pipe.execute())} if workers else {}
+
+
 def _decode(raw: str) -> WorkerStats | None:
     try:
         ev = decode(raw)
@@ -52,13 +65,21 @@ def _decode(raw: str) -> WorkerStats | None:
 def live(request):
     async def snapshot():
         r = redis()  # the client of the loop the coroutine runs in
-        return await latest_stats(r), await bus.workers(r)
+        latest = await latest_stats(r)
+        return latest, await bus.workers(r), await recent(r, [s.worker for s in latest])
 
-    stats, workers = async_to_sync(snapshot)()
+    latest, workers, history = async_to_sync(snapshot)()
     return render(
         request,
         "webui/panel/live.html",
-        {"section": "panel", "tab": "live", "stats": stats, "workers": workers, "initial": [as_dict(s) for s in stats]},
+        {
+            "section": "panel",
+            "tab": "live",
+            "stats": latest,
+            "workers": workers,
+            "initial": [as_dict(s) for s in latest],
+            "history": history,
+        },
     )
 
 
@@ -73,8 +94,12 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             return
         await self.channel_layer.group_add(bus.LIVE_GROUP, self.channel_name)
         await self.accept()
-        for stats in await latest_stats(redis()):
-            await self._send(stats)
+        r = redis()
+        latest = await latest_stats(r)
+        history = await recent(r, [s.worker for s in latest])
+        for ev in latest:
+            await self.send_json({"t": "history", "worker": ev.worker, "points": history[ev.worker]})
+            await self._send(ev)
 
     async def disconnect(self, code):
         await self.channel_layer.group_discard(bus.LIVE_GROUP, self.channel_name)

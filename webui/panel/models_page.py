@@ -27,7 +27,7 @@ from appliance.tunables import DEFAULT_MODEL
 from .. import config
 from ..api import board
 from ..api.common import ApiError
-from ..api.jobs import Job, redis
+from ..api.jobs import Job, context_of, redis
 from .access import staff_only, staff_scope
 
 
@@ -142,14 +142,35 @@ def default(request, name: str):
 
 @staff_only
 def detail(request, name: str):
-    rows = [m for m in _models(live_workers()) if m["name"] == name]
+    """A model's details: its context as the chat page counts it (`jobs.context_of`: the configured one and the
+    model's maximum), its last verify (`verified`: {at, ok, message}, kept by the worker) among them."""
+    workers = live_workers()
+    rows = [m for m in _models(workers) if m["name"] == name]
     if not rows:
         raise Http404(f"no worker serves a model named {name!r}")
+    worker = next(w for w in workers if w["name"] == rows[0]["worker"])
     return render(
         request,
         "webui/panel/model.html",
-        {"section": "panel", "tab": "models", "m": rows[0], "rows": rows, "experts": expert_layout(name)},
+        {
+            "section": "panel",
+            "tab": "models",
+            "m": rows[0],
+            "rows": rows,
+            "experts": expert_layout(name),
+            "context": context_of(worker, rows[0]),
+            "verified": _verified(rows[0].get("verified")),
+        },
     )
+
+
+def _verified(v: dict | None) -> dict | None:
+    """The last verify with its time as a datetime, for the template."""
+    import datetime
+
+    if not v or not v.get("at"):
+        return None
+    return {**v, "at": datetime.datetime.fromtimestamp(v["at"], datetime.timezone.utc)}
 
 
 def expert_layout(name: str) -> dict | None:

@@ -1,6 +1,10 @@
 """Sessions: every conversation (web and API), viewed and deleted; the prompt-cache files' total size and a
 button that clears them (the workers then recompute prompts until they save new ones).
 
+Each row names its owner (`owner`): the chat page user's name, "visitor" for a conversation of chat without
+sign-in, "API key NAME" for an API session made with a key, "API" for one made without (or before keys were
+recorded). The search matches titles and owners' names.
+
 A conversation's transcript is bounded as the chat page's is (`webui.chat.views`): its newest
 `conversations.LAST` messages, "Load earlier messages" above them as a link to `?before=INDEX` that htmx
 turns into a request for those messages alone (`_transcript.html`, asked with `HX-Request`)."""
@@ -12,6 +16,7 @@ import shutil
 from django.conf import settings
 from django.contrib import messages
 from django.core.paginator import Paginator
+from django.db.models import Q
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.cache import patch_vary_headers
 from django.views.decorators.http import require_POST
@@ -37,13 +42,24 @@ def prompt_cache_usage() -> tuple[int, int]:
     return files, total
 
 
+def owner(s: ChatSession) -> str:
+    """Whose conversation `s` is, in a few words (see the module docstring)."""
+    if s.owner is not None:
+        return s.owner.get_username()
+    if s.source == "web":
+        return "visitor (no sign-in)"
+    return f"API key {s.api_key.name}" if s.api_key is not None else "API"
+
+
 @staff_only
 def sessions(request):
     q = request.GET.get("q", "").strip()
-    rows = ChatSession.objects.all()
+    rows = ChatSession.objects.select_related("owner", "api_key")
     if q:
-        rows = rows.filter(title__icontains=q)
+        rows = rows.filter(Q(title__icontains=q) | Q(owner__username__icontains=q) | Q(api_key__name__icontains=q))
     page = Paginator(rows, PAGE).get_page(request.GET.get("page"))
+    for s in page:
+        s.owner_label = owner(s)
     files, size = prompt_cache_usage()
     return render(
         request,

@@ -33,6 +33,8 @@ LABELS = {
     "api_keys": "API keys required",
     "prompt_cache_days": "Prompt-cache days",
     "prompt_cache_max": "Prompt-cache size",
+    "chat_max_tokens": "Chat answer length (tokens)",
+    "chat_repetition_guard": "Chat repetition guard",
     "chat_open": "Chat without sign-in",
     "pull_from_lan": "Pull from the LAN",
 }

@@ -123,3 +123,25 @@ def shot(page, name: str) -> Path:
     path = SHOTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
     return path
+
+
+class AnsweredSocket:
+    """The chat page's WebSocket answered by the test instead of the server: `sent` holds what the page
+    sent, `emit(event)` sends it an event (an `appliance.events` model or a dict)."""
+
+    def __init__(self, page):
+        self.sockets, self.sent = [], []
+        page.route_web_socket("**/ws/chat/", self._answer)
+
+    def _answer(self, ws):
+        import json
+
+        self.sockets.append(ws)
+        ws.on_message(lambda text: self.sent.append(json.loads(text)))
+
+    def emit(self, ev) -> None:
+        import json
+
+        from appliance.events import as_dict
+
+        self.sockets[0].send(json.dumps(ev if isinstance(ev, dict) else as_dict(ev)))

@@ -9,12 +9,11 @@ answer (`webui.chat.render.message`), as the consumer sends it.
 
 from __future__ import annotations
 
-import json
 import re
 
 from playwright.sync_api import expect
 
-from .conftest import shot, sign_in
+from .conftest import AnsweredSocket, shot, sign_in
 
 REASONING = ["The user asks about the weather ", "in **Paris**. ", "I should call `get_weather`."]
 CALL_ID = "call_" + "b" * 24
@@ -88,7 +87,7 @@ def test_a_stored_answer_shows_its_thinking_collapsed_and_its_tool_call_and_resu
 
 
 def test_streamed_thinking_fills_a_collapsed_block_then_says_how_long_it_thought(page, users, stack):
-    from appliance.events import Delta, Start, ToolCallDelta, as_dict
+    from appliance.events import Delta, Start, ToolCallDelta
     from webui.chat.render import message
     from webui.models import ChatMessage
 
@@ -97,23 +96,16 @@ def test_streamed_thinking_fills_a_collapsed_block_then_says_how_long_it_thought
         [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!", "finish_reason": "stop"}],
         title="thinking, streamed",
     )
-    sockets, sent = [], []
-
-    def answer_here(ws):  # the page's socket, answered by this test instead of the server
-        sockets.append(ws)
-        ws.on_message(lambda text: sent.append(json.loads(text)))
-
-    def emit(ev) -> None:
-        sockets[0].send(json.dumps(ev if isinstance(ev, dict) else as_dict(ev)))
 
     sign_in(page, "alice")
-    page.route_web_socket("**/ws/chat/", answer_here)
+    socket = AnsweredSocket(page)
+    sent, emit = socket.sent, socket.emit
     page.goto(f"/chat/{s.pk}/")
     page.fill("#composer textarea[name=text]", "What is the weather in Paris?")
     page.press("#composer textarea[name=text]", "Enter")
     while not sent:
         page.wait_for_timeout(20)  # the sync API delivers the socket's messages while it waits
-    assert len(sockets) == 1 and sent[0] == {
+    assert len(socket.sockets) == 1 and sent[0] == {
         "action": "send",
         "session": str(s.pk),
         "text": "What is the weather in Paris?",

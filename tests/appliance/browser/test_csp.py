@@ -3,8 +3,9 @@
 The browser reports what the policy refuses twice: a `securitypolicyviolation` event in the page (watched
 from before the page's first script) and a console message "… violates the following Content Security
 Policy directive …". Each page is opened, used where it has something to use (the setup form, "Load earlier
-messages", a chat answer streamed over the socket, the live panel's socket, a new API key, the admin's
-forms), and fails its test on either report.
+messages" with math that KaTeX typesets, a chat answer streamed over the socket, the shortcuts dialog, an
+attached file, the live panel's socket, a new API key, the admin's forms), and fails its test on either
+report.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def store(user, n: int, title: str):
                 session=s,
                 index=i,
                 role=("user", "assistant")[i % 2],
-                content=f"message {i}\n\n```python\nprint({i})\n```" if i % 2 else f"question {i}",
+                content=f"message {i}, $x_{{{i}}}^2$\n\n```python\nprint({i})\n```" if i % 2 else f"question {i}",
             )
             for i in range(n)
         ]
@@ -100,7 +101,13 @@ def test_the_chat_pages_load_earlier_and_stream_an_answer(watch, users):
     page.click("text=Load earlier messages")
     page.wait_for_selector("#m149")
     assert page.locator("#messages li.msg").count() == 200 and "?before=" not in page.url
+    assert page.locator("#m149 .math .katex").count() == 1  # typeset on htmx:load
     watch.check("load earlier")
+    page.keyboard.press("?")
+    page.get_by_role("button", name="Close").click()
+    page.set_input_files("#attach-file", files=[{"name": "a.log", "mimeType": "text/plain", "buffer": b"ok\n" * 400}])
+    page.wait_for_function("() => document.querySelector('#composer textarea').value.startsWith('```a.log')")
+    watch.check("the shortcuts dialog and an attachment")
     watch.visit("/chat/")
     page.click("details.settings summary")
     page.fill("#id_max_tokens", "8")

@@ -1,11 +1,16 @@
 // The chat page's script. The page works without it (its forms post and the server renders every
 // message); with it the same forms go over the WebSocket (/ws/chat/, protocol in webui/consumers.py)
 // and the answer streams. Only the message being written re-renders, at most once per animation frame:
-// marked, then DOMPurify with the server's own allow-list, then highlight.js. The model's thinking
+// marked (with chat-math.js's rules for TeX), then DOMPurify with the server's own allow-list, then
+// KaTeX (math already typeset in the frame before is moved, not typeset again) and highlight.js. Every
+// code block gets a label (its language or file name) and a Copy button. The model's thinking
 // (deltas of channel "reasoning") fills a collapsed "Thinking…" block above the answer, whose summary
 // says how long it thought once the answer (or a tool call) begins; tool calls are built into the
 // server's own markup (#tool-call-template) with text nodes only. When the answer ends the server's
 // rendering of it replaces the streamed one. Data comes from #chat-config (json_script).
+// Keys: Esc stops the answer, Ctrl+Shift+O opens a new chat, `/` goes to the search, `?` lists them
+// (#shortcuts). The context gauge counts the message being written too, as an estimate
+// (`BYTES_PER_TOKEN`), so an attached file (chat-attach.js) shows what it costs before it is sent.
 (function () {
   "use strict";
   const config = JSON.parse(document.getElementById("chat-config").textContent);
@@ -13,6 +18,8 @@
   const list = $("#messages");
   const statusEl = $("#status");
   const stopBtn = $("#stop");
+  // SmolLM2's tokenizer: 2.2 (a log) to 3.5 (Python, prose) bytes a token; rather more tokens than fewer
+  const BYTES_PER_TOKEN = 2.5;
   const purify = {
     ALLOWED_TAGS: Object.keys(config.allowed),
     ALLOWED_ATTR: Array.from(new Set(Object.values(config.allowed).flat())),
@@ -88,18 +95,47 @@
   }
 
   function decorate(root) {
-    // a copy button on every code block (not on a value in a tool call's table)
+    // every code block (not a value in a tool call's table) in a div.code, as the server makes a fenced
+    // one: its language or file name as a label, and a Copy button; then the math typeset
     root.querySelectorAll("pre").forEach((pre) => {
-      if (pre.parentElement.classList.contains("code") || pre.closest("td")) return;
-      const wrap = document.createElement("div");
-      wrap.className = "code";
+      if (pre.closest("td")) return;
+      let wrap = pre.parentElement;
+      if (!wrap.classList.contains("code")) {
+        wrap = document.createElement("div");
+        wrap.className = "code";
+        const lang = language(pre.querySelector("code"));
+        if (lang) {
+          const label = wrap.appendChild(document.createElement("span"));
+          label.className = "lang";
+          label.textContent = lang;
+        }
+        pre.replaceWith(wrap);
+        wrap.append(pre);
+      }
+      if (wrap.querySelector(":scope > button.copy")) return;
       const btn = document.createElement("button");
       btn.type = "button";
       btn.className = "copy";
       btn.textContent = "Copy";
-      pre.replaceWith(wrap);
-      wrap.append(btn, pre);
+      wrap.insertBefore(btn, pre);
     });
+    chatMath.typeset(root);
+  }
+
+  function language(code) {
+    // what a block's fence named: a language (python) or a file name (app.py); marked gives it as a class
+    const m = code && /(?:^|\s)language-(\S+)/.exec(code.className);
+    return m ? m[1] : "";
+  }
+
+  function highlight(code) {
+    // highlight.js by the fence's language, or by a file name's extension, else as plain text
+    const lang = language(code);
+    if (lang && !hljs.getLanguage(lang)) {
+      const ext = lang.includes(".") ? lang.split(".").pop() : "";
+      code.classList.replace("language-" + lang, hljs.getLanguage(ext) ? "language-" + ext : "nohighlight");
+    }
+    hljs.highlightElement(code);
   }
 
   function copy(text) {
@@ -239,13 +275,17 @@
     const th = live.thinking;
     if (th && th.dirty) {
       th.dirty = false;
+      const math = chatMath.rendered(th.body);
       th.body.innerHTML = DOMPurify.sanitize(marked.parse(th.text), purify);
+      chatMath.typeset(th.body, math);
     }
     if (live.dirty) {
       live.dirty = false;
+      const math = chatMath.rendered(live.body);
       live.body.innerHTML = DOMPurify.sanitize(marked.parse(live.text), purify);
-      live.body.querySelectorAll("pre code").forEach((c) => hljs.highlightElement(c));
-      decorate(live.body);
+      chatMath.typeset(live.body, math);
+      decorate(live.body); // labels from the fences' classes, before highlight.js changes them
+      live.body.querySelectorAll("pre code").forEach(highlight);
     }
     live.calls.forEach((c) => { if (c.dirty) renderCall(c); });
     if (follow) scrollDown(); // reads the layout: the time below includes it
@@ -336,12 +376,9 @@
       live = null;
     }
     if (ev.context && ev.context.context) {
-      const gauge = $("#gauge");
-      if (gauge) {
-        gauge.max = ev.context.context;
-        gauge.value = ev.context.used;
-        $("#gauge-text").textContent = ev.context.used + " / " + ev.context.context + " tokens";
-      }
+      tokens.used = ev.context.used;
+      tokens.context = ev.context.context;
+      showTokens();
     }
     setStatus("");
     setBusy(false);
@@ -380,7 +417,12 @@
     setBusy(true);
     setStatus("Sending…");
     send(msg);
-    if (msg.action === "send") form.querySelector("textarea[name=text]").value = "";
+    if (msg.action === "send") {
+      const text = form.querySelector("textarea[name=text]");
+      text.value = "";
+      text.style.height = ""; // as tall as an attachment made it: back to its rows
+      showTokens();
+    }
   });
 
   document.addEventListener("keydown", (e) => {
@@ -404,11 +446,75 @@
     setStatus("Stopping…");
   });
 
+  const shortcuts = $("#shortcuts");
+  function typing(el) {
+    return el instanceof Element && !!el.closest("input, textarea, select, [contenteditable]");
+  }
+  document.addEventListener("keydown", (e) => {
+    if (e.defaultPrevented || e.isComposing) return;
+    if (e.key === "Escape") {
+      if (busy && !stopBtn.hidden && !$("dialog[open]")) { // an open dialog takes its own Esc
+        e.preventDefault();
+        stopBtn.click();
+      }
+    } else if ((e.ctrlKey || e.metaKey) && e.shiftKey && !e.altKey && e.key.toLowerCase() === "o") {
+      e.preventDefault();
+      location.assign("/chat/");
+    } else if (!(e.ctrlKey || e.metaKey || e.altKey) && !typing(e.target) && !$("dialog[open]")) {
+      if (e.key === "/") {
+        e.preventDefault();
+        const search = $(".chats input[name=q]");
+        $("#show-chats").checked = true; // on a phone the list (and its search) is folded away
+        search.focus();
+        search.select();
+      } else if (e.key === "?") {
+        e.preventDefault();
+        shortcuts.showModal();
+      }
+    }
+  });
+  $("#shortcuts-open").hidden = false;
+  $("#shortcuts-open").addEventListener("click", () => shortcuts.showModal());
+  shortcuts.addEventListener("click", (e) => { if (e.target === shortcuts) shortcuts.close(); }); // the backdrop
+
+  // --- tokens: the conversation's so far (the last answer's prompt and completion), and an estimate of
+  // the message being written; in the gauge, or beside the new chat's model (until its first answer)
+  const box = $("#composer textarea[name=text]");
+  const tokens = { used: 0, context: 0, scheduled: false };
+  if ($("#gauge")) {
+    tokens.used = Number($("#gauge").getAttribute("value")) || 0;
+    tokens.context = $("#gauge").max > 1 ? $("#gauge").max : 0; // max 1: the context is not known
+  }
+  function showTokens() {
+    tokens.scheduled = false;
+    const draft = box.value ? Math.ceil(new TextEncoder().encode(box.value).length / BYTES_PER_TOKEN) : 0;
+    const total = tokens.used + draft;
+    const over = tokens.context > 0 && total > tokens.context;
+    const text = (draft ? " + ≈" + draft : "") + " / " + (tokens.context || "?") + " tokens" + (over ? ": too long" : "");
+    const gauge = $("#gauge");
+    if (gauge) {
+      gauge.max = tokens.context || 1;
+      gauge.value = total;
+      $("#gauge-text").textContent = tokens.used + text;
+      gauge.parentElement.classList.toggle("over", over);
+    } else if ($("#model-info")) {
+      $("#model-info").textContent = tokens.context ? "context " + tokens.context + " tokens" + (draft ? " · this message ≈" + draft + (over ? ": too long" : "") : "") : "";
+      $("#model-info").classList.toggle("over", over);
+    }
+  }
+  box.addEventListener("input", () => {
+    if (!tokens.scheduled) {
+      tokens.scheduled = true;
+      requestAnimationFrame(showTokens);
+    }
+  });
+
   // the new chat's model picker: its context and its own sampling defaults beside the fields
   const picker = $("#id_model");
   function showDefaults() {
     const m = config.models[picker.value] || { defaults: {} };
-    $("#model-info").textContent = m.context ? "context " + m.context + " tokens" : "";
+    tokens.context = m.context || 0;
+    showTokens();
     document.querySelectorAll("[data-default-for]").forEach((span) => {
       const v = m.defaults[span.dataset.defaultFor];
       span.textContent = v === undefined || v === null ? "" : "model default: " + v;

@@ -1,6 +1,8 @@
 // The live view: worker cards fed by ws/panel/live/ (WorkerStats as JSON, at most 2 a second per worker).
 // The server renders the latest sample; this adds history charts (uPlot), the memory bar's legend and the
-// expert heatmap, and keeps them current. window.rkmojoLive counts what arrived and what was drawn.
+// expert heatmap, and keeps them current. The charts start with each worker's last two minutes: the page's
+// #live-history, and a {t: "history"} message before a worker's first stats on every (re)connect.
+// window.rkmojoLive counts what arrived and what was drawn (points: samples in a worker's charts).
 (function () {
   "use strict";
   var HISTORY = 120; // samples kept per chart (two minutes at 1 Hz)
@@ -14,7 +16,7 @@
   var tpl = document.getElementById("worker-card");
   var status = document.getElementById("live-status");
   var cards = {};
-  var live = window.rkmojoLive = {messages: 0, renders: 0, first: null, last: null, perWorker: {}};
+  var live = window.rkmojoLive = {messages: 0, renders: 0, first: null, last: null, perWorker: {}, points: {}};
 
   function el(tag, cls, text) {
     var e = document.createElement(tag);
@@ -170,6 +172,26 @@
     });
   }
 
+  function redraw(c) {
+    CHARTS.forEach(function (spec) { plot(c, spec[0]); });
+    c.plots.hit.box.firstChild.textContent = "hit rate %" + (c.hist.hit.some(function (v) { return v != null; })
+                                                            ? "" : " (no streamed experts yet)");
+    live.points[c.node.dataset.worker] = c.hist.t.length;
+  }
+
+  function fill(worker, points) {
+    // a worker's last two minutes (oldest first) in place of what its charts held
+    var c = card(worker);
+    c.hist = {t: []};
+    CHARTS.forEach(function (spec) { c.hist[spec[0]] = []; });
+    points.slice(-HISTORY).forEach(function (s) {
+      if (c.hist.t.length && s.at <= c.hist.t[c.hist.t.length - 1]) return;
+      c.hist.t.push(s.at);
+      CHARTS.forEach(function (spec) { c.hist[spec[0]].push(spec[3](s)); });
+    });
+    redraw(c);
+  }
+
   function update(s) {
     var c = card(s.worker), n = c.node, now = performance.now();
     live.messages++;
@@ -198,22 +220,28 @@
       CHARTS.forEach(function (spec) { c.hist[spec[0]].push(spec[3](s)); });
       if (t.length > HISTORY) Object.keys(c.hist).forEach(function (k) { c.hist[k].shift(); });
     }
-    CHARTS.forEach(function (spec) { plot(c, spec[0]); });
-    c.plots.hit.box.firstChild.textContent = "hit rate %" + (c.hist.hit.some(function (v) { return v != null; })
-                                                            ? "" : " (no streamed experts yet)");
+    redraw(c);
     heatmap(c, s.heatmap);
     live.renders++;
     status.textContent = "live · " + new Date(s.at * 1000).toLocaleTimeString();
   }
 
-  JSON.parse(document.getElementById("initial-stats").textContent).forEach(update);
+  var history = JSON.parse(document.getElementById("live-history").textContent);
+  JSON.parse(document.getElementById("initial-stats").textContent).forEach(function (s) {
+    if (history[s.worker]) fill(s.worker, history[s.worker]);
+    update(s);
+  });
   live.messages = 0; live.first = null; // count only what the socket brings
 
   var retry = 500;
   function connect() {
     var ws = new WebSocket(location.protocol.replace("http", "ws") + "//" + location.host + "/ws/panel/live/");
     ws.onopen = function () { retry = 500; };
-    ws.onmessage = function (m) { update(JSON.parse(m.data)); };
+    ws.onmessage = function (m) {
+      var msg = JSON.parse(m.data);
+      if (msg.t === "history") fill(msg.worker, msg.points);
+      else update(msg);
+    };
     ws.onclose = function (e) {
       if (e.code === 4401) { // the session ended (webui/socket_auth.py): no reconnecting
         var link = el("a", null, "sign in again");

@@ -1,4 +1,5 @@
-"""The LAN door: what every request passes before a view runs. The LAN is hostile: every way in is authenticated or deliberately public (`docs/appliance.md`, "What the door refuses").
+"""The LAN door: what every request passes before a view runs. The LAN is hostile: every way in is
+authenticated or deliberately public (`docs/appliance.md`, "What the door refuses").
 
 Two layers, outermost first:
 - `BodyLimit` (ASGI, around Django): a body over `RKMOJO_MAX_REQUEST_BYTES` is answered 413 from its

@@ -6,7 +6,9 @@ A request's stream (`bus.k_events`) carries, in order:
 - `Queued` {position}: requests ahead of this one in its model's queue (0: next), while no worker has
   claimed it; the web side makes it from the queue (`webui.api.jobs`), it is not on the stream;
 - `Loading` {model}: the worker is loading the model before it can start;
-- `Start` {prompt_tokens, load_duration}: the request is valid and computing (the HTTP status is 200 from here);
+- `Start` {prompt_tokens, load_duration, dropped_messages?}: the request is valid and computing (the HTTP
+  status is 200 from here); `dropped_messages`: with `truncate`, how many of the oldest messages after the
+  system prompt were left out of the prompt so that it fits the context (absent when none were);
 - `PrefillProgress` {done, total}: prompt tokens computed so far;
 - `Delta` {text, tokens, channel, logprobs?}: new answer text; `channel` "content" (the answer) or
   "reasoning" (a thinking model's thoughts, which never appear in the content);
@@ -61,6 +63,7 @@ class Start(_Event):
     t: Literal["start"] = "start"
     prompt_tokens: int = Field(0, ge=0)
     load_duration: float = 0.0
+    dropped_messages: int | None = Field(None, ge=1)
 
 
 class PrefillProgress(_Event):

@@ -12,10 +12,13 @@ from the KV cache are in neither): (0, total) first, then after each prefill chu
 their channel (content or reasoning), its tool calls come as ToolCallDelta pieces and, parsed, in Final.
 
 A generation's payload: {id, kind (chat, complete, embed, load, unload), model, messages (chat) or prompt,
-params (`SamplingParams` fields), session?, keep_alive?, template?, defaults?}. `defaults` are the chat
+params (`SamplingParams` fields), session?, keep_alive?, template?, defaults?, truncate?}. `defaults` are the chat
 page's (`tunables.chat_defaults`: repetition_guard, max_tokens) for the fields `params` leave unset, over
 the worker's own (`RKMOJO_<FIELD>`); its max_tokens is a cap, fitted to the room the prompt leaves in the
-context, where an explicit max_tokens that does not fit is refused.
+context, where an explicit max_tokens that does not fit is refused. `truncate: "oldest_turns"` (a chat;
+the chat page's, and the APIs' opt-in) leaves the oldest whole turns after the system messages out of a
+prompt that would overflow the context with the answer's room (`_fit`); `Start.dropped_messages` says how
+many messages. Without it an overlong prompt is a 400 context_length_exceeded.
 
 While a task computes it keeps the board's live-view fields current (`Board.state`: loading, prefill with
 `Board.prefill`, decoding, embedding; `Board.tokens`; `Board.last_ttft`) for the stats thread.
@@ -205,7 +208,11 @@ def _generate(b, eng, req: dict, load_s: float) -> None:
     cap = page.pop("max_tokens", None)
     params = SamplingParams.from_any(_params({**b.cfg.get("SAMPLING", {}), **page}, req), cancel=cancelled)
     tok = eng.tokenizer
-    ids = eng.chat_prompt(req["messages"], params) if chat else tok.encode(req["prompt"])
+    dropped = 0
+    if chat and req.get("truncate") == "oldest_turns":
+        ids, dropped = _fit(eng, req["messages"], params, _reserve(eng, req, cap))
+    else:
+        ids = eng.chat_prompt(req["messages"], params) if chat else tok.encode(req["prompt"])
     if cap and (req.get("params") or {}).get("max_tokens") is None and len(ids) < eng.context_length:
         params.max_tokens = min(int(cap), eng.context_length - len(ids))  # a default fits what is left
     ld = b.loaded[name]
@@ -218,7 +225,7 @@ def _generate(b, eng, req: dict, load_s: float) -> None:
     # checks the parameters and the context before any compute
     events = eng.generate(ids, params, progress=_prefill_reporter(b, rid), chat=chat)
     ld.dirty, ld.session, ld.prompt = True, req.get("session"), len(ids)
-    bus.emit(b.r, rid, Start(prompt_tokens=len(ids), load_duration=load_s))
+    bus.emit(b.r, rid, Start(prompt_tokens=len(ids), load_duration=load_s, dropped_messages=dropped or None))
     # tokens are counted as reasoning when the text they complete is (the first TextDelta after them)
     n_tokens, counted, reasoning_tokens, pending_lp = 0, 0, 0, []
     for ev in events:
@@ -263,6 +270,38 @@ def _generate(b, eng, req: dict, load_s: float) -> None:
                     **cancel,
                 ),
             )
+
+
+def _reserve(eng, req: dict, cap: int | None) -> int:
+    """The answer's room that trimming keeps free: the request's own max_tokens, else the default cap but at
+    most a quarter of the context (a default of 1024 must not empty a 512-token context's history)."""
+    explicit = (req.get("params") or {}).get("max_tokens")
+    if explicit is not None:
+        return int(explicit)
+    quarter = eng.context_length // 4
+    return min(int(cap), quarter) if cap else quarter
+
+
+def _fit(eng, messages: list[dict], params, reserve: int) -> tuple[list[int], int]:
+    """The prompt of `messages` with the oldest turns after the system messages left out while it and
+    `reserve` overflow the context: whole turns (a user message and all that answers it: the assistant's
+    messages, tool calls and their results), never the last one, and none while it fits, so the prompt's
+    prefix stays the same from one send to the next (the prompt cache). Too long even so: the engine refuses.
+
+    Returns:
+        (the prompt's token ids, how many messages were left out)
+    """
+    head = 0
+    while head < len(messages) and messages[head]["role"] == "system":
+        head += 1
+    starts = [i for i in range(head, len(messages)) if messages[i]["role"] == "user"]  # each turn's first
+    ids, cut = eng.chat_prompt(messages, params), head
+    for nxt in starts[1:]:
+        if len(ids) + reserve <= eng.context_length:
+            break
+        cut = nxt
+        ids = eng.chat_prompt(messages[:head] + messages[cut:], params)
+    return ids, cut - head
 
 
 def _params(defaults: dict, req: dict) -> dict:

@@ -122,6 +122,9 @@ class ChatMessage(models.Model):
     decode_tps = models.FloatField(null=True, blank=True)
     expert_hit_rate = models.FloatField(null=True, blank=True)
     finish_reason = models.CharField(max_length=20, blank=True)
+    # an answer's: the oldest messages left out of its prompt to fit the context (the page's marker goes
+    # before message `dropped`: a conversation's indexes run from 0 without gaps)
+    dropped = models.PositiveIntegerField(default=0)
     # an assistant's thinking before its answer, and the tools it called: [{id, name, arguments: dict}]
     reasoning = models.TextField(blank=True, default="")
     tool_calls = models.JSONField(default=list, blank=True)

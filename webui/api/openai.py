@@ -406,7 +406,7 @@ async def _chat_chunks(run: _Run, meta, payloads, include_usage: bool, messages,
                 finals.append(ev)
                 yield chunk(i, {}, FINISH.get(ev.finish_reason, "stop"), lps=logprob_dicts(ev) if logprobs else None)
                 if not i:
-                    await record("openai", meta["model"], messages, answer, run.request.api_key)
+                    await record("openai", meta["model"], messages, answer, getattr(run.request, "api_key", None))
             elif isinstance(ev, Error):
                 raise ApiError.from_event(ev)
     if include_usage:

@@ -10,7 +10,9 @@ answer, `edit` rewrites an earlier user message and drops what followed it, `pro
 cut-off answer. Each stores the user's side first (so a failed generation loses no typing) and says
 where the answer goes (`index`); `record` stores the answer with its measurements when it ends.
 The worker gets the conversation in the engine's spelling (`webui.sessions.for_worker`): tool calls and
-tool results included (an imported or API-made conversation may hold them), thinking left out.
+tool results included (an imported or API-made conversation may hold them), thinking left out. It gets
+all of it: the worker leaves the oldest turns out of a prompt that would overflow the context
+(`truncate`), and the answer keeps how many (`ChatMessage.dropped`) for the page's marker.
 
 Export is JSON (`Export`, the format import reads back) or Markdown. An exported message is
 {role: user | assistant | tool, content, the answer's measurements, reasoning, tool_calls: [{id, name,
@@ -157,6 +159,35 @@ def create(who: Who, model: str, system: str = "", params: dict | None = None, t
     )
 
 
+def switch_model(session: ChatSession, model: str) -> None:
+    """Answer `session` with `model` from its next turn on (the caller checked that a worker serves it)."""
+    session.model = model
+    session.save(update_fields=["model", "updated"])
+
+
+def set_max_tokens(session: ChatSession, text: str) -> None:
+    """Set the conversation's max tokens per answer from a form's `text`; empty: the chat page's default.
+
+    Raises:
+        TurnError: not a whole number of at least 1.
+    """
+    params = dict(session.params)
+    if not text.strip():
+        params.pop("max_tokens", None)
+    else:
+        try:
+            n = int(text)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise TurnError(
+                f"max tokens: {text[:20]!r} is not a whole number of at least 1; leave it empty for the default"
+            )
+        params["max_tokens"] = n
+    session.params = params
+    session.save(update_fields=["params"])
+
+
 # --- turns -----------------------------------------------------------------------------------------
 class TurnError(ValueError):
     """An action that does not fit the conversation (edit a reply, continue a question, …)."""
@@ -172,6 +203,7 @@ class Turn:
     user_index: int | None = None  # the user message this turn stored, if any
     extra: dict = field(default_factory=dict)  # payload fields beyond kind/model/messages/params
     created: bool = False  # this turn started the conversation
+    dropped: int = 0  # messages the worker left out of the prompt to fit the context (`Start.dropped_messages`)
 
     @property
     def payload(self) -> dict:
@@ -290,6 +322,7 @@ def record(turn: Turn, text: str, final: Final, reasoning: str = "") -> ChatMess
         "reasoning": turn.prefix_reasoning + reasoning,
         "tool_calls": [tool_call(c) for c in final.tool_calls or ()],
         "finish_reason": final.finish_reason,
+        "dropped": turn.dropped,
         "prompt_tokens": u and u.prompt_tokens,
         "cached_tokens": u and u.cached_tokens,
         "completion_tokens": u and u.completion_tokens,

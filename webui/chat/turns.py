@@ -5,7 +5,8 @@
     async for out in follow(turn, job): ...            # browser events, the last one final or error
 
 `follow` yields the worker's events as browsers get them (`appliance.events.as_dict`), the status
-events included (queued, loading, prefill); a `delta` names its `channel` (content, or reasoning: the
+events included (queued, loading, prefill); `start` carries `dropped_messages` when the worker left the
+oldest turns out of the prompt (the page marks where the model's view begins); a `delta` names its `channel` (content, or reasoning: the
 model's thinking), a `tool_call` is a piece of a tool call. The `final` event gains `message`: the
 stored answer (thinking and tool calls included) rendered on the server with its measurements, and
 `context`: tokens used of the model's context.
@@ -20,13 +21,19 @@ from asgiref.sync import sync_to_async
 from django.template.loader import render_to_string
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from appliance.events import Delta, Final, as_dict
+from appliance.events import Delta, Final, Start, as_dict
 
+from appliance import tunables
+
+from .. import config
 from ..api.common import ApiError
-from ..api.jobs import Job, catalog
+from ..api.jobs import Job, catalog, context_of
 from . import conversations as conv
 from .forms import NewChatForm
 from .render import message
+
+
+TRUNCATE = "oldest_turns"
 
 
 class Action(BaseModel):
@@ -50,12 +57,13 @@ class Action(BaseModel):
 
 
 async def models() -> dict[str, dict]:
-    """{model name: its description and `context`} over every live worker, by name."""
+    """{model name: its description, `context` (the tokens a conversation may hold: `jobs.Context.tokens`,
+    the model page's figure too), `configured` and `model_max` (the two it is the smaller of)} over every
+    live worker, by name."""
     out = {}
     for name, entries in sorted((await catalog()).items()):
-        w, desc = entries[0]
-        loaded = {m["name"]: m.get("context") for w, _ in entries for m in w.get("loaded", [])}
-        out[name] = {**desc, "context": loaded.get(name) or desc.get("context")}
+        ctx = context_of(*entries[0])
+        out[name] = {**entries[0][1], "context": ctx.tokens, "configured": ctx.configured, "model_max": ctx.model}
     return out
 
 
@@ -111,24 +119,30 @@ async def announce(turn: conv.Turn) -> dict:
         msg = await sync_to_async(turn.session.messages.get)(index=turn.user_index)
         out["user"] = {"index": msg.index, "html": message(turn.session, msg)}
     if turn.created:  # the page was the new-chat form: the conversation's header and its place in the list
-        context = ((await models()).get(turn.session.model) or {}).get("context")
-        ctx = {"session": turn.session, "c": turn.session, "used": 0, "context": context}
+        catalog = await models()
+        info = catalog.get(turn.session.model)
+        ctx = {"session": turn.session, "c": turn.session, "used": 0, "context": (info or {}).get("context")}
+        ctx |= {"info": info, "catalog": catalog}
         out["head"] = render_to_string("webui/chat/_head.html", ctx)
         out["item"] = render_to_string("webui/chat/_item.html", ctx)
     return out
 
 
 async def submit(turn: conv.Turn, client: str | None) -> Job:
-    return await Job.submit(
-        "rkmojo.generate", turn.session.model, turn.payload, client=client, names={"prompt": "messages"}
-    )
+    """Queue the turn with the chat page's defaults (Settings: chat_max_tokens, chat_repetition_guard) for
+    what its conversation leaves unset, and its oldest turns left out of a prompt that would overflow the
+    context (`TRUNCATE`: the worker's policy, `appliance.tasks`)."""
+    payload = {**turn.payload, "defaults": tunables.chat_defaults(await config.acurrent()), "truncate": TRUNCATE}
+    return await Job.submit("rkmojo.generate", turn.session.model, payload, client=client, names={"prompt": "messages"})
 
 
 async def follow(turn: conv.Turn, job: Job) -> AsyncIterator[dict]:
     parts: dict[str, list[str]] = {"content": [], "reasoning": []}
     async for ev in job.events(statuses=True):
         out = as_dict(ev)
-        if isinstance(ev, Delta):
+        if isinstance(ev, Start):
+            turn.dropped = ev.dropped_messages or 0
+        elif isinstance(ev, Delta):
             parts[ev.channel].append(ev.text)
         elif isinstance(ev, Final):
             text, reasoning = "".join(parts["content"]), "".join(parts["reasoning"])

@@ -21,4 +21,6 @@ urlpatterns = [
     path("<uuid:pk>/pin/", views.pin, name="chat-pin"),
     path("<uuid:pk>/preset/", views.preset_apply, name="chat-preset-apply"),
     path("<uuid:pk>/preset/save/", views.preset_save, name="chat-preset-save"),
+    path("<uuid:pk>/model/", views.switch_model, name="chat-model"),
+    path("<uuid:pk>/length/", views.answer_length, name="chat-length"),
 ]

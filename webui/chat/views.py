@@ -15,6 +15,8 @@ The list pins (`pin`: JSON for `conversation-list.js`, else a redirect back) and
 ticked in it (`bulk`: delete them, or export them as one file through the same stream as Export). Presets
 (`webui.chat.presets`) have their page (`/chat/presets/`: yours, the built-ins, a form), fill a new chat's
 form (`/chat/?preset=KEY`), and apply to, or are saved from, a conversation (`preset_apply`, `preset_save`).
+A conversation's model badge switches its model (`switch_model`: an imported one whose model is not
+installed opens with the picker showing); its settings set the answer length (`answer_length`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from django.utils.cache import patch_vary_headers
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from .. import config
 from ..api.common import ApiError
 from . import conversations as conv
 from . import presets, turns
@@ -83,7 +86,8 @@ def _page(request, who: conv.Who, template: str, catalog: dict | None = None, st
     pinned, others = conv.listing(who, q, n + 1)
     catalog = async_to_sync(turns.models)() if catalog is None else catalog
     if ctx.get("session"):
-        ctx["context"] = (catalog.get(ctx["session"].model) or {}).get("context")
+        ctx["info"] = catalog.get(ctx["session"].model)
+        ctx["context"] = (ctx["info"] or {}).get("context")
     config = {
         "session": str(ctx["session"].pk) if ctx.get("session") else None,
         "allowed": {k: sorted(v) for k, v in ALLOWED.items()},
@@ -150,7 +154,9 @@ def conversation(request, who, pk):
     msgs, earlier = conv.window(session.messages.all(), before)
     prepare(msgs)
     if request.headers.get("HX-Request"):  # "Load earlier": these messages alone, put where the link was
-        resp = render(request, "webui/chat/_messages.html", {"session": session, "msgs": msgs, "earlier": earlier})
+        edge = _edge(conv.last_message(session))
+        ctx = {"session": session, "msgs": msgs, "earlier": earlier, "edge": edge}
+        resp = render(request, "webui/chat/_messages.html", ctx)
     else:
         last = msgs[-1] if before is None and msgs else conv.last_message(session)  # the conversation's
         answered = last is not None and last.role == "assistant"
@@ -165,11 +171,18 @@ def conversation(request, who, pk):
             used=(last.prompt_tokens or 0) + (last.completion_tokens or 0) if answered else 0,
             can_continue=answered and last.finish_reason in ("length", "cancelled"),
             can_regenerate=last is not None,
+            edge=_edge(last),
             presets=presets.available(who),
             current=presets.Choice("", "", session.system, session.params),
+            default_max_tokens=config.current()["chat_max_tokens"],
         )
     patch_vary_headers(resp, ["HX-Request"])
     return resp
+
+
+def _edge(last) -> int:
+    """Where the model's view begins: the index of the first message the last answer's prompt held (0: all)."""
+    return last.dropped if last is not None and last.role == "assistant" else 0
 
 
 @require_POST
@@ -404,6 +417,32 @@ def preset_save(request, who, pk):
             flash.error(request, str(e))
         else:
             flash.success(request, f"{'saved' if new else 'updated'} the preset “{p.name}” from this conversation")
+    return HttpResponseRedirect(f"/chat/{pk}/")
+
+
+@require_POST
+@chat_view
+def switch_model(request, who, pk):
+    """Answer the conversation with another installed model (`model`) from its next turn on."""
+    session = conv.get(who, pk)
+    name = request.POST.get("model", "")
+    if name not in async_to_sync(turns.models)():
+        flash.error(request, f"no worker serves the model “{name[:200]}”; pick one of the installed models")
+    elif name != session.model:
+        conv.switch_model(session, name)
+        flash.success(request, f"this conversation now uses {name}: the next answer comes from it")
+    return HttpResponseRedirect(f"/chat/{pk}/")
+
+
+@require_POST
+@chat_view
+def answer_length(request, who, pk):
+    """Set the conversation's max tokens per answer (`max_tokens`; empty: the chat page's default)."""
+    session = conv.get(who, pk)
+    try:
+        conv.set_max_tokens(session, request.POST.get("max_tokens", ""))
+    except conv.TurnError as e:
+        flash.error(request, str(e))
     return HttpResponseRedirect(f"/chat/{pk}/")
 
 

@@ -305,7 +305,9 @@
       case "queued":
         return setStatus(ev.position === 0 ? "Next in line…" : plural(ev.position, "request") + " ahead…");
       case "loading": return setStatus("Loading " + ev.model + "…");
-      case "start": return setStatus("Reading the prompt (" + plural(ev.prompt_tokens, "token") + ")…");
+      case "start":
+        markEdge(ev.dropped_messages || 0);
+        return setStatus("Reading the prompt (" + plural(ev.prompt_tokens, "token") + ")…");
       case "prefill": return setStatus("prompt " + ev.done + " / " + ev.total);
       case "delta":
         if (live) {
@@ -335,6 +337,21 @@
       case "final": return onFinal(ev);
       case "error": return onError(ev);
     }
+  }
+
+  // where the model's view begins: before message `dropped` (the worker left the ones ahead of it out of
+  // the prompt to fit the context); the server renders the same marker (_edge.html) on a reload
+  function markEdge(dropped) {
+    const old = $("#context-edge");
+    if (old) old.remove();
+    const first = dropped && list.querySelector('li.msg[data-index="' + dropped + '"]');
+    if (!first) return;
+    const li = document.createElement("li");
+    li.className = "context-edge";
+    li.id = "context-edge";
+    li.setAttribute("role", "note");
+    li.textContent = "earlier messages are outside the model's context";
+    first.before(li);
   }
 
   function onTurn(ev) {

@@ -1,5 +1,6 @@
 // Models page: follows the pull or verify job named on the page (data-job, data-worker) over
-// ws/panel/job/WORKER/ID/ with a progress bar (bytes, rate, ETA) and a Cancel button; reloads when it ends well.
+// ws/panel/job/WORKER/ID/ with a progress bar (bytes, rate, ETA) and a Cancel button; a pull that ends well
+// reloads the list, a verify shows its result ("verified: …", or the error naming the first bad tensor).
 (function () {
   "use strict";
   var box = document.getElementById("job");
@@ -37,8 +38,11 @@
     cancel.hidden = true;
     if (ok) {
       bar.value = bar.max;
-      statusEl.textContent = "done";
       statusEl.className = "ok";
+      // a verify's last status is its result ("verified: …"): it stays (the model's page keeps it as
+      // "Last verified"); a pull's list reloads with the new model
+      if (/^verified/.test(statusEl.textContent)) return;
+      statusEl.textContent = "done";
       setTimeout(function () { location.replace("/panel/models/"); }, 800);
     } else {
       errorEl.hidden = false;

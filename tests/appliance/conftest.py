@@ -26,13 +26,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class Stack:
-    def __init__(self, base: Path, store: Path, **env: str):
-        """`env`: RKMOJO_* variables over the tests' own (a benchmark's RKMOJO_CONTEXT, say)."""
+    def __init__(self, base: Path, store: Path, *, more_models: dict[str, Path] | None = None, **env: str):
+        """`more_models`: stores installed beside the demo model, by name; `env`: RKMOJO_* variables over the
+        tests' own (a benchmark's RKMOJO_CONTEXT, say)."""
         self.base = base
         self.data = base / "data"
         (self.data / "models").mkdir(parents=True)
         (self.data / "logs").mkdir()
-        (self.data / "models" / MODEL).symlink_to(store)
+        for name, path in {MODEL: store, **(more_models or {})}.items():
+            (self.data / "models" / name).symlink_to(path)
         self.store = store
         argv, self.redis_url = processes.redis_argv(self.data)
         self.redis = processes.Child("redis", argv, processes.base_env(), self.data / "logs" / "redis.log").start()

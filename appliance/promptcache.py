@@ -122,9 +122,15 @@ class PromptCache:
         Returns the prefix length the engine now shares with `ids` (its prefill reuses at most that).
         """
         have = common_prefix(np.asarray(ids, np.int64), np.asarray(engine.tokens, np.int64))
-        entry, n = self.best(ids)
-        if entry is None or n <= have:
-            return have
+        while True:
+            entry, n = self.best(ids)
+            if entry is None or n <= have:
+                return have
+            if entry.snap is not None or entry.path.is_file():
+                break
+            with self._lock:  # removed behind this worker's back (the panel's Clear): forget it, try the next
+                if self.entries.get(entry.path.stem) is entry:
+                    del self.entries[entry.path.stem]
         snap = entry.snap  # read once: the writer clears it when the file is written
         t0 = time.perf_counter()
         try:
@@ -256,6 +262,11 @@ class PromptCache:
         self._unlink(entry.path)
 
     def _unlink(self, kv: Path) -> None:
+        """Remove a file and its index, and forget it: a later restore must not pick a file that is gone."""
+        if kv.parent == self.dir:
+            with self._lock:
+                if (e := self.entries.get(kv.stem)) is not None and e.snap is None:
+                    del self.entries[kv.stem]
         kv.unlink(missing_ok=True)
         kv.with_suffix(".json").unlink(missing_ok=True)
         if kv.parent == self.dir:

@@ -204,7 +204,8 @@ def test_conversion_memory_stays_bounded_on_a_checkpoint_larger_than_the_bound(t
         weight_map.update({k: fname for k in tensors})
         del tensors
     (src / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    bound = int(1.5 * 2**30) + largest
+    # alone the peak is 1.2 GiB; in the whole suite, with the image build writing beside it, 1.7 GiB was seen
+    bound = int(1.75 * 2**30) + largest
     assert total > bound, "the checkpoint must be larger than the memory bound it is tested against"
 
     p = subprocess.run(

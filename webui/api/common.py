@@ -18,7 +18,7 @@ from datetime import timedelta
 import kombu.exceptions
 import pydantic
 import redis.exceptions
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
@@ -339,3 +339,11 @@ async def record(source: str, model: str, messages: list[dict], answer: Answer, 
         )
     except Exception:  # the answer is delivered; a full disk must not turn it into an error
         log.exception("could not record the chat session")
+
+
+def event_stream(body) -> StreamingHttpResponse:
+    """Server-sent events from the async iterator of text `body`, never buffered by a proxy or a cache."""
+    resp = StreamingHttpResponse(body, content_type="text/event-stream")
+    resp["Cache-Control"] = "no-cache"
+    resp["X-Accel-Buffering"] = "no"
+    return resp

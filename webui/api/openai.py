@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from appliance.events import Delta, Embeddings, Error, Final, ToolCallDelta, Usage, logprob_dicts
 
 from . import jobs
-from .common import Answer, ApiError, api_view, collect, openai_error_body, record
+from .common import Answer, ApiError, api_view, collect, event_stream, openai_error_body, record
 from inference.options import OPENAI
 
 from .params import (
@@ -583,7 +583,4 @@ def _sse(run: _Run, chunks) -> StreamingHttpResponse:
             await chunks.aclose()
             await run.close()  # before the end: the client went away, and the worker stops at its next token
 
-    resp = StreamingHttpResponse(body(), content_type="text/event-stream")
-    resp["Cache-Control"] = "no-cache"
-    resp["X-Accel-Buffering"] = "no"
-    return resp
+    return event_stream(body())

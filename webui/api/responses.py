@@ -44,7 +44,7 @@ from inference.options import Surface
 
 from . import jobs
 from . import response_items as items
-from .common import Answer, ApiError, api_view, collect, record, validation_error
+from .common import Answer, ApiError, api_view, collect, event_stream, record, validation_error
 from .openai import THINK_OFF
 from .params import (
     Tool,
@@ -431,7 +431,4 @@ def _sse(job, events) -> StreamingHttpResponse:
             await events.aclose()
             await job.close()  # before the end: the client went away, and the worker stops at its next token
 
-    resp = StreamingHttpResponse(body(), content_type="text/event-stream")
-    resp["Cache-Control"] = "no-cache"
-    resp["X-Accel-Buffering"] = "no"
-    return resp
+    return event_stream(body())

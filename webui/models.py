@@ -92,6 +92,10 @@ class ChatSession(models.Model):
     api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="sessions")
     # when its owner pinned it to the top of the chat page's list (None: not pinned)
     pinned = models.DateTimeField(null=True, blank=True)
+    # "Summarize and continue": the model's summary of messages 0..summary_upto, which the prompt holds in
+    # their place (after the system prompt); the messages stay in the conversation (None: no summary)
+    summary = models.TextField(blank=True, default="")
+    summary_upto = models.PositiveIntegerField(null=True, blank=True)
     digest = models.CharField(max_length=64, db_index=True, help_text="of the messages so far, reply included")
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
@@ -122,8 +126,9 @@ class ChatMessage(models.Model):
     decode_tps = models.FloatField(null=True, blank=True)
     expert_hit_rate = models.FloatField(null=True, blank=True)
     finish_reason = models.CharField(max_length=20, blank=True)
-    # an answer's: the oldest messages left out of its prompt to fit the context (the page's marker goes
-    # before message `dropped`: a conversation's indexes run from 0 without gaps)
+    # an answer's: the index of the first message its prompt held when older ones were left out to fit the
+    # context (0: none were); the page's marker goes before that message (a conversation's indexes run
+    # from 0 without gaps, and a summary's messages count as left out only past it)
     dropped = models.PositiveIntegerField(default=0)
     # an assistant's thinking before its answer, and the tools it called: [{id, name, arguments: dict}]
     reasoning = models.TextField(blank=True, default="")

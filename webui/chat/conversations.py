@@ -12,7 +12,10 @@ where the answer goes (`index`); `record` stores the answer with its measurement
 The worker gets the conversation in the engine's spelling (`webui.sessions.for_worker`): tool calls and
 tool results included (an imported or API-made conversation may hold them), thinking left out. It gets
 all of it: the worker leaves the oldest turns out of a prompt that would overflow the context
-(`truncate`), and the answer keeps how many (`ChatMessage.dropped`) for the page's marker.
+(`truncate`), and the answer keeps where its prompt began (`ChatMessage.dropped`) for the page's marker.
+"Summarize and continue" (`summarize`, then `keep_summary`) has the model fold the messages left out into a
+summary, which later prompts hold in their place, after the system prompt (`ChatSession.summary`,
+`summary_upto`); the messages themselves stay.
 
 Export is JSON (`Export`, the format import reads back) or Markdown. An exported message is
 {role: user | assistant | tool, content, the answer's measurements, reasoning, tool_calls: [{id, name,
@@ -61,6 +64,12 @@ MAX_MESSAGES = 10_000  # in one conversation
 MAX_TOTAL = 50_000  # in the whole file
 IMPORT_DEPTH = 32  # objects and arrays inside each other: an export needs 8, plus a tool call's arguments
 MAX_PINNED = 25  # pinned conversations of one person: the list shows them all above the others
+SUMMARY_TOKENS = 320  # the most a summary may take of the answer's room
+SUMMARY_HEAD = "Summary of the earlier conversation:"
+SUMMARIZE = (
+    "Summarize the conversation above in a few short paragraphs: the questions asked, the answers and "
+    "decisions reached, and any names, numbers or code that later messages may refer to. Write only the summary."
+)
 
 
 @dataclass(frozen=True)
@@ -204,6 +213,12 @@ class Turn:
     extra: dict = field(default_factory=dict)  # payload fields beyond kind/model/messages/params
     created: bool = False  # this turn started the conversation
     dropped: int = 0  # messages the worker left out of the prompt to fit the context (`Start.dropped_messages`)
+    base: int = 0  # the index of the first message `messages` holds (past the summary's)
+
+    @property
+    def edge(self) -> int:
+        """The index of the first message the prompt held when the worker left older ones out (0: none)."""
+        return self.base + self.dropped if self.dropped else 0
 
     @property
     def payload(self) -> dict:
@@ -218,11 +233,30 @@ class Turn:
 
 
 def _history(session: ChatSession, upto: int | None = None) -> list[dict]:
+    """What the worker gets: the system prompt (with the summary, if any), then the messages past the
+    summary's, up to `upto` (None: all)."""
     msgs = session.messages.order_by("index").only("role", "content", "tool_calls", "tool_call_id", "name")
+    msgs = msgs.filter(index__gte=first_sent(session))
     if upto is not None:
         msgs = msgs.filter(index__lte=upto)
-    out = [{"role": "system", "content": session.system}] if session.system else []
+    system = session.system
+    if session.summary_upto is not None:
+        system = "\n\n".join(p for p in (system, f"{SUMMARY_HEAD}\n{session.summary}") if p)
+    out = [{"role": "system", "content": system}] if system else []
     return out + [for_worker(m) for m in msgs]
+
+
+def first_sent(session: ChatSession) -> int:
+    """The index of the first message a prompt holds: past the summary's."""
+    return 0 if session.summary_upto is None else session.summary_upto + 1
+
+
+def edge(session: ChatSession, last: ChatMessage | None) -> int:
+    """Where the model's view begins for the page's marker: the first message the last answer's prompt held
+    when older ones past the summary were left out (0: no marker)."""
+    if last is None or last.role != "assistant" or last.dropped <= first_sent(session):
+        return 0
+    return last.dropped
 
 
 def last_message(session: ChatSession) -> ChatMessage | None:
@@ -266,7 +300,7 @@ def send(session: ChatSession, text: str) -> Turn:
     if not session.title:
         session.title = " ".join(text.split())[:TITLE_LENGTH]
     session.save()
-    return Turn(session, index + 1, _history(session), user_index=index)
+    return Turn(session, index + 1, _history(session), user_index=index, base=first_sent(session))
 
 
 @transaction.atomic
@@ -278,7 +312,7 @@ def regenerate(session: ChatSession) -> Turn:
     if last is None or last.role not in ("user", "tool"):  # a tool's result is answered as a question is
         raise TurnError("there is no question to answer again")
     session.save()
-    return Turn(session, last.index + 1, _history(session))
+    return Turn(session, last.index + 1, _history(session), base=first_sent(session))
 
 
 @transaction.atomic
@@ -291,8 +325,10 @@ def edit(session: ChatSession, index: int, text: str) -> Turn:
     session.messages.filter(index__gt=index).delete()  # what followed answered the old text
     msg.content = text
     msg.save(update_fields=["content"])
+    if session.summary_upto is not None and index <= session.summary_upto:  # it summarized the old text
+        session.summary, session.summary_upto = "", None
     session.save()
-    return Turn(session, index + 1, _history(session), user_index=index)
+    return Turn(session, index + 1, _history(session), user_index=index, base=first_sent(session))
 
 
 @transaction.atomic
@@ -306,6 +342,7 @@ def proceed(session: ChatSession) -> Turn:
         session,
         last.index,
         _history(session),
+        base=first_sent(session),
         prefix=last.content,
         prefix_reasoning=last.reasoning,
         extra={"template": {"continue_final_message": True}},
@@ -322,7 +359,7 @@ def record(turn: Turn, text: str, final: Final, reasoning: str = "") -> ChatMess
         "reasoning": turn.prefix_reasoning + reasoning,
         "tool_calls": [tool_call(c) for c in final.tool_calls or ()],
         "finish_reason": final.finish_reason,
-        "dropped": turn.dropped,
+        "dropped": turn.edge,
         "prompt_tokens": u and u.prompt_tokens,
         "cached_tokens": u and u.cached_tokens,
         "completion_tokens": u and u.completion_tokens,
@@ -335,6 +372,47 @@ def record(turn: Turn, text: str, final: Final, reasoning: str = "") -> ChatMess
         msg, _ = ChatMessage.objects.update_or_create(session=turn.session, index=turn.index, defaults=fields)
         ChatSession.objects.filter(pk=turn.session.pk).update(updated=timezone.now())
     return msg
+
+
+@dataclass
+class Summary:
+    """A summary to compute: `messages` ask the model to fold the conversation up to message `upto`."""
+
+    session: ChatSession
+    upto: int
+    messages: list[dict]
+
+
+def summarize(session: ChatSession) -> Summary:
+    """What "Summarize and continue" asks the model: the messages the last answer's prompt left out (with the
+    summary before them, if any) and an instruction to summarize them. They are whole turns, so they end
+    with an answer and the instruction is the next question.
+
+    Raises:
+        TurnError: nothing was left out of the last answer's prompt.
+    """
+    at = edge(session, last_message(session))
+    if not at:
+        raise TurnError("nothing is outside the model's context yet: there is nothing to summarize")
+    start = first_sent(session)
+    msgs = session.messages.order_by("index").filter(index__gte=start, index__lt=at)
+    system = "You summarize conversations faithfully and briefly."
+    if session.summary_upto is not None:
+        system += f"\n\n{SUMMARY_HEAD}\n{session.summary}"
+    out = [{"role": "system", "content": system}] + [for_worker(m) for m in msgs]
+    return Summary(session, at - 1, out + [{"role": "user", "content": SUMMARIZE}])
+
+
+def keep_summary(s: Summary, text: str) -> None:
+    """Store the model's summary: later prompts hold it in place of messages up to `s.upto`.
+
+    Raises:
+        TurnError: the model wrote nothing.
+    """
+    if not text.strip():
+        raise TurnError("the model wrote an empty summary; try Summarize again")
+    ChatSession.objects.filter(pk=s.session.pk).update(summary=text.strip(), summary_upto=s.upto)
+    s.session.summary, s.session.summary_upto = text.strip(), s.upto
 
 
 # --- export and import -------------------------------------------------------------------------------
@@ -389,7 +467,18 @@ class ExportedConversation(_Strict):
     system: str = ""
     params: dict = {}
     created: datetime.datetime | None = None
+    summary: str = ""  # "Summarize and continue": the model's summary of messages 0..summary_upto
+    summary_upto: int | None = Field(None, ge=0)
     messages: list[ExportedMessage]
+
+    @model_validator(mode="after")
+    def _summary_within(self):
+        if self.summary_upto is not None and (self.summary_upto >= len(self.messages) or not self.summary.strip()):
+            raise ValueError(
+                f"summary_upto {self.summary_upto} needs a summary and a message after it "
+                f"(the conversation has {len(self.messages)}); drop summary_upto to import it without its summary"
+            )
+        return self
 
 
 class Export(_Strict):
@@ -415,8 +504,15 @@ def export_json(sessions: Iterable[ChatSession]) -> Iterator[str]:
     dump, never held whole (a conversation of 100k messages is ~30 MB of JSON)."""
     yield '{"format": "rkmojo-chat", "version": 1, "conversations": ['
     for i, s in enumerate(sessions):
-        head = ExportedConversation(
-            title=s.title, model=s.model, system=s.system, params=s.params, created=s.created, messages=[]
+        head = ExportedConversation.model_construct(  # its messages come after: checked on import, not here
+            title=s.title,
+            model=s.model,
+            system=s.system,
+            params=s.params,
+            created=s.created,
+            summary=s.summary,
+            summary_upto=s.summary_upto,
+            messages=[],
         ).model_dump_json(exclude={"messages"})
         yield ("," if i else "") + "\n" + head[:-1] + ', "messages": ['  # messages last: after the head's fields
         for j, m in enumerate(_messages(s)):
@@ -433,6 +529,8 @@ def export_markdown(sessions: Iterable[ChatSession]) -> Iterator[str]:
             yield f"\n**System:** {s.system}\n"
         for m in _messages(s):
             yield "\n" + _markdown_message(m)
+            if m.index == s.summary_upto:
+                yield f"\n## Summary of the messages above\n\n{s.summary}\n"
 
 
 def _markdown_message(m: ChatMessage) -> str:
@@ -515,6 +613,8 @@ def import_(who: Who, data: Export) -> list[ChatSession]:
     made = []
     for c in data.conversations:
         s = create(who, c.model, c.system, c.params, c.title)
+        if c.summary_upto is not None:
+            ChatSession.objects.filter(pk=s.pk).update(summary=c.summary, summary_upto=c.summary_upto)
         rows = name_tool_results([m.model_dump() for m in c.messages])
         ChatMessage.objects.bulk_create(
             [ChatMessage(session=s, index=i, **row) for i, row in enumerate(rows)], batch_size=CHUNK

@@ -6,7 +6,8 @@
 
 `follow` yields the worker's events as browsers get them (`appliance.events.as_dict`), the status
 events included (queued, loading, prefill); `start` carries `dropped_messages` when the worker left the
-oldest turns out of the prompt (the page marks where the model's view begins); a `delta` names its `channel` (content, or reasoning: the
+oldest turns out of the prompt, and `edge`: the index of the message the model's view begins at (the page
+marks it; 0: no marker); a `delta` names its `channel` (content, or reasoning: the
 model's thinking), a `tool_call` is a piece of a tool call. The `final` event gains `message`: the
 stored answer (thinking and tool calls included) rendered on the server with its measurements, and
 `context`: tokens used of the model's context.
@@ -21,7 +22,7 @@ from asgiref.sync import sync_to_async
 from django.template.loader import render_to_string
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from appliance.events import Delta, Final, Start, as_dict
+from appliance.events import Delta, Error, Final, Start, as_dict
 
 from appliance import tunables
 
@@ -142,6 +143,7 @@ async def follow(turn: conv.Turn, job: Job) -> AsyncIterator[dict]:
         out = as_dict(ev)
         if isinstance(ev, Start):
             turn.dropped = ev.dropped_messages or 0
+            out["edge"] = turn.edge
         elif isinstance(ev, Delta):
             parts[ev.channel].append(ev.text)
         elif isinstance(ev, Final):
@@ -150,6 +152,39 @@ async def follow(turn: conv.Turn, job: Job) -> AsyncIterator[dict]:
             out["message"] = {"index": msg.index, "html": message(turn.session, msg)}
             out["context"] = await context_used(turn, ev)
         yield out
+
+
+async def summarize(who: conv.Who, pk, client: str | None) -> None:
+    """ "Summarize and continue": the model folds the messages the last answer's prompt left out into a
+    summary (`conv.summarize`), kept when it ends (`conv.keep_summary`). The summary's room is at most
+    `conv.SUMMARY_TOKENS` and a quarter of the context; its prompt is trimmed as a turn's is.
+
+    Raises:
+        ApiError: nothing to summarize (400), no worker serves the model (404), the worker's error.
+    """
+    session = await sync_to_async(_get)(who, pk)
+    try:
+        s = await sync_to_async(conv.summarize)(session)
+    except conv.TurnError as e:
+        raise ApiError(400, str(e), param="action") from None
+    context = ((await models()).get(session.model) or {}).get("context") or conv.SUMMARY_TOKENS * 4
+    params = {**session.params, "max_tokens": min(conv.SUMMARY_TOKENS, context // 4)}
+    payload = {"kind": "chat", "model": session.model, "messages": s.messages, "params": params}
+    payload |= {"defaults": tunables.chat_defaults(await config.acurrent()), "truncate": TRUNCATE}
+    job = await Job.submit("rkmojo.generate", session.model, payload, client=client, names={"prompt": "messages"})
+    text = []
+    try:
+        async for ev in job.events():
+            if isinstance(ev, Error):
+                raise ApiError.from_event(ev)
+            if isinstance(ev, Delta) and ev.channel == "content":
+                text.append(ev.text)
+    finally:
+        await job.close()
+    try:
+        await sync_to_async(conv.keep_summary)(s, "".join(text))
+    except conv.TurnError as e:
+        raise ApiError(400, str(e), param="action") from None
 
 
 async def context_used(turn: conv.Turn, final: Final) -> dict:

@@ -23,4 +23,5 @@ urlpatterns = [
     path("<uuid:pk>/preset/save/", views.preset_save, name="chat-preset-save"),
     path("<uuid:pk>/model/", views.switch_model, name="chat-model"),
     path("<uuid:pk>/length/", views.answer_length, name="chat-length"),
+    path("<uuid:pk>/summarize/", views.summarize, name="chat-summarize"),
 ]

@@ -154,8 +154,8 @@ def conversation(request, who, pk):
     msgs, earlier = conv.window(session.messages.all(), before)
     prepare(msgs)
     if request.headers.get("HX-Request"):  # "Load earlier": these messages alone, put where the link was
-        edge = _edge(conv.last_message(session))
-        ctx = {"session": session, "msgs": msgs, "earlier": earlier, "edge": edge}
+        edge = conv.edge(session, conv.last_message(session))
+        ctx = {"session": session, "msgs": msgs, "earlier": earlier, "edge": edge, "summary_at": _summary_at(session)}
         resp = render(request, "webui/chat/_messages.html", ctx)
     else:
         last = msgs[-1] if before is None and msgs else conv.last_message(session)  # the conversation's
@@ -171,7 +171,8 @@ def conversation(request, who, pk):
             used=(last.prompt_tokens or 0) + (last.completion_tokens or 0) if answered else 0,
             can_continue=answered and last.finish_reason in ("length", "cancelled"),
             can_regenerate=last is not None,
-            edge=_edge(last),
+            edge=conv.edge(session, last),
+            summary_at=_summary_at(session),
             presets=presets.available(who),
             current=presets.Choice("", "", session.system, session.params),
             default_max_tokens=config.current()["chat_max_tokens"],
@@ -180,9 +181,21 @@ def conversation(request, who, pk):
     return resp
 
 
-def _edge(last) -> int:
-    """Where the model's view begins: the index of the first message the last answer's prompt held (0: all)."""
-    return last.dropped if last is not None and last.role == "assistant" else 0
+def _summary_at(session) -> int | None:
+    """The message the summary's block goes before (None: no summary)."""
+    return None if session.summary_upto is None else session.summary_upto + 1
+
+
+@require_POST
+@chat_view
+async def summarize(request, who, pk):
+    """ "Summarize and continue": runs to the end of the summary, then back to the conversation."""
+    try:
+        await turns.summarize(who, pk, request.META.get("REMOTE_ADDR"))
+    except ApiError as e:
+        await sync_to_async(flash.error)(request, str(e))
+        return HttpResponseRedirect(f"/chat/{pk}/")
+    return HttpResponseRedirect(f"/chat/{pk}/#summary")
 
 
 @require_POST

@@ -306,7 +306,7 @@
         return setStatus(ev.position === 0 ? "Next in line…" : plural(ev.position, "request") + " ahead…");
       case "loading": return setStatus("Loading " + ev.model + "…");
       case "start":
-        markEdge(ev.dropped_messages || 0);
+        markEdge(ev.edge || 0);
         return setStatus("Reading the prompt (" + plural(ev.prompt_tokens, "token") + ")…");
       case "prefill": return setStatus("prompt " + ev.done + " / " + ev.total);
       case "delta":
@@ -339,19 +339,16 @@
     }
   }
 
-  // where the model's view begins: before message `dropped` (the worker left the ones ahead of it out of
-  // the prompt to fit the context); the server renders the same marker (_edge.html) on a reload
-  function markEdge(dropped) {
+  // where the model's view begins: before message `edge` (the worker left the ones ahead of it out of
+  // the prompt to fit the context), with its "Summarize and continue" form: the server's marker
+  // (_edge.html, in the page's #edge-template), which a reload renders in place
+  function markEdge(edge) {
     const old = $("#context-edge");
     if (old) old.remove();
-    const first = dropped && list.querySelector('li.msg[data-index="' + dropped + '"]');
-    if (!first) return;
-    const li = document.createElement("li");
-    li.className = "context-edge";
-    li.id = "context-edge";
-    li.setAttribute("role", "note");
-    li.textContent = "earlier messages are outside the model's context";
-    first.before(li);
+    const first = edge && list.querySelector('li.msg[data-index="' + edge + '"]');
+    const template = $("#edge-template");
+    if (!first || !template) return;
+    first.before(template.content.firstElementChild.cloneNode(true));
   }
 
   function onTurn(ev) {
@@ -416,6 +413,12 @@
   // --- the page's forms, keys and buttons ---------------------------------------------------------
   document.addEventListener("submit", (e) => {
     const form = e.target;
+    if (form.matches("form.summarize")) { // a plain post that ends with the page reloaded: say it works
+      if (busy) return e.preventDefault();
+      setBusy(true);
+      form.querySelector("button").textContent = "Summarizing…";
+      return setStatus("The model is writing a summary of the earlier messages…");
+    }
     if (!form.matches("form[data-ws]")) return;
     e.preventDefault();
     if (signedOut) return showSignedOut(); // the text typed stays in its box

@@ -18,7 +18,10 @@ Chat completions take, besides the sampling fields:
   and are counted in `usage.completion_tokens_details.reasoning_tokens`;
 - `logit_bias` {"token id": -100..100}, added to those tokens' logits;
 - `n` > 1: the choices are computed one after another, one job each (the board runs one generation at a
-  time), choice i with seed + i when a seed is given; streamed, choice 0's chunks come first, then 1's.
+  time), choice i with seed + i when a seed is given; streamed, choice 0's chunks come first, then 1's;
+- `truncation` (the Responses API's field): "auto" leaves the oldest whole turns after the system messages
+  out of a conversation longer than the context (`params.TRUNCATE`), for every choice; "disabled" (the
+  default) makes it a 400 context_length_exceeded, as OpenAI's chat completions do.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from inference.options import OPENAI
 
 from .params import (
     Tool,
+    Truncation,
     chat_messages,
     check_embed_batch,
     check_logit_bias,
@@ -49,6 +53,7 @@ from .params import (
     check_tools,
     sampling_field,
     seed_value,
+    trimming,
 )
 
 FINISH = {"stop": "stop", "length": "length", "cancelled": "stop", "tool_calls": "tool_calls", "repetition": "stop"}
@@ -122,6 +127,7 @@ class ChatRequest(_Sampling):
     web_search_options: Any = None
     # vLLM's and llama.cpp's: chat template variables, e.g. {"enable_thinking": false}
     chat_template_kwargs: dict | None = None
+    truncation: Truncation = None  # the Responses API's, as an extension
 
 
 class CompletionRequest(_Sampling):
@@ -235,7 +241,13 @@ async def chat_completions(request, body):
         logprobs=(req.top_logprobs or 0) if req.logprobs else None,
     )
     payloads = [
-        {"kind": "chat", "model": req.model, "messages": messages, "params": _choice_params(params, req.seed, i)}
+        {
+            "kind": "chat",
+            "model": req.model,
+            "messages": messages,
+            "params": _choice_params(params, req.seed, i),
+            **trimming(req.truncation == "auto"),
+        }
         for i in range(req.n or 1)
     ]
     names = {

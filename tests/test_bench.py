@@ -258,23 +258,9 @@ def test_the_simulator_replays_the_engines_own_hits_and_misses(tiny, token_prefe
         assert sum(c.misses for c in rec.calls) == t["misses"]
         took += sum(len(c.prefetched) for c in rec.calls)
         lent += sum(len(c.lent) for c in rec.calls)
-        assert not any(c.promoted for c in rec.calls)
         assert [Call.from_row(json.loads(json.dumps(c.row()))) for c in rec.calls] == rec.calls
         e.close()
     assert (took > 0 and lent > 0) == (token_prefetch != 0)  # both effects were there to replay
-
-
-def test_the_replay_as_run_caches_the_promoted_lookahead_reads():
-    """A miss the lookahead read enters the cache when the trace says it was promoted, evicting as the
-    engine's `assign` does, so a later request for it hits."""
-    calls = [
-        Call("prefill", 1, (3, 5)),
-        Call("decode", 1, (3, 4), prefetched=(4,), promoted=(4,)),
-        Call("decode", 1, (4,)),
-    ]
-    assert replay(calls, 8, 2, "lru", as_run=True)["decode"]["hits"] == 2  # 3, then 4 (it evicted 5)
-    kept_out = [calls[0], Call("decode", 1, (3, 4), prefetched=(4,)), calls[2]]
-    assert replay(kept_out, 8, 2, "lru", as_run=True)["decode"]["hits"] == 1
 
 
 def test_the_replay_as_run_keeps_the_lookaheads_reads_uncached_and_empties_lent_slots():

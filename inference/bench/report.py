@@ -217,10 +217,7 @@ def _analysis(out: Lines, r: dict) -> None:
         out.append(f"{'':>6}{n:>8}{_pct(sw['lfu'][i]):>10}{_pct(sw['lru'][i]):>10}{_pct(sw['belady'][i]):>10}")
     ck = sw["check"]
     lookahead = (
-        f" (replayed with the {ck['prefetch_hits']} misses the lookahead read, of which {ck.get('promoted', 0)} "
-        "were promoted into the cache)"
-        if ck.get("prefetch_hits")
-        else ""
+        f" (replayed with the {ck['prefetch_hits']} misses the lookahead read)" if ck.get("prefetch_hits") else ""
     )
     out.row(
         "check",

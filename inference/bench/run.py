@@ -467,10 +467,9 @@ def combine(st, o: BenchOptions, s: dict, c: dict | None, calls: list[Call], use
             "policy": eng["policy"],
             "simulated": hit_rate(sim),
             "measured": dec["hit_rate"],
-            # misses the lookahead read: computed from its slots, cached only if promoted; the replay
+            # misses the lookahead read: computed from its slots, never cached; the replay
             # applies them (and the slots lent to it) as recorded, so simulated equals measured with it on
             "prefetch_hits": dec.get("prefetch_hits", 0),
-            "promoted": dec.get("promoted", 0),
         }
     return r
 

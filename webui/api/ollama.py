@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from appliance.events import Delta, Error, Final, Progress, ToolCallDelta, Usage, logprob_dicts
 
-from . import board, jobs
+from . import board, jobs, priority
 from .common import Answer, ApiError, api_view, check_scope, ollama_model_name, record
 from .openai import embedding_result
 from inference.options import OLLAMA
@@ -389,6 +389,7 @@ async def chat(request, body):
         client=request.META.get("REMOTE_ADDR"),
         refused_status=503,
         names={"prompt": "messages"},
+        priority=priority.of(payload, streamed=req.stream is not False),
     )
     await job.started()
 
@@ -419,7 +420,12 @@ async def generate(request, body):
         payload = {"kind": "chat", "messages": messages}
     payload.update(model=model, params=params, keep_alive=keep_alive)
     job = await jobs.Job.submit(
-        "rkmojo.generate", model, payload, client=request.META.get("REMOTE_ADDR"), refused_status=503
+        "rkmojo.generate",
+        model,
+        payload,
+        client=request.META.get("REMOTE_ADDR"),
+        refused_status=503,
+        priority=priority.of(payload, streamed=req.stream is not False),
     )
     await job.started()
     return await _respond(job, model, t0, _generate_piece, req.stream is not False)

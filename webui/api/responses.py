@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from appliance.events import Delta, Error, Final, ToolCallDelta
 from inference.options import Surface
 
-from . import jobs
+from . import jobs, priority
 from . import response_items as items
 from .common import Answer, ApiError, api_view, collect, event_stream, record, validation_error
 from .openai import THINK_OFF
@@ -375,7 +375,12 @@ async def responses(request, body):
         payload, fmt = _payload(req, spelling)
         names = {"prompt": "input", "think": "reasoning.effort"}
         job = await jobs.Job.submit(
-            "rkmojo.generate", req.model, payload, client=request.META.get("REMOTE_ADDR"), names=names
+            "rkmojo.generate",
+            req.model,
+            payload,
+            client=request.META.get("REMOTE_ADDR"),
+            names=names,
+            priority=priority.of(payload, streamed=bool(req.stream)),
         )
         await job.started()
     except ApiError as e:

@@ -5,7 +5,7 @@ Each round times a burst of calls of one kernel, then of the other (per round th
 the table gives the medians over the rounds and GB/s of the q4 weight bytes. `--cold MB` cycles copies of
 each weight filling MB, so weights come from DRAM (as a model's do) rather than the last-level cache.
 
-    .venv/bin/python benchmarks/repack_bench.py [--threads 1 2] [--rounds 15] [--cold 1024]
+    .venv/bin/python benchmarks/profile/repack_bench.py [--threads 1 2] [--rounds 15] [--cold 1024]
         [--shapes 2048x2048 4096x2048 512x2048 2048x4096 151936x2048] [--tokens 1] [--activations q8]
 
 `--tokens 128` (or `--activations f32`) times what a repacked matrix costs where it is not in lanes: the
@@ -22,7 +22,7 @@ import numpy as np
 
 from inference import kernels
 from inference.quant import QTensor, quantize, repack_q4
-from kernels_bench import best_time  # this directory: the scripts run as `python benchmarks/X.py`
+from kernels_bench import best_time  # this directory: the scripts run as `python benchmarks/profile/X.py`
 
 SHAPES = ("2048x2048", "4096x2048", "512x2048", "2048x4096", "151936x2048")
 

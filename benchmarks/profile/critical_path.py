@@ -11,7 +11,7 @@ pairs, in one engine, so the disk's drift falls on both alike, and reports the s
 that shows in the token's time. A share of 1 means the CPU between phases is all on the critical path, 0
 that the disk hides it; a faster attention half or router pays about that share of what it saves.
 
-    .venv/bin/python -m inference.bench.cgroup 3G -- .venv/bin/python benchmarks/critical_path.py \\
+    .venv/bin/python -m inference.bench.cgroup 3G -- .venv/bin/python benchmarks/profile/critical_path.py \\
         /work/stores/gemma4-26b-a4b-uniform --memory-budget 3G --tokens 120
 
 It first prints, over `--split-tokens` tokens without anything added, the token's time split into: the
@@ -19,7 +19,7 @@ expert phases (what they waited for reads, the experts' compute, the dense MLP, 
 code itself, and the time from the first phase's entry to its first read submitted), the time between
 phases and the token boundary (the last phase to the next token's first: the final norm, the LM head,
 sampling, the first layer's attention). Only the second token of each pair is timed, as in
-token_lookahead_ab.py, so no timed token pays for what the other mode left running.
+`benchmarks/ab.py`, so no timed token pays for what the other mode left running.
 """
 
 from __future__ import annotations

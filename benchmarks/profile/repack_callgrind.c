@@ -1,8 +1,8 @@
 /* Instruction counts of one decode product (T = 1, int8 activations) of a q4, q4_1 or q8_0 matrix,
  * row-major (old) or repacked (new), for valgrind's callgrind, which counts instructions whatever the
- * machine's load. Valgrind has no AVX-512, so build the AVX2 backend (benchmarks/README.md, "Repacked q4"):
+ * machine's load. Valgrind has no AVX-512, so build the AVX2 backend (setup.py's avx2 build):
  *
- *   cc -O3 -std=c11 -pthread -march=haswell -mno-avx512f -DRK_NO_PYTHON benchmarks/repack_callgrind.c \
+ *   cc -O3 -std=c11 -pthread -march=haswell -mno-avx512f -DRK_NO_PYTHON benchmarks/profile/repack_callgrind.c \
  *      inference/kernels/rkkernels.c -o /tmp/rp_cg -lm
  *   valgrind --tool=callgrind --toggle-collect=rk_linear /tmp/rp_cg old 4096 2048 3 [q4|q4_1|q8_0]
  *

@@ -8,7 +8,7 @@ prints what one thread streams from DRAM when it only sums (numpy over MB of flo
 kernel's GB/s over that figure says whether decode is bound by memory (near 1) or by its own
 instructions (well below).
 
-    .venv/bin/python benchmarks/kernels_bench.py [--kinds q4 q8] [--tokens 1 128] [--threads 1 2] [--cold 1024]
+    .venv/bin/python benchmarks/profile/kernels_bench.py [--kinds q4 q8] [--tokens 1 128] [--threads 1 2] [--cold 1024]
         [--activations f32 q8] [--shapes 768x2048 2048x768]
 
 `--activations` times each mode side by side in one run (RKMOJO_KERNELS=avx2 or scalar picks the build).

@@ -2,7 +2,7 @@
 milliseconds (its in-flight count and bytes read, `/sys/dev/block/M:m/stat`) beside the engine's layer
 boundaries, in one process with no memory cgroup.
 
-    .venv/bin/python benchmarks/disk_timeline.py /work/stores/gemma4-26b-a4b-uniform \\
+    .venv/bin/python benchmarks/profile/disk_timeline.py /work/stores/gemma4-26b-a4b-uniform \\
         --expert-slots 16 --prefetch 6 --tokens 128
 
 Prints the prefill's wall time, the bytes the device read and their rate, the share of the time with no
@@ -19,7 +19,7 @@ before its expert phase and in it, with the time no read was in flight in each (
 precedes the first layer, is in that layer's "before"), and how much of the idle time inside the phases
 fell in their last thirds (where the layer's reads have landed and its lookahead should keep the disk busy):
 
-    .venv/bin/python -m inference.bench.cgroup 3G -- .venv/bin/python benchmarks/disk_timeline.py \
+    .venv/bin/python -m inference.bench.cgroup 3G -- .venv/bin/python benchmarks/profile/disk_timeline.py \
         /work/stores/gemma4-26b-a4b-uniform --memory-budget 3G --prefetch 0 --decode 24 --period-ms 1
 """
 

@@ -3,9 +3,9 @@ cProfile's cumulative seconds of the layer halves, the expert source and the gro
 
 Run the two modes back to back (same machine state) to see what streaming adds:
 
-    .venv/bin/python benchmarks/prefill_profile.py /work/stores/gemma4-26b-a4b-uniform --mode streamed \\
+    .venv/bin/python benchmarks/profile/prefill_profile.py /work/stores/gemma4-26b-a4b-uniform --mode streamed \\
         --tokens 1024 --expert-slots 16 --prefetch 6
-    .venv/bin/python benchmarks/prefill_profile.py /work/stores/gemma4-26b-a4b-uniform --mode resident --tokens 1024
+    .venv/bin/python benchmarks/profile/prefill_profile.py /work/stores/gemma4-26b-a4b-uniform --mode resident --tokens 1024
 
 Streamed, a first 128-token prompt runs untimed first (it verifies the digests of the experts it reads).
 No memory cgroup: for the bound and the cgroup, `rkmojo bench`.

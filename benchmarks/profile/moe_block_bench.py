@@ -9,7 +9,7 @@ are printed. Under `valgrind --tool=callgrind` with `--rounds 1 --calls 1 --thre
 `--cflags=-march=haswell` (valgrind has no AVX-512), each build's library is an object of its own in
 the profile: its instruction count is stable on a loaded machine.
 
-    .venv/bin/python benchmarks/moe_block_bench.py --src main=/tmp/rk-main --src new=. [--rows 1 128]
+    .venv/bin/python benchmarks/profile/moe_block_bench.py --src main=/tmp/rk-main --src new=. [--rows 1 128]
         [--threads 1 2] [--activations experts] [--kind q4] [--cflags="-march=native -DRK_NO_AVX512"] [--rounds 7]
 """
 

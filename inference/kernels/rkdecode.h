@@ -16,7 +16,7 @@
  *
  * The model is one int64 array: DM_FIELDS header fields, then DL_FIELDS per layer. Pointers are
  * addresses; eps and the attention scale are float32 bits; matrix codes are kind codes of rkkernels.c
- * (inference/kernels/_lib.py names the same fields: DECODE_HEADER, DECODE_LAYER). A layer's K (and V)
+ * (the lists below name them, for the enums here and for Python through `rk_fields`). A layer's K (and V)
  * cache is [n_kv, cap, head_dim], row `pos` of each head written here; kpos [cap] the position each row
  * holds (-1: empty), row p holding position p.
  *
@@ -25,29 +25,45 @@
 #ifndef RKDECODE_H
 #define RKDECODE_H
 
-enum {
-    DM_LAYERS,    /* number of layers */
-    DM_HIDDEN,    /* H */
-    DM_HEADS,     /* query heads */
-    DM_KV_HEADS,  /* key/value heads (divides DM_HEADS) */
-    DM_HEAD_DIM,  /* D */
-    DM_INTER,     /* the MLP's width I */
-    DM_ROT_HALF,  /* cos/sin entries: dims [0, r) and [r, 2r) of each head rotate */
-    DM_KV_F16,    /* 1: the K/V caches hold IEEE halves */
-    DM_KV_CAP,    /* rows per head in every layer's K/V cache */
-    DM_EPS,       /* RMS norm epsilon (float32 bits) */
-    DM_SCALE,     /* q.k scale (float32 bits) */
-    DM_POS,       /* the token's position (< DM_KV_CAP) */
-    DM_H,         /* float [H]: the token's hidden state in, the last layer's output out */
-    DM_COS,       /* float [DM_ROT_HALF] for this position */
-    DM_SIN,
-    DM_Q8A,       /* 1: int8 activations (RK_Q8A) for the matrices whose kind has them */
-    DM_FIELDS
-};
-/* matrices of a layer, each DL_MAT_FIELDS: kind code, then its parts as in rk_linear_many */
-enum { MAT_Q, MAT_K, MAT_V, MAT_O, MAT_GATE, MAT_UP, MAT_DOWN, MAT_COUNT };
-#define DL_MAT_FIELDS 4
-enum { DL_ATTN_NORM, DL_MLP_NORM, DL_K, DL_V, DL_KPOS, DL_MATS, DL_FIELDS = DL_MATS + MAT_COUNT * DL_MAT_FIELDS };
+/* The header's fields, one list from which the enum and `rk_fields` (the names Python sets them by,
+ * inference/steps/descriptor.py) both come: X(enum name, field name, int | f32 | ptr). */
+#define RK_DECODE_HEADER(X)                                                                                   \
+    X(DM_LAYERS, layers, int)     /* number of layers */                                                     \
+    X(DM_HIDDEN, hidden, int)     /* H */                                                                    \
+    X(DM_HEADS, heads, int)       /* query heads */                                                          \
+    X(DM_KV_HEADS, kv_heads, int) /* key/value heads (divides DM_HEADS) */                                   \
+    X(DM_HEAD_DIM, head_dim, int) /* D */                                                                    \
+    X(DM_INTER, inter, int)       /* the MLP's width I */                                                    \
+    X(DM_ROT_HALF, rot_half, int) /* cos/sin entries: dims [0, r) and [r, 2r) of each head rotate */          \
+    X(DM_KV_F16, kv_f16, int)     /* 1: the K/V caches hold IEEE halves */                                   \
+    X(DM_KV_CAP, kv_cap, int)     /* rows per head in every layer's K/V cache */                             \
+    X(DM_EPS, eps, f32)           /* RMS norm epsilon */                                                     \
+    X(DM_SCALE, scale, f32)       /* q.k scale */                                                            \
+    X(DM_POS, pos, int)           /* the token's position (< DM_KV_CAP) */                                   \
+    X(DM_H, h, ptr)               /* float [H]: the token's hidden state in, the last layer's output out */  \
+    X(DM_COS, cos, ptr)           /* float [DM_ROT_HALF] for this position */                                \
+    X(DM_SIN, sin, ptr)                                                                                       \
+    X(DM_Q8A, q8a, int)           /* 1: int8 activations (RK_Q8A) for the matrices whose kind has them */
+/* a layer's fields before its matrices */
+#define RK_DECODE_LAYER(X)                                                                                    \
+    X(DL_ATTN_NORM, attn_norm, ptr) /* float [H] */                                                          \
+    X(DL_MLP_NORM, mlp_norm, ptr)   /* float [H] */                                                          \
+    X(DL_K, k, ptr)                 /* K cache [n_kv, cap, D] */                                             \
+    X(DL_V, v, ptr)                 /* V cache [n_kv, cap, D] */                                             \
+    X(DL_KPOS, kpos, ptr)           /* int64 [cap]: the position each row holds (-1: empty) */
+/* a layer's matrices, each DL_MAT_FIELDS (RK_MATRIX): kind code, then its parts as in rk_linear_many */
+#define RK_DECODE_MATRICES(X) X(MAT_Q, q) X(MAT_K, k) X(MAT_V, v) X(MAT_O, o) X(MAT_GATE, gate) X(MAT_UP, up) X(MAT_DOWN, down)
+#define RK_MATRIX(X) X(MF_KIND, kind, int) X(MF_P0, p0, ptr) X(MF_P1, p1, ptr) X(MF_P2, p2, ptr)
+
+#define RK_FIELD_ENUM(e, name, type) e,
+#define RK_FIELD_NAME(e, name, type) " " #name ":" #type
+#define RK_MATRIX_ENUM(e, name) e,
+#define RK_MATRIX_NAME(e, name) " " #name
+
+enum { RK_DECODE_HEADER(RK_FIELD_ENUM) DM_FIELDS };
+enum { RK_DECODE_MATRICES(RK_MATRIX_ENUM) MAT_COUNT };
+enum { RK_MATRIX(RK_FIELD_ENUM) DL_MAT_FIELDS };
+enum { RK_DECODE_LAYER(RK_FIELD_ENUM) DL_MATS, DL_FIELDS = DL_MATS + MAT_COUNT * DL_MAT_FIELDS };
 
 /* An IEEE half, rounded to nearest even as numpy's astype(float16) does (overflow to infinity). Scalar
  * on every backend: a decode step rounds 2 n_kv head_dim values per layer. */

@@ -32,54 +32,55 @@
 #ifndef RKGEMMA4_H
 #define RKGEMMA4_H
 
-enum {
-    G4_LAYERS,     /* number of layers */
-    G4_HIDDEN,     /* H */
-    G4_HEADS,      /* query heads (every layer) */
-    G4_KV_F16,     /* 1: the K/V caches hold IEEE halves */
-    G4_EPS,        /* RMS norm epsilon (float32 bits) */
-    G4_POS,        /* the token's position */
-    G4_H,          /* float [H]: the residual stream, updated in place by rk_gemma4_attn, read by the router */
-    G4_Q8A,        /* 1: int8 activations for q, k, v and o */
-    G4_EXPERTS,    /* E */
-    G4_TOP_K,      /* K */
-    G4_ROUTER_Q8A, /* 1: int8 activations for the router */
-    G4_IDS,        /* int64 [K]: out, the chosen experts, largest weight first */
-    G4_WTS,        /* float [K]: out, their weights */
-    G4_X_MLP,      /* float [H]: out (rk_gemma4_attn), the dense MLP's input rms_norm(h) * mlp_norm */
-    G4_X_MOE,      /* float [H]: out (rk_gemma4_attn, a layer with experts), the experts' rms_norm(h) * moe_norm */
-    G4_MLP,        /* float [H]: in (rk_gemma4_ffn_out), the dense MLP's output */
-    G4_Y,          /* float [K, H]: in (rk_gemma4_ffn_out), each chosen expert's output, by top-k slot */
-    G4_FIELDS
-};
-enum { G4_MAT_Q, G4_MAT_K, G4_MAT_V, G4_MAT_O, G4_MAT_ROUTER, G4_MAT_COUNT };
-enum {
-    GL_ATTN_NORM,      /* float [H] */
-    GL_POST_ATTN_NORM, /* float [H] */
-    GL_Q_NORM,         /* float [D] */
-    GL_K_NORM,         /* float [D] */
-    GL_ROUTER_IN,      /* float [H]: the router's input scale (router_scale / sqrt(H)) */
-    GL_EXPERT_SCALE,   /* float [E] */
-    GL_K,              /* K cache [n_kv, cap, D] */
-    GL_V,              /* V cache [n_kv, cap, D] */
-    GL_KPOS,           /* int64 [cap]: the position each row holds (-1: empty) */
-    GL_CAP,            /* rows per head */
-    GL_WINDOW,         /* sliding window (a ring of cap rows), 0: a full layer (row = position) */
-    GL_HEAD_DIM,       /* D */
-    GL_KV_HEADS,       /* n_kv (divides G4_HEADS) */
-    GL_K_EQ_V,         /* 1: no Wv, v from the raw k */
-    GL_ROT_HALF,       /* r: dims [0, r) and [r, 2r) of each head rotate */
-    GL_COS,            /* float [r] for this position */
-    GL_SIN,
-    GL_MLP_NORM,       /* float [H] */
-    GL_MOE_NORM,       /* float [H]; 0: a layer without experts */
-    GL_POST_MLP_NORM,  /* float [H] (a layer with experts) */
-    GL_POST_MOE_NORM,  /* float [H] (a layer with experts) */
-    GL_POST_FFN_NORM,  /* float [H] */
-    GL_LAYER_SCALAR,   /* float [1] */
-    GL_MATS,
-    GL_FIELDS = GL_MATS + G4_MAT_COUNT * DL_MAT_FIELDS
-};
+/* The header's and a layer's fields, one list each for the enums and `rk_fields`: X(enum name, field
+ * name, int | f32 | ptr). */
+#define RK_GEMMA4_HEADER(X)                                                                                   \
+    X(G4_LAYERS, layers, int)         /* number of layers */                                                 \
+    X(G4_HIDDEN, hidden, int)         /* H */                                                                \
+    X(G4_HEADS, heads, int)           /* query heads (every layer) */                                        \
+    X(G4_KV_F16, kv_f16, int)         /* 1: the K/V caches hold IEEE halves */                               \
+    X(G4_EPS, eps, f32)               /* RMS norm epsilon */                                                 \
+    X(G4_POS, pos, int)               /* the token's position */                                             \
+    X(G4_H, h, ptr)                   /* float [H]: the residual stream, updated in place by rk_gemma4_attn */ \
+    X(G4_Q8A, q8a, int)               /* 1: int8 activations for q, k, v and o */                            \
+    X(G4_EXPERTS, experts, int)       /* E */                                                                \
+    X(G4_TOP_K, top_k, int)           /* K */                                                                \
+    X(G4_ROUTER_Q8A, router_q8a, int) /* 1: int8 activations for the router */                              \
+    X(G4_IDS, ids, ptr)               /* int64 [K]: out, the chosen experts, largest weight first */         \
+    X(G4_WTS, wts, ptr)               /* float [K]: out, their weights */                                    \
+    X(G4_X_MLP, x_mlp, ptr)           /* float [H]: out (rk_gemma4_attn), the dense MLP's input */           \
+    X(G4_X_MOE, x_moe, ptr)           /* float [H]: out (rk_gemma4_attn, a layer with experts), the experts' */ \
+    X(G4_MLP, mlp, ptr)               /* float [H]: in (rk_gemma4_ffn_out), the dense MLP's output */        \
+    X(G4_Y, y, ptr)                   /* float [K, H]: in (rk_gemma4_ffn_out), each expert's output by slot */
+#define RK_GEMMA4_LAYER(X)                                                                                    \
+    X(GL_ATTN_NORM, attn_norm, ptr)           /* float [H] */                                                \
+    X(GL_POST_ATTN_NORM, post_attn_norm, ptr) /* float [H] */                                                \
+    X(GL_Q_NORM, q_norm, ptr)                 /* float [D] */                                                \
+    X(GL_K_NORM, k_norm, ptr)                 /* float [D] */                                                \
+    X(GL_ROUTER_IN, router_in, ptr)           /* float [H]: the router's input scale (router_scale / sqrt(H)) */ \
+    X(GL_EXPERT_SCALE, expert_scale, ptr)     /* float [E] */                                                \
+    X(GL_K, k, ptr)                           /* K cache [n_kv, cap, D] */                                   \
+    X(GL_V, v, ptr)                           /* V cache [n_kv, cap, D] */                                   \
+    X(GL_KPOS, kpos, ptr)                     /* int64 [cap]: the position each row holds (-1: empty) */     \
+    X(GL_CAP, cap, int)                       /* rows per head */                                            \
+    X(GL_WINDOW, window, int)                 /* sliding window (a ring of cap rows), 0: a full layer */     \
+    X(GL_HEAD_DIM, head_dim, int)             /* D */                                                        \
+    X(GL_KV_HEADS, kv_heads, int)             /* n_kv (divides G4_HEADS) */                                  \
+    X(GL_K_EQ_V, k_eq_v, int)                 /* 1: no Wv, v from the raw k */                               \
+    X(GL_ROT_HALF, rot_half, int)             /* r: dims [0, r) and [r, 2r) of each head rotate */           \
+    X(GL_COS, cos, ptr)                       /* float [r] for this position */                              \
+    X(GL_SIN, sin, ptr)                                                                                       \
+    X(GL_MLP_NORM, mlp_norm, ptr)             /* float [H] */                                                \
+    X(GL_MOE_NORM, moe_norm, ptr)             /* float [H]; 0: a layer without experts */                    \
+    X(GL_POST_MLP_NORM, post_mlp_norm, ptr)   /* float [H] (a layer with experts) */                         \
+    X(GL_POST_MOE_NORM, post_moe_norm, ptr)   /* float [H] (a layer with experts) */                         \
+    X(GL_POST_FFN_NORM, post_ffn_norm, ptr)   /* float [H] */                                                \
+    X(GL_LAYER_SCALAR, layer_scalar, ptr)     /* float [1] */
+#define RK_GEMMA4_MATRICES(X) X(G4_MAT_Q, q) X(G4_MAT_K, k) X(G4_MAT_V, v) X(G4_MAT_O, o) X(G4_MAT_ROUTER, router)
+
+enum { RK_GEMMA4_HEADER(RK_FIELD_ENUM) G4_FIELDS };
+enum { RK_GEMMA4_MATRICES(RK_MATRIX_ENUM) G4_MAT_COUNT };
+enum { RK_GEMMA4_LAYER(RK_FIELD_ENUM) GL_MATS, GL_FIELDS = GL_MATS + G4_MAT_COUNT * DL_MAT_FIELDS };
 
 /* The attention half of layer l for the token at G4_POS (see above). Returns RK_OK, RK_EINVAL (shapes,
  * a layer out of range, a row outside the cache) or RK_ENOMEM; on an error h and the cache may hold a

@@ -1181,6 +1181,27 @@ RK_API int rk_linear(int kind, int64_t T, int64_t out, int64_t in, const float *
 #include "rkmoedecode.h"
 #include "rkgemma4.h"
 
+/* The decode descriptors' layouts, from the lists their enums come from (RK_DECODE_HEADER, ...), for
+ * Python (inference/steps/descriptor.py), so the two cannot disagree: table `which` = 0, 1, ... as
+ * "table field:type field:type ..." (types int, f32, ptr; a list of matrices: "table name name ..."),
+ * NULL past the last. */
+RK_API const char *rk_fields(int which)
+{
+    static const char *const tables[] = {
+        "matrix" RK_MATRIX(RK_FIELD_NAME),
+        "decode.header" RK_DECODE_HEADER(RK_FIELD_NAME),
+        "decode.layer" RK_DECODE_LAYER(RK_FIELD_NAME),
+        "decode.matrices" RK_DECODE_MATRICES(RK_MATRIX_NAME),
+        "moe.header" RK_DECODE_HEADER(RK_FIELD_NAME) RK_MOE_HEADER(RK_FIELD_NAME),
+        "moe.layer" RK_DECODE_LAYER(RK_FIELD_NAME) RK_MOE_LAYER(RK_FIELD_NAME),
+        "moe.matrices" RK_DECODE_MATRICES(RK_MATRIX_NAME) RK_MOE_MATRICES(RK_MATRIX_NAME),
+        "gemma4.header" RK_GEMMA4_HEADER(RK_FIELD_NAME),
+        "gemma4.layer" RK_GEMMA4_LAYER(RK_FIELD_NAME),
+        "gemma4.matrices" RK_GEMMA4_MATRICES(RK_MATRIX_NAME),
+    };
+    return which >= 0 && which < (int)(sizeof tables / sizeof *tables) ? tables[which] : NULL;
+}
+
 #ifndef RK_NO_PYTHON
 #include "rkpython.h"
 #endif

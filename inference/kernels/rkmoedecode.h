@@ -32,32 +32,34 @@
  *
  * The model is one int64 array: rkdecode.h's DM_FIELDS header fields (DM_INTER: a dense layer's MLP
  * width), then MM_* fields, then ML_FIELDS per layer. The first five layer fields are rkdecode.h's DL_*;
- * the matrices are its MAT_* then the router.
+ * the matrices are its MAT_* then the router (the lists below, RK_MOE_*).
  */
 #ifndef RKMOEDECODE_H
 #define RKMOEDECODE_H
 
-enum {
-    MM_EXPERTS = DM_FIELDS, /* E: routed experts per layer */
-    MM_TOP_K,               /* K: experts per token */
-    MM_NORM_TOPK,           /* 1: renormalise the top-k weights */
-    MM_QK_WHOLE,            /* 1: q/k RMS norm over the whole projection (OLMoE), 0: per head (Qwen3) */
-    MM_CLIP_ON,             /* 1: clip q, k, v to [-MM_CLIP, MM_CLIP] after the norms (OLMoE's clip_qkv) */
-    MM_CLIP,                /* float32 bits */
-    MM_ROUTER_Q8A,          /* 1: int8 activations for the router */
-    MM_X,                   /* float [H]: out, the normed MLP input */
-    MM_IDS,                 /* int64 [K]: out, the chosen experts, largest weight first */
-    MM_WTS,                 /* float [K]: out, their weights */
-    MM_FIELDS
-};
-enum { MAT_ROUTER = MAT_COUNT, MOE_MAT_COUNT };
-enum {
-    ML_Q_NORM = DL_MATS, /* float [D] (per head) or [nh D] (whole) */
-    ML_K_NORM,           /* float [D] or [nkv D] */
-    ML_ROUTED,           /* 1: an MoE layer (router), 0: a dense MLP (gate, up, down) */
-    ML_MATS,
-    ML_FIELDS = ML_MATS + MOE_MAT_COUNT * DL_MAT_FIELDS
-};
+/* The header's fields after rkdecode.h's (RK_DECODE_HEADER), and a layer's after its RK_DECODE_LAYER: one
+ * list each for the enums and `rk_fields`, X(enum name, field name, int | f32 | ptr). */
+#define RK_MOE_HEADER(X)                                                                                      \
+    X(MM_EXPERTS, experts, int)       /* E: routed experts per layer */                                      \
+    X(MM_TOP_K, top_k, int)           /* K: experts per token */                                             \
+    X(MM_NORM_TOPK, norm_topk, int)   /* 1: renormalise the top-k weights */                                 \
+    X(MM_QK_WHOLE, qk_whole, int)     /* 1: q/k RMS norm over the whole projection (OLMoE), 0: per head */   \
+    X(MM_CLIP_ON, clip_on, int)       /* 1: clip q, k, v to [-MM_CLIP, MM_CLIP] after the norms (clip_qkv) */ \
+    X(MM_CLIP, clip, f32)                                                                                     \
+    X(MM_ROUTER_Q8A, router_q8a, int) /* 1: int8 activations for the router */                              \
+    X(MM_X, x, ptr)                   /* float [H]: out, the normed MLP input */                             \
+    X(MM_IDS, ids, ptr)               /* int64 [K]: out, the chosen experts, largest weight first */         \
+    X(MM_WTS, wts, ptr)               /* float [K]: out, their weights */
+#define RK_MOE_LAYER(X)                                                                                       \
+    X(ML_Q_NORM, q_norm, ptr) /* float [D] (per head) or [nh D] (whole) */                                   \
+    X(ML_K_NORM, k_norm, ptr) /* float [D] or [nkv D] */                                                     \
+    X(ML_ROUTED, routed, int) /* 1: an MoE layer (router), 0: a dense MLP (gate, up, down) */
+/* a layer's matrices after RK_DECODE_MATRICES */
+#define RK_MOE_MATRICES(X) X(MAT_ROUTER, router)
+
+enum { MM_FIRST_ = DM_FIELDS - 1, RK_MOE_HEADER(RK_FIELD_ENUM) MM_FIELDS };
+enum { MAT_ROUTER_ = MAT_COUNT - 1, RK_MOE_MATRICES(RK_MATRIX_ENUM) MOE_MAT_COUNT };
+enum { ML_FIRST_ = DL_MATS - 1, RK_MOE_LAYER(RK_FIELD_ENUM) ML_MATS, ML_FIELDS = ML_MATS + MOE_MAT_COUNT * DL_MAT_FIELDS };
 
 /* q/k RMS norm of n heads of D in place: per head with w [D], or over all n D with w [n D] */
 static void moe_qk_norm(float *x, int64_t n, int64_t D, int whole, const float *w, float eps)

@@ -14,7 +14,7 @@ import numpy as np
 from .. import kernels
 from ..models import llama
 from ..models.base import KVCache
-from .descriptor import Descriptor
+from .descriptor import Descriptor, cache_arrays
 
 
 class DecodeStep:
@@ -55,10 +55,8 @@ class DecodeStep:
         """The descriptor for this token: the K/V arrays (when they changed), position, h, cos/sin. Returns
         the (new) h array the call updates, and this token's RoPE rows (cos, sin)."""
         pos = int(positions[0])
-        for kv in cache.layers:
-            kv.reserve(pos + 1)
-        held = [x for kv in cache.layers for x in (kv.k, kv.v, kv.pos)]
-        if len(held) != len(self._kv) or any(x is not y for x, y in zip(held, self._kv)):
+        held = cache_arrays(cache, pos, self._kv)
+        if held is not None:
             for i, kv in enumerate(cache.layers):
                 self.desc.set_layer(i, k=kv.k, v=kv.v, kpos=kv.pos)
             self.desc.set(kv_f16=int(cache.layers[0].k.dtype == np.float16), kv_cap=cache.layers[0].cap)

@@ -57,6 +57,18 @@ def tables() -> dict[str, Table]:
     return out
 
 
+def cache_arrays(cache, pos: int, pointed: list) -> list | None:
+    """Makes every layer of `cache` (a `models.base.KVCache`) hold position `pos`; returns its layers' K, V
+    and position arrays when they are not the ones a descriptor points at (`pointed`: a new cache, or one
+    grown), else None."""
+    for kv in cache.layers:
+        kv.reserve(pos + 1)
+    held = [x for kv in cache.layers for x in (kv.k, kv.v, kv.pos)]
+    if len(held) == len(pointed) and all(x is y for x, y in zip(held, pointed)):
+        return None
+    return held
+
+
 def f32_bits(v: float) -> int:
     """v as float32, its bits as an int (an `f32` field)."""
     return int(np.float32(v).view(np.int32))

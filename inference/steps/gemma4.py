@@ -17,7 +17,7 @@ from ..experts import ResidentExperts
 from ..models import gemma4
 from ..models.base import KVCache
 from ..models.moe import expert_fields, lookahead, mixture_row
-from .descriptor import Descriptor
+from .descriptor import Descriptor, cache_arrays
 
 # layer field → the model layer's vector it points at (absent from a layer without experts: 0)
 VECTORS = {
@@ -95,10 +95,8 @@ class DecodeStep:
         they changed); h in `self.h`."""
         model = self.model
         pos = int(positions[0])
-        for kv in cache.layers:
-            kv.reserve(pos + 1)
-        held = [x for kv in cache.layers for x in (kv.k, kv.v, kv.pos)]
-        if len(held) != len(self._kv) or any(x is not y for x, y in zip(held, self._kv)):
+        held = cache_arrays(cache, pos, self._kv)
+        if held is not None:
             for i, kv in enumerate(cache.layers):
                 self.desc.set_layer(i, k=kv.k, v=kv.v, kpos=kv.pos, cap=kv.cap)
             self.desc["kv_f16"] = int(cache.layers[0].k.dtype == np.float16)

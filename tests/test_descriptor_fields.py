@@ -36,7 +36,7 @@ def test_the_library_describes_every_steps_layout_with_typed_fields():
     for name, table in t.items():
         assert len(set(table.names)) == len(table.names), name
         assert set(table.types) <= ({""} if name.endswith(".matrices") else {"int", "f32", "ptr"}), name
-    # the MoE step's layout extends the Llama step's, as rkmoedecode.h extends rkdecode.h
+    # the MoE step's layout extends the Llama step's (rkdescriptors.h: RK_MOE_HEADER after RK_DECODE_HEADER, ...)
     for part in ("header", "layer", "matrices"):
         dense, moe = t[f"decode.{part}"].names, t[f"moe.{part}"].names
         assert moe[: len(dense)] == dense

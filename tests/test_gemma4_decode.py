@@ -1,4 +1,4 @@
-"""Gemma 4's compiled one-token step (`inference.steps.gemma4`: `kernels.gemma4_attn`, `gemma4_route`, rkgemma4.h)
+"""Gemma 4's compiled one-token step (`inference.steps.gemma4`: `kernels.gemma4_attn`, `gemma4_route`, rkgemma4.c)
 against the Python layer code it stands in for at one row (`inference/models/gemma4.py`): the parity tests'
 tiny Gemma 4 (sliding and full layers with their own head sizes, K = V on the full ones, a window the
 ring wraps past), each activation mode and KV precision, streamed experts with the lookahead, any thread

@@ -1,4 +1,4 @@
-"""The compiled decode step (`inference.steps.dense`: `kernels.llama_decode`, rkdecode.h) against the Python layer code it stands
+"""The compiled decode step (`inference.steps.dense`: `kernels.llama_decode`, rkdecode.c) against the Python layer code it stands
 in for at one row (`inference/models/llama.py`): every weight kind, activation mode and KV precision, the
 cache growing under it, any thread count, and the NEON build under qemu."""
 

@@ -1,5 +1,5 @@
 """The compiled MoE decode step (`inference.steps.moe`: `kernels.moe_decode_layer`, `moe_experts`,
-`moe_combine`, rkmoedecode.h) against the Python layer code it stands in for at one row
+`moe_combine`, rkmoedecode.c) against the Python layer code it stands in for at one row
 (`inference/models/qwen3_moe.py`, `olmoe.py`, `moe.mixture`): the parity tests' tiny Qwen3-MoE (a dense
 layer among the MoE ones) and OLMoE (q/k norm over the whole projection, clip_qkv), each activation mode
 and KV precision, streamed experts, any thread count, the other x86 builds and the NEON build."""

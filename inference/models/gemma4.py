@@ -238,7 +238,7 @@ class Model(Transformer):
 
     def layers_forward(self, h: np.ndarray, cache: KVCache, positions: np.ndarray, prompt: bool) -> np.ndarray:
         """As `Transformer.layers_forward`; a generated token on the CPU runs through the compiled step
-        (`decode_step`: each layer in C calls, rkgemma4.h, around the expert source) unless `fused_decode`
+        (`decode_step`: each layer in C calls, rkgemma4.c, around the expert source) unless `fused_decode`
         is False. In the "decode" mode its dense products (`dense`, the step's q/k/v/o) take int8
         activations, as the other architectures' compiled steps do, on the matrices `repack_model` put in
         rows-in-lanes panels. The router stays float, as there."""

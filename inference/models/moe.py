@@ -124,7 +124,7 @@ def mixture_row(
     combine: bool = True,
 ) -> None:
     """`mixture` of one row (decode), added to h in place: h += Σ_k weights[k] · expert_{ids[k]}(x), the
-    products summed in slot order as `mixture` does, through the compiled kernels (rkmoedecode.h)
+    products summed in slot order as `mixture` does, through the compiled kernels (rkmoedecode.c)
     without mixture's per-row index arrays. `act`: the experts' activation ("silu", "gelu_tanh");
     `during_io`: as `mixture`'s; `combine` False: leave each expert's output in y (h unused).
 

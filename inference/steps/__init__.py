@@ -3,8 +3,8 @@ architecture's Python layers at one row, the layers staying the reference (and r
 
 One module per family, each a `DecodeStep` built on its model (`step = DecodeStep(model)`, then
 `step(h, cache, positions)` → h for one position) over one descriptor (descriptor.py), the layout its C
-file exports: dense.py (Llama, rkdecode.h), moe.py (Qwen3-MoE, OLMoE; rkmoedecode.h), gemma4.py
-(rkgemma4.h). A step knows its model; a model does not know its step: the loader
+file exports: dense.py (Llama, rkdecode.c), moe.py (Qwen3-MoE, OLMoE; rkmoedecode.c), gemma4.py
+(rkgemma4.c). A step knows its model; a model does not know its step: the loader
 (`inference.model.load_model`) asks `for_model` and hands the class to the model (`step_class`), which
 builds it at its first generated token.
 """

@@ -1,10 +1,10 @@
 """Llama's compiled one-token step: a generated token through every layer in one C call
-(`kernels.llama_decode`, rkdecode.h), the T = 1 case of `inference.models.llama.Model.layer`.
+(`kernels.llama_decode`, rkdecode.c), the T = 1 case of `inference.models.llama.Model.layer`.
 
 The descriptor holds the weights from the step's build on, the K/V cache's arrays from the first token
 that sees them (again when the cache is new or has grown), and the token's own fields per call. The MoE
-step (moe.py) extends this descriptor as rkmoedecode.h extends rkdecode.h: the same header and layer
-fields first, set here.
+step (moe.py) extends this descriptor, as its layout extends this one in rkdescriptors.h: the same header
+and layer fields first, set here.
 """
 
 from __future__ import annotations

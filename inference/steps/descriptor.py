@@ -1,8 +1,8 @@
-"""A compiled step's descriptor: the one int64 array a C step reads (rkdecode.h, rkmoedecode.h, rkgemma4.h),
+"""A compiled step's descriptor: the one int64 array a C step reads (rkdecode.c, rkmoedecode.c, rkgemma4.c),
 written by field name.
 
-The layout is the library's own: each C header lists its descriptor's fields once (`RK_DECODE_HEADER(X)`
-and the like), its enums come from those lists, and so do the names `rk_fields` hands out here, with each
+The layout is the library's own: rkdescriptors.h lists each descriptor's fields once (`RK_DECODE_HEADER(X)`
+and the like), the C enums come from those lists, and so do the names `rk_fields` hands out here, with each
 field's type. So Python sets fields by name and by type and cannot place one where C does not read it:
 an `int` field takes an integer, an `f32` field a float (stored as its float32 bits), a `ptr` field an
 array (stored as its address; the descriptor holds the array while it points at it) or None (0).

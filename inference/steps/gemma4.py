@@ -1,4 +1,4 @@
-"""Gemma 4's compiled one-token step around its experts (rkgemma4.h), the T = 1 case of
+"""Gemma 4's compiled one-token step around its experts (rkgemma4.c), the T = 1 case of
 `inference.models.gemma4.Model.layer`, per layer: the attention half (`kernels.gemma4_attn`); the
 lookahead's guess of the next layer's experts and this layer's router (`kernels.gemma4_route`); the
 experts as the expert source hands them over, the dense MLP while their reads land (`moe.mixture_row`,

@@ -1,4 +1,4 @@
-"""The compiled one-token step of the MoE architectures, Qwen3-MoE and OLMoE (rkmoedecode.h): per layer
+"""The compiled one-token step of the MoE architectures, Qwen3-MoE and OLMoE (rkmoedecode.c): per layer
 its attention half and router in one C call (`kernels.moe_decode_layer`), then its routed experts as the
 expert source hands them over (`models.moe.mixture_row`), the T = 1 case of
 `inference.models.qwen3_moe.Model.layer`.

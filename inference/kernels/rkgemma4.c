@@ -1,5 +1,5 @@
-/* The one-token decode step (T = 1) of Gemma 4's layers around their experts (included by
- * rkkernels.c after rkmoedecode.h, whose helpers it shares). The Python layer code
+/* The one-token decode step (T = 1) of Gemma 4's layers around their experts (a unit of
+ * the kernel library sharing rkdecode.c's and rkmoedecode.c's helpers: rkinternal.h). The Python layer code
  * (inference/models/gemma4.py) is the reference and runs prompts; these are its one-row case for generated
  * tokens, where the numpy steps around the kernels took a fifth of an all-resident token of the Gemma 4
  * 26B-A4B shapes (benchmarks/README.md). A streamed token waits for part of that CPU too: the next
@@ -22,65 +22,16 @@
  *
  * Each layer has its own head size, KV heads, cache capacity, window and RoPE table (sliding and full
  * layers differ in all of them). The dense matrices take int8 activations when G4_Q8A says so, the router
- * when G4_ROUTER_Q8A does. Numerics as rkmoedecode.h: the kernels are the Python path's; elementwise steps
+ * when G4_ROUTER_Q8A does. Numerics as rkmoedecode.c: the kernels are the Python path's; elementwise steps
  * give numpy's bits except the RMS norm's sum (vector lanes; numpy: pairwise), softmax's expf and sums and
  * gelu's tanhf (libm), so the step agrees with the Python layers within float rounding.
  *
  * The model is one int64 array: G4_FIELDS header fields, then GL_FIELDS per layer, whose matrices are
  * G4_MAT_COUNT of DL_MAT_FIELDS each (kind code, then its parts as in rk_linear_many).
  */
-#ifndef RKGEMMA4_H
-#define RKGEMMA4_H
+#include "rkdescriptors.h"
+#include "rkinternal.h"
 
-/* The header's and a layer's fields, one list each for the enums and `rk_fields`: X(enum name, field
- * name, int | f32 | ptr). */
-#define RK_GEMMA4_HEADER(X)                                                                                   \
-    X(G4_LAYERS, layers, int)         /* number of layers */                                                 \
-    X(G4_HIDDEN, hidden, int)         /* H */                                                                \
-    X(G4_HEADS, heads, int)           /* query heads (every layer) */                                        \
-    X(G4_KV_F16, kv_f16, int)         /* 1: the K/V caches hold IEEE halves */                               \
-    X(G4_EPS, eps, f32)               /* RMS norm epsilon */                                                 \
-    X(G4_POS, pos, int)               /* the token's position */                                             \
-    X(G4_H, h, ptr)                   /* float [H]: the residual stream, updated in place by rk_gemma4_attn */ \
-    X(G4_Q8A, q8a, int)               /* 1: int8 activations for q, k, v and o */                            \
-    X(G4_EXPERTS, experts, int)       /* E */                                                                \
-    X(G4_TOP_K, top_k, int)           /* K */                                                                \
-    X(G4_ROUTER_Q8A, router_q8a, int) /* 1: int8 activations for the router */                              \
-    X(G4_IDS, ids, ptr)               /* int64 [K]: out, the chosen experts, largest weight first */         \
-    X(G4_WTS, wts, ptr)               /* float [K]: out, their weights */                                    \
-    X(G4_X_MLP, x_mlp, ptr)           /* float [H]: out (rk_gemma4_attn), the dense MLP's input */           \
-    X(G4_X_MOE, x_moe, ptr)           /* float [H]: out (rk_gemma4_attn, a layer with experts), the experts' */ \
-    X(G4_MLP, mlp, ptr)               /* float [H]: in (rk_gemma4_ffn_out), the dense MLP's output */        \
-    X(G4_Y, y, ptr)                   /* float [K, H]: in (rk_gemma4_ffn_out), each expert's output by slot */
-#define RK_GEMMA4_LAYER(X)                                                                                    \
-    X(GL_ATTN_NORM, attn_norm, ptr)           /* float [H] */                                                \
-    X(GL_POST_ATTN_NORM, post_attn_norm, ptr) /* float [H] */                                                \
-    X(GL_Q_NORM, q_norm, ptr)                 /* float [D] */                                                \
-    X(GL_K_NORM, k_norm, ptr)                 /* float [D] */                                                \
-    X(GL_ROUTER_IN, router_in, ptr)           /* float [H]: the router's input scale (router_scale / sqrt(H)) */ \
-    X(GL_EXPERT_SCALE, expert_scale, ptr)     /* float [E] */                                                \
-    X(GL_K, k, ptr)                           /* K cache [n_kv, cap, D] */                                   \
-    X(GL_V, v, ptr)                           /* V cache [n_kv, cap, D] */                                   \
-    X(GL_KPOS, kpos, ptr)                     /* int64 [cap]: the position each row holds (-1: empty) */     \
-    X(GL_CAP, cap, int)                       /* rows per head */                                            \
-    X(GL_WINDOW, window, int)                 /* sliding window (a ring of cap rows), 0: a full layer */     \
-    X(GL_HEAD_DIM, head_dim, int)             /* D */                                                        \
-    X(GL_KV_HEADS, kv_heads, int)             /* n_kv (divides G4_HEADS) */                                  \
-    X(GL_K_EQ_V, k_eq_v, int)                 /* 1: no Wv, v from the raw k */                               \
-    X(GL_ROT_HALF, rot_half, int)             /* r: dims [0, r) and [r, 2r) of each head rotate */           \
-    X(GL_COS, cos, ptr)                       /* float [r] for this position */                              \
-    X(GL_SIN, sin, ptr)                                                                                       \
-    X(GL_MLP_NORM, mlp_norm, ptr)             /* float [H] */                                                \
-    X(GL_MOE_NORM, moe_norm, ptr)             /* float [H]; 0: a layer without experts */                    \
-    X(GL_POST_MLP_NORM, post_mlp_norm, ptr)   /* float [H] (a layer with experts) */                         \
-    X(GL_POST_MOE_NORM, post_moe_norm, ptr)   /* float [H] (a layer with experts) */                         \
-    X(GL_POST_FFN_NORM, post_ffn_norm, ptr)   /* float [H] */                                                \
-    X(GL_LAYER_SCALAR, layer_scalar, ptr)     /* float [1] */
-#define RK_GEMMA4_MATRICES(X) X(G4_MAT_Q, q) X(G4_MAT_K, k) X(G4_MAT_V, v) X(G4_MAT_O, o) X(G4_MAT_ROUTER, router)
-
-enum { RK_GEMMA4_HEADER(RK_FIELD_ENUM) G4_FIELDS };
-enum { RK_GEMMA4_MATRICES(RK_MATRIX_ENUM) G4_MAT_COUNT };
-enum { RK_GEMMA4_LAYER(RK_FIELD_ENUM) GL_MATS, GL_FIELDS = GL_MATS + G4_MAT_COUNT * DL_MAT_FIELDS };
 
 /* The attention half of layer l for the token at G4_POS (see above). Returns RK_OK, RK_EINVAL (shapes,
  * a layer out of range, a row outside the cache) or RK_ENOMEM; on an error h and the cache may hold a
@@ -125,7 +76,7 @@ RK_API int rk_gemma4_attn(const int64_t *model, int64_t l)
         /* a ring's rows are all candidates (att_visible keeps the window's); a full layer's are 0 .. pos */
         const int64_t S = window > 0 ? cap : pos + 1;
         att_job aj = {1, nh, nkv, D, D, S, cap * D, cap * D, window, f16, q, K, V, kpos, &pos, 1.0f, att, 0};
-        pool_run(att_task, &aj, nkv, threads_for(nh * S * 2 * D));
+        rk_pool_run(att_task, &aj, nkv, rk_threads_for(nh * S * 2 * D));
         if (aj.failed) {
             rc = RK_ENOMEM;
             break;
@@ -203,4 +154,3 @@ RK_API int rk_gemma4_ffn_out(const int64_t *model, int64_t l)
     return RK_OK;
 }
 
-#endif /* RKGEMMA4_H */

@@ -1,5 +1,5 @@
-/* The one-token decode step (T = 1) of the MoE architectures, Qwen3-MoE and OLMoE (included by
- * rkkernels.c after rkdecode.h, whose helpers it shares). The Python layer code
+/* The one-token decode step (T = 1) of the MoE architectures, Qwen3-MoE and OLMoE (a unit of
+ * the kernel library sharing rkdecode.c's helpers: rkinternal.h). The Python layer code
  * (inference/models/qwen3_moe.py, olmoe.py, moe.py) is the reference and runs prompts; these are its
  * one-row case for generated tokens, where the numpy steps around the kernels took 10-19 % of a token
  * (benchmarks/README.md).
@@ -30,36 +30,13 @@
  * the router takes its own flag (MM_ROUTER_Q8A: the Python router's `linear`, float unless q8), the
  * experts the caller's (linear_grouped's).
  *
- * The model is one int64 array: rkdecode.h's DM_FIELDS header fields (DM_INTER: a dense layer's MLP
- * width), then MM_* fields, then ML_FIELDS per layer. The first five layer fields are rkdecode.h's DL_*;
+ * The model is one int64 array: rkdecode.c's DM_FIELDS header fields (DM_INTER: a dense layer's MLP
+ * width), then MM_* fields, then ML_FIELDS per layer. The first five layer fields are rkdecode.c's DL_*;
  * the matrices are its MAT_* then the router (the lists below, RK_MOE_*).
  */
-#ifndef RKMOEDECODE_H
-#define RKMOEDECODE_H
+#include "rkdescriptors.h"
+#include "rkinternal.h"
 
-/* The header's fields after rkdecode.h's (RK_DECODE_HEADER), and a layer's after its RK_DECODE_LAYER: one
- * list each for the enums and `rk_fields`, X(enum name, field name, int | f32 | ptr). */
-#define RK_MOE_HEADER(X)                                                                                      \
-    X(MM_EXPERTS, experts, int)       /* E: routed experts per layer */                                      \
-    X(MM_TOP_K, top_k, int)           /* K: experts per token */                                             \
-    X(MM_NORM_TOPK, norm_topk, int)   /* 1: renormalise the top-k weights */                                 \
-    X(MM_QK_WHOLE, qk_whole, int)     /* 1: q/k RMS norm over the whole projection (OLMoE), 0: per head */   \
-    X(MM_CLIP_ON, clip_on, int)       /* 1: clip q, k, v to [-MM_CLIP, MM_CLIP] after the norms (clip_qkv) */ \
-    X(MM_CLIP, clip, f32)                                                                                     \
-    X(MM_ROUTER_Q8A, router_q8a, int) /* 1: int8 activations for the router */                              \
-    X(MM_X, x, ptr)                   /* float [H]: out, the normed MLP input */                             \
-    X(MM_IDS, ids, ptr)               /* int64 [K]: out, the chosen experts, largest weight first */         \
-    X(MM_WTS, wts, ptr)               /* float [K]: out, their weights */
-#define RK_MOE_LAYER(X)                                                                                       \
-    X(ML_Q_NORM, q_norm, ptr) /* float [D] (per head) or [nh D] (whole) */                                   \
-    X(ML_K_NORM, k_norm, ptr) /* float [D] or [nkv D] */                                                     \
-    X(ML_ROUTED, routed, int) /* 1: an MoE layer (router), 0: a dense MLP (gate, up, down) */
-/* a layer's matrices after RK_DECODE_MATRICES */
-#define RK_MOE_MATRICES(X) X(MAT_ROUTER, router)
-
-enum { MM_FIRST_ = DM_FIELDS - 1, RK_MOE_HEADER(RK_FIELD_ENUM) MM_FIELDS };
-enum { MAT_ROUTER_ = MAT_COUNT - 1, RK_MOE_MATRICES(RK_MATRIX_ENUM) MOE_MAT_COUNT };
-enum { ML_FIRST_ = DL_MATS - 1, RK_MOE_LAYER(RK_FIELD_ENUM) ML_MATS, ML_FIELDS = ML_MATS + MOE_MAT_COUNT * DL_MAT_FIELDS };
 
 /* q/k RMS norm of n heads of D in place: per head with w [D], or over all n D with w [n D] */
 static void moe_qk_norm(float *x, int64_t n, int64_t D, int whole, const float *w, float eps)
@@ -79,7 +56,7 @@ static void moe_clip(float *x, int64_t n, float c)
 /* The router's scores p [E] → softmax in place (moe.softmax: minus the max, exp, over the sum), then the
  * top K: ids largest first, ties to the lower index (a stable sort's order, moe.top_k), wts their
  * probabilities. Returns the sum of wts, added in order. */
-static float moe_softmax_top_k(float *p, int64_t E, int64_t K, int64_t *ids, float *wts)
+RK_INTERNAL float moe_softmax_top_k(float *p, int64_t E, int64_t K, int64_t *ids, float *wts)
 {
     float mx = p[0];
     for (int64_t e = 1; e < E; e++) mx = p[e] > mx ? p[e] : mx;
@@ -254,17 +231,6 @@ RK_API int rk_moe_experts_act(int n, int64_t H, int64_t I, int64_t flag, int64_t
     return rc;
 }
 
-/* sum_k w[k] y[k, i] over the K rows of y [K, H]: each product rounded, then added in slot order */
-RK_INLINE float moe_mix_at(int64_t K, int64_t H, const float *y, const float *w, int64_t i)
-{
-    float o = y[i] * w[0];
-    for (int64_t k = 1; k < K; k++) {
-        const float t = y[k * H + i] * w[k];
-        o = o + t;
-    }
-    return o;
-}
-
 /* h[0:H] += sum_k w[k] y[k] for the K rows of y [K, H]: each product rounded, then added in slot order
  * (moe.mixture's y *= weights, then out = y[:, 0] + y[:, 1] + ...), then added to h. */
 RK_API void rk_moe_combine(int64_t K, int64_t H, const float *y, const float *w, float *h)
@@ -272,4 +238,3 @@ RK_API void rk_moe_combine(int64_t K, int64_t H, const float *y, const float *w,
     for (int64_t i = 0; i < H; i++) h[i] = h[i] + moe_mix_at(K, H, y, w, i);
 }
 
-#endif /* RKMOEDECODE_H */

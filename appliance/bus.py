@@ -11,7 +11,8 @@ Keys (all under `rkmojo:`):
   Redis restart lost (503 until it registers again; `webui.api.jobs.known`).
 - `queue:MODEL` — sorted set of the requests admitted for a model (waiting or running), scored by the
   last time their HTTP side renewed its lease. Admission is one Lua script: count, compare, add.
-- `req:ID` — a request's description for `/api/ps` (model, kind, state, client, times).
+- `req:ID` — a request's description for `/api/ps` (model, kind, priority, client, times).
+- `claimed:ID` — when a worker took the request (`claimed`): the queue's order puts it before the waiting ones.
 - `events:ID` — the request's event stream (XADD by the worker, XREAD by the web side): ordered and
   replayable, so the web side may start reading after the worker started writing.
 - `cancel:ID` — set by the web side when its client went away; the worker checks it before every token.
@@ -65,6 +66,10 @@ def k_queue(model: str) -> str:
 
 def k_req(req_id: str) -> str:
     return f"{PREFIX}req:{req_id}"
+
+
+def k_claimed(req_id: str) -> str:
+    return f"{PREFIX}claimed:{req_id}"
 
 
 def k_events(req_id: str) -> str:
@@ -166,19 +171,32 @@ async def release(r, model: str, req_id: str) -> None:
 
 
 async def queued(r, model: str) -> list[dict]:
-    """The live requests of a model, oldest first, with their descriptions."""
+    """The live requests of a model with their descriptions, in the order workers take them: those taken
+    (`claimed`) first, then the waiting ones by priority (`webui.api.priority`), oldest first."""
     ids = await r.zrangebyscore(k_queue(model), time.time() - LEASE, "+inf")
-    return _by_creation(await r.mget([k_req(i) for i in ids]) if ids else [])
+    return _in_turn(await r.mget([k_req(i) for i in ids] + [k_claimed(i) for i in ids]) if ids else [])
 
 
 def queued_now(r: redis.Redis, model: str) -> list[dict]:
     """`queued` for a synchronous client (the worker's)."""
     ids = r.zrangebyscore(k_queue(model), time.time() - LEASE, "+inf")
-    return _by_creation(r.mget([k_req(i) for i in ids]) if ids else [])
+    return _in_turn(r.mget([k_req(i) for i in ids] + [k_claimed(i) for i in ids]) if ids else [])
 
 
-def _by_creation(descriptions: list[str | None]) -> list[dict]:
-    return sorted((json.loads(raw) for raw in descriptions if raw), key=lambda d: d.get("created", 0))
+def claimed(r: redis.Redis, req_id: str) -> None:
+    """A worker took the request: it goes before every waiting one in `queued`."""
+    r.set(k_claimed(req_id), repr(time.time()), ex=EVENT_TTL)
+
+
+def _in_turn(raw: list[str | None]) -> list[dict]:
+    """`queued`'s order from the requests' descriptions and then their claim times, as MGET returns them."""
+    n = len(raw) // 2
+    out = []
+    for info, at in zip(raw[:n], raw[n:]):
+        if info:
+            d = json.loads(info)
+            out.append((0 if at else 1, float(at) if at else d.get("priority", 0), d.get("created", 0), d))
+    return [d for *_, d in sorted(out, key=lambda x: x[:3])]
 
 
 # --- events ------------------------------------------------------------------------------------

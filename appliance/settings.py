@@ -147,6 +147,8 @@ CELERY_BROKER_URL = REDIS_URL
 CELERY_TASK_IGNORE_RESULT = True  # results travel over the per-request event stream, not a result backend
 CELERY_TASK_ACKS_LATE = False  # a task whose worker died is not run again: its client has had its error
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# a queue's lists by priority, the first non-empty taken (`webui.api.priority`: interactive before background)
+CELERY_BROKER_TRANSPORT_OPTIONS = {"queue_order_strategy": "priority"}
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_SERIALIZER = "json"

@@ -84,6 +84,7 @@ def generate(req: dict) -> None:
     """Run one request on this worker's engine for `req["model"]`."""
     b = board()
     rid = req["id"]
+    bus.claimed(b.r, rid)
     bus.emit(b.r, rid, Claim(worker=b.name, boot=b.boot))
     try:
         if bus.cancelled_at(b.r, rid) is not None:

@@ -19,7 +19,7 @@ import numpy as np
 
 from . import backends, kernels, options, prompt_cache
 from .errors import RkmojoError
-from .experts import VERIFY_MODES, StreamingExperts, lookahead_pools, popularity, token_prefetch
+from .experts import TOKEN_PREFETCH, VERIFY_MODES, StreamingExperts, lookahead_pools, popularity
 from .experts.cache import PAGE
 from .experts.io import IO_MODES
 from .options import OptionError, option
@@ -48,13 +48,24 @@ class EngineConfig:
     expert_slots: int | None = option(help="expert cache slots per layer", ge=1)
     policy: str = option("lfu", help="expert cache eviction", choices=("lfu", "lru"))
     io: str = option("auto", help="expert reads: io_uring or a preadv thread pool", choices=IO_MODES)
+    hugepages: bool = option(
+        True,
+        help="expert slots in transparent huge pages where the kernel has them (off: 4 KiB pages, for a "
+        "kernel that stalls compacting memory for them at load)",
+    )
     verify_experts: str = option(
         "first", help="digest check of expert blobs (first: at the first load of each)", choices=VERIFY_MODES
     )
     prefetch: int = option(
         0,
         help="gate-lookahead prefetch slots per layer, for prompts (0: none; a generated token still reads "
-        "its best $RKMOJO_TOKEN_PREFETCH guesses, default 3, into two small pools)",
+        "its best token_prefetch guesses into two small pools)",
+        ge=0,
+    )
+    token_prefetch: int = option(
+        TOKEN_PREFETCH,
+        help="a generated token's gate lookahead: its best guesses read ahead per layer while experts stream, "
+        "each rank only while it has been right often enough (0: off)",
         ge=0,
     )
     threads: int | None = option(help="kernel threads (default: every core)", ge=1)
@@ -92,8 +103,14 @@ class EngineConfig:
     activations: str | None = option(
         help="activations of the 4- and 8-bit matmuls: f32 (exact), q8 (int8 dot "
         "products, as llama.cpp), experts (int8 in the MoE experts only), decode (and in the "
-        "attention and dense matmuls of generated tokens); default: $RKMOJO_ACTIVATIONS, else decode",
+        "attention and dense matmuls of generated tokens); default: the mode the kernels were loaded with "
+        "(decode unless RKMOJO_ACTIVATIONS says otherwise)",
         choices=kernels.ACTIVATIONS,
+    )
+    repack: bool = option(
+        True,
+        help="q4 matrices in the kernels' repacked layout for int8 products (resident dense ones at load, "
+        "experts as they land); off: the store layout",
     )
 
     def __post_init__(self):
@@ -119,10 +136,8 @@ class Engine:
         experts = {}
         if streaming:
             store.load_dense()
-            guesses = token_prefetch()  # read once: the plan and the pools must agree
-            self.slots = plan_slots(
-                store, kv_bytes(self.cache, cfg.context), cfg.memory_budget, cfg.expert_slots, cfg.prefetch, guesses
-            )
+            kv, guesses = kv_bytes(self.cache, cfg.context), cfg.token_prefetch
+            self.slots = plan_slots(store, kv, cfg.memory_budget, cfg.expert_slots, cfg.prefetch, guesses)
             experts["experts"] = StreamingExperts(
                 store,
                 self.slots,
@@ -131,6 +146,7 @@ class Engine:
                 verify=cfg.verify_experts,
                 prefetch=cfg.prefetch,
                 guesses=guesses,
+                hugepages=cfg.hugepages,
             )
         self.model = load_model(store, chunk=cfg.chunk, kv_dtype=cfg.kv_dtype, prefill_pass=cfg.prefill_pass, **experts)
         self.backend = backends.select(
@@ -144,8 +160,8 @@ class Engine:
             graph_layers=cfg.npu_graph_layers,
         )
         self.model.ops = self.backend.backend
-        if self.model.ops is backends.CPU:  # an NPU backend builds its graphs from the store's layout
-            # resident dense q4 matrices in rows-in-lanes panels for one-row int8 products (RKMOJO_REPACK=0: off)
+        if cfg.repack and self.model.ops is backends.CPU:  # an NPU backend builds its graphs from the store's layout
+            # resident dense q4 matrices in rows-in-lanes panels for one-row int8 products
             repack_model(self.model, cfg.activations or kernels.get_activations())
 
     # --- generation: check the request here, then the token loop (`generate.decode`) ------------------

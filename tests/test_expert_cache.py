@@ -1,7 +1,5 @@
 """The slot cache's eviction policy: LFU with whole-run counts and recency tie-break, LRU, pins."""
 
-import types
-
 import numpy as np
 import pytest
 
@@ -51,13 +49,18 @@ def test_the_slots_ask_for_huge_pages():
     assert p.huge and "hg" in vm_flags(p.array.ctypes.data)
 
 
-def test_rkmojo_hugepages_0_keeps_the_slots_in_small_pages_and_a_bad_value_is_named(monkeypatch):
-    monkeypatch.setenv("RKMOJO_HUGEPAGES", "0")
-    p = SlotPool(2, 3 * 2**20)
+def test_hugepages_off_keeps_the_slots_in_small_pages(tmp_path):
+    from inference.engine import Engine
+    from inference.synth import synth_store
+
+    p = SlotPool(2, 3 * 2**20, huge=False)
     assert not p.huge and "hg" not in vm_flags(p.array.ctypes.data)
-    monkeypatch.setenv("RKMOJO_HUGEPAGES", "yes")
-    with pytest.raises(OptionError, match="RKMOJO_HUGEPAGES='yes'.*1 .*or 0"):
-        SlotPool(2, 4096)
+    e = Engine.open(synth_store(tmp_path / "s", "tiny-qwen3-moe", progress=False), expert_slots=2, hugepages=False)
+    try:
+        ex = e.model.experts
+        assert not any(c.pool.huge for c in ex.caches.values()) and not any(p.huge for p in ex.lookahead.pools.values())
+    finally:
+        e.close()
 
 
 def test_lfu_evicts_empty_slots_first_then_the_least_requested():
@@ -112,26 +115,6 @@ def test_pinned_slots_are_never_evicted():
     assert c.slot_expert[hits[1]] == 1 and s != hits[1]
     with pytest.raises(RuntimeError, match="every slot is pinned"):
         c.assign(4)
-
-
-def test_a_lookahead_read_is_admitted_into_an_empty_slot_or_over_a_less_requested_expert():
-    """`admits`: an expert computed from a lookahead slot takes a cache slot that is empty, or (LFU) one whose
-    expert was requested fewer times; never a pinned one, never if it is cached already; LRU always."""
-    c = cache(slots=2)
-    load(c, [1])
-    c.request([7])
-    assert c.admits(7)  # slot 2 is empty
-    load(c, [2])
-    assert not c.admits(7) and not c.admits(1)  # 7 asked once, as 1 and 2 were; 1 is cached
-    c.request([7])
-    assert c.admits(7)  # asked twice now
-    c.pin(c.where.values())
-    assert not c.admits(7)
-    lru = cache(slots=1, policy="lru")
-    for _ in range(3):
-        load(lru, [1])
-    lru.request([7])
-    assert lru.admits(7)
 
 
 def test_stats_count_every_request():
@@ -293,20 +276,20 @@ def test_a_prompt_computes_the_cached_experts_first_so_their_slots_read_during_t
         src.close()
 
 
-def test_prefetch_slots_are_two_pools_a_prompt_fills_one_and_a_token_takes_its_share(tmp_path, monkeypatch):
+def test_prefetch_slots_are_two_pools_a_prompt_fills_one_and_a_token_takes_its_share(tmp_path):
     """`prefetch` slots per layer, as the memory plan counts them, alternate between the layers as two
     pools: a prompt's lookahead (every expert wanted) reads a whole pool ahead, one token's `prefetch`.
     (The pools alone: no slots lent by finished layers, which the test after the next one covers.)"""
-    import inference.experts as experts
     from inference.engine import Engine
     from inference.synth import synth_store
 
-    monkeypatch.setenv(experts.PROMPT_LEND_ENV, "0")
     e = Engine.open(synth_store(tmp_path / "s", "tiny-qwen3-moe", progress=False), expert_slots=2, prefetch=2)
     try:
         ex = e.model.experts
-        layers = sorted(ex.pf_pools)
-        assert len({id(p) for p in ex.pf_pools.values()}) == 2 and ex.pf_pools[layers[0]] is ex.pf_pools[layers[2]]
+        ex.lookahead.lend = False
+        pools = ex.lookahead.pools
+        layers = sorted(pools)
+        assert len({id(p) for p in pools.values()}) == 2 and pools[layers[0]] is pools[layers[2]]
         assert ex.slot_bytes()[1] == 2 * len(layers) * ex.caches[layers[0]].pool.slot_bytes
         e.forward(np.arange(1, 13))
         assert [ex.caches[i].stats.prefetched for i in layers] == [0] + [len(layers)] * (len(layers) - 1)
@@ -317,18 +300,18 @@ def test_prefetch_slots_are_two_pools_a_prompt_fills_one_and_a_token_takes_its_s
         e.close()
 
 
-def test_a_token_reads_its_best_few_guesses_and_a_prompt_the_whole_pool(tmp_path, monkeypatch):
-    """Prefetch slots beyond $RKMOJO_TOKEN_PREFETCH (3) serve prompts: a generated token's lookahead reads only its
+def test_a_token_reads_its_best_few_guesses_and_a_prompt_the_whole_pool(tmp_path):
+    """Prefetch slots beyond `token_prefetch` (3) serve prompts: a generated token's lookahead reads only its
     best guesses, in score order, while a prompt fills the pool."""
-    import inference.experts as experts
     from inference.engine import Engine
     from inference.synth import synth_store
 
-    monkeypatch.setenv(experts.TOKEN_PREFETCH_ENV, "3")
-    e = Engine.open(synth_store(tmp_path / "s", "tiny-qwen3-moe", progress=False), expert_slots=2, prefetch=5)
+    e = Engine.open(
+        synth_store(tmp_path / "s", "tiny-qwen3-moe", progress=False), expert_slots=2, prefetch=5, token_prefetch=3
+    )
     try:
         ex = e.model.experts
-        layers = sorted(ex.pf_pools)
+        layers = sorted(ex.lookahead.pools)
         e.forward(np.arange(1, 13))
         assert all(ex.caches[i].stats.prefetched > 5 for i in layers[1:])
         ex.reset_stats()
@@ -336,28 +319,26 @@ def test_a_token_reads_its_best_few_guesses_and_a_prompt_the_whole_pool(tmp_path
         assert [ex.caches[i].stats.prefetched for i in layers[1:]] == [3] * (len(layers) - 1)
     finally:
         e.close()
-    monkeypatch.setenv(experts.TOKEN_PREFETCH_ENV, "lots")
-    with pytest.raises(OptionError, match=r"RKMOJO_TOKEN_PREFETCH.*lots.*0 \(off\) or more"):
-        Engine.open(tmp_path / "s", expert_slots=2, prefetch=5)
+    with pytest.raises(OptionError, match=r"token_prefetch=-1 .*an integer ≥ 0"):
+        Engine.open(tmp_path / "s", expert_slots=2, prefetch=5, token_prefetch=-1)
 
 
-def test_with_no_prefetch_slots_a_token_reads_its_guesses_into_two_small_pools(tmp_path, monkeypatch):
+def test_with_no_prefetch_slots_a_token_reads_its_guesses_into_two_small_pools(tmp_path):
     """A streaming engine without prefetch slots still reads a generated token's best guesses, into two
     pools of that many slots (the memory plan counts them); a prompt fills such a pool too, and
-    RKMOJO_TOKEN_PREFETCH=0 turns the lookahead off."""
-    import inference.experts as experts
+    `token_prefetch` 0 turns the lookahead off."""
     from inference.engine import Engine, lookahead_bytes
     from inference.synth import synth_store
 
     path = synth_store(tmp_path / "s", "tiny-qwen3-moe", progress=False)
-    monkeypatch.setenv(experts.TOKEN_PREFETCH_ENV, "2")
-    monkeypatch.setenv(experts.PROMPT_LEND_ENV, "0")  # the pools alone (lent slots: the next test)
-    e = Engine.open(path, expert_slots=2)
+    e = Engine.open(path, expert_slots=2, token_prefetch=2)
     try:
         ex = e.model.experts
-        layers = sorted(ex.pf_pools)
-        assert len(layers) > 2 and {p.n for p in ex.pf_pools.values()} == {2}
-        assert len({id(p) for p in ex.pf_pools.values()}) == 2
+        ex.lookahead.lend = False  # the pools alone (lent slots: the next test)
+        pools = ex.lookahead.pools
+        layers = sorted(pools)
+        assert len(layers) > 2 and {p.n for p in pools.values()} == {2}
+        assert len({id(p) for p in pools.values()}) == 2
         assert ex.slot_bytes()[1] == lookahead_bytes(e.store, 0, 2) == 2 * 2 * ex.caches[layers[0]].pool.slot_bytes
         e.forward(np.arange(1, 13))
         assert [ex.caches[i].stats.prefetched for i in layers] == [0] + [2] * (len(layers) - 1)
@@ -368,8 +349,7 @@ def test_with_no_prefetch_slots_a_token_reads_its_guesses_into_two_small_pools(t
         assert sum(s.prefetch_hits for s in st) > 0
     finally:
         e.close()
-    monkeypatch.setenv(experts.TOKEN_PREFETCH_ENV, "0")
-    e = Engine.open(path, expert_slots=2)
+    e = Engine.open(path, expert_slots=2, token_prefetch=0)
     try:
         assert not e.model.experts.wants_prefetch and e.model.experts.slot_bytes()[1] == 0
         e.forward([5, 6])
@@ -377,11 +357,10 @@ def test_with_no_prefetch_slots_a_token_reads_its_guesses_into_two_small_pools(t
         e.close()
 
 
-def test_a_token_s_guesses_go_on_the_demand_reads_ring_and_change_no_bit(tmp_path, monkeypatch):
+def test_a_token_s_guesses_go_on_the_demand_reads_ring_and_change_no_bit(tmp_path):
     """Where the demand reads use io_uring, a generated token's guesses go on that ring, behind the layer's
     reads (a prompt's still through the prefetch threads, which land them in parallel), and the logits are
     those of reading every guess through threads."""
-    import inference.experts as experts
     from inference.engine import Engine
     from inference.experts.io import uring_problem
     from inference.synth import synth_store
@@ -389,24 +368,23 @@ def test_a_token_s_guesses_go_on_the_demand_reads_ring_and_change_no_bit(tmp_pat
     if uring_problem():
         pytest.skip(f"io_uring cannot be used here: {uring_problem()}")
     path = synth_store(tmp_path / "s", "tiny-qwen3-moe", progress=False)
-    monkeypatch.setenv(experts.TOKEN_PREFETCH_ENV, "2")
     out = {}
     for io in ("auto", "threads"):
-        e = Engine.open(path, expert_slots=2, io=io)
+        e = Engine.open(path, expert_slots=2, io=io, token_prefetch=2)
         try:
             ex = e.model.experts
-            assert (ex.guess_reader is not None) == (io == "auto")
+            assert (ex.lookahead.ring is not None) == (io == "auto")
             rings = []
-            if ex.guess_reader is not None:
-                submit = ex.guess_reader.submit
-                ex.guess_reader.submit = lambda reqs, then=None, rings=rings, submit=submit, **kw: (
+            if ex.lookahead.ring is not None:
+                submit = ex.lookahead.ring.submit
+                ex.lookahead.ring.submit = lambda reqs, then=None, rings=rings, submit=submit, **kw: (
                     (then is not None and rings.append(len(reqs))) or submit(reqs, then, **kw)
                 )
             prompt = np.asarray(e.forward(np.arange(1, 13)))
             on_ring_in_prompt = len(rings)
             ex.reset_stats()
             token = np.asarray(e.forward([5]))
-            guessed = sum(ex.caches[i].stats.prefetched for i in ex.pf_pools)
+            guessed = sum(ex.caches[i].stats.prefetched for i in ex.lookahead.pools)
             out[io] = (prompt, token, on_ring_in_prompt, len(rings), guessed)
         finally:
             e.close()
@@ -415,12 +393,11 @@ def test_a_token_s_guesses_go_on_the_demand_reads_ring_and_change_no_bit(tmp_pat
     assert np.array_equal(p_ring, p_threads) and np.array_equal(t_ring, t_threads)
 
 
-def test_a_prompt_reads_the_next_layer_into_slots_the_finished_layers_lend(tmp_path, monkeypatch):
+def test_a_prompt_reads_the_next_layer_into_slots_the_finished_layers_lend(tmp_path):
     """Beyond its pool, a prompt's lookahead reads the next layer's experts into cache slots lent by the
     layers its pass has finished, and where those are too few (its first layers) by the layers after the
     next one, never the running layer's or the next one's; the lenders' cached experts leave their cache,
     a lender's next run takes its slots back, and every logit is the all-resident run's."""
-    import inference.experts as experts
     from inference.engine import Engine
     from inference.synth import synth_store
 
@@ -431,87 +408,32 @@ def test_a_prompt_reads_the_next_layer_into_slots_the_finished_layers_lend(tmp_p
     e = Engine.open(path, expert_slots=4)
     try:
         ex = e.model.experts
-        layers = sorted(ex.pf_pools)
-        assert len(layers) > 3 and ex.lend
+        layers = sorted(ex.lookahead.pools)
+        loans = ex.lookahead.lending.loans
+        assert len(layers) > 3 and ex.lookahead.lend
         got = [e.forward(calls[0], last_only=False)]
         st = [ex.caches[i].stats for i in layers]
         assert st[0].borrowed == 0 and all(s.borrowed > 0 for s in st[1:])  # layer 1 from the later layers
         assert sum(s.prefetched for s in st) > sum(s.borrowed for s in st) > 0 and sum(s.lent for s in st) > 0
         place = {layer: k for k, layer in enumerate(layers)}
         # what is still lent after the pass: the finished layers' slots (a later lender took its own back as it ran)
-        assert ex.loans and all(
-            place[borrower] >= place[lender] + 2 for lender, loans in ex.loans.items() for _, _, borrower, _ in loans
+        assert loans and all(
+            place[borrower] >= place[lender] + 2 for lender, lent in loans.items() for _, _, borrower, _ in lent
         )
         got.append(e.forward(calls[1], last_only=False))
-        assert not ex.loans  # each lender's run took its slots back
+        assert not loans  # each lender's run took its slots back
         got += [e.forward(ids, last_only=False) for ids in calls[2:]]
         for a, b in zip(want, got):
             assert np.array_equal(a, b)
     finally:
         e.close()
-    monkeypatch.setenv(experts.PROMPT_LEND_ENV, "0")
     e = Engine.open(path, expert_slots=4)
     try:
+        e.model.experts.lookahead.lend = False
         e.forward(calls[0])
-        assert not e.model.experts.lend and e.expert_stats["total"]["borrowed"] == 0
+        assert e.expert_stats["total"]["borrowed"] == 0
     finally:
         e.close()
-    monkeypatch.setenv(experts.PROMPT_LEND_ENV, "yes")
-    with pytest.raises(OptionError, match=r"RKMOJO_PROMPT_LEND.*yes.*or 0 \(off\)"):
-        Engine.open(path, expert_slots=4)
-
-
-def test_a_tokens_lookahead_reads_are_promoted_into_the_cache_and_logits_stay_the_resident_ones(tmp_path, monkeypatch):
-    """A generated token's misses that the lookahead read are copied into the cache once computed (when the
-    policy admits them), so their next request hits; every logit is the all-resident run's, with promotion
-    on and off, and $RKMOJO_PROMOTE names its values when wrong."""
-    import inference.experts as experts
-    from inference.engine import Engine
-    from inference.experts import repack_expert
-    from inference.synth import synth_store
-
-    path = synth_store(tmp_path / "s", "tiny-qwen3-moe", progress=False)
-    rng = np.random.default_rng(3)
-    calls = [np.arange(1, 13)] + [[int(t)] for t in rng.integers(1, 200, 24)]
-    want = Engine.open(path)
-    want = [want.forward(ids, last_only=False) for ids in calls]
-    monkeypatch.setenv(experts.TOKEN_PREFETCH_ENV, "2")
-    got, stats = {}, {}
-    for promote in ("1", "0"):
-        monkeypatch.setenv(experts.PROMOTE_ENV, promote)
-        e = Engine.open(path, expert_slots=6)
-        promoted: list[tuple[int, int]] = []
-        e.model.experts.observer = types.SimpleNamespace(  # told each promotion as (layer, expert)
-            filled=lambda *a: None,
-            took=lambda *a: None,
-            lent=lambda *a: None,
-            promoted=lambda *a, seen=promoted: seen.append(a),
-        )
-        try:
-            assert e.model.experts.promote == (promote == "1")
-            got[promote] = [e.forward(ids, last_only=False) for ids in calls]
-            stats[promote] = e.expert_stats["total"]
-            if promote == "1":  # every cached expert, promoted or read, holds the bytes a landing gives
-                ex = e.model.experts
-                assert any(x in ex.caches[layer].where for layer, x in promoted)  # some are checked below
-                for layer, cache in ex.caches.items():
-                    lay = ex.layouts[layer]
-                    for expert, s in cache.where.items():
-                        buf = np.fromfile(ex.store.path / "experts" / f"layer_{layer:02d}.bin", np.uint8,
-                                          lay.blob_size, offset=expert * lay.stride)  # fmt: skip
-                        if ex.repacked:
-                            repack_expert(lay.view(buf), in_place=True)
-                        assert np.array_equal(cache.pool.view(s)[: lay.blob_size], buf)
-        finally:
-            e.close()
-    for promote in ("1", "0"):
-        for a, b in zip(want, got[promote]):
-            assert np.array_equal(a, b)
-    assert stats["1"]["promoted"] > 0 and stats["0"]["promoted"] == 0
-    assert stats["1"]["prefetch_hits"] > 0 and stats["0"]["prefetch_hits"] > 0
-    monkeypatch.setenv(experts.PROMOTE_ENV, "on")
-    with pytest.raises(OptionError, match=r"RKMOJO_PROMOTE.*on.*or 0 \(off, the default\)"):
-        Engine.open(path, expert_slots=6)
 
 
 def test_the_lookahead_for_the_next_layer_follows_the_current_layers_reads(tmp_path):
@@ -525,11 +447,13 @@ def test_the_lookahead_for_the_next_layer_follows_the_current_layers_reads(tmp_p
     try:
         ex = e.model.experts
         log = []  # ("demand" | "prefetch", layer) in submission order, ("landed", layer) as reads land
-        demand, pf = ex._requests, ex.pf_reader.submit
+        demand, pf = ex._requests, ex.lookahead.reader.submit
         ex._requests = lambda layer, experts: log.extend([("demand", layer)] * len(experts)) or demand(layer, experts)  # noqa: E731
-        ex.pf_reader.submit = lambda reqs, then=None: log.extend(("prefetch", r.layer) for r in reqs) or pf(reqs, then)  # noqa: E731
+        ex.lookahead.reader.submit = lambda reqs, then=None: (
+            log.extend(("prefetch", r.layer) for r in reqs) or pf(reqs, then)
+        )  # noqa: E731
         e.forward(np.arange(1, 13))
-        layers = sorted(ex.pf_pools)
+        layers = sorted(ex.lookahead.pools)
         for prev, nxt in zip(layers, layers[1:]):
             last_demand = max(i for i, x in enumerate(log) if x == ("demand", prev))
             first_pf = min(i for i, x in enumerate(log) if x == ("prefetch", nxt))
@@ -566,8 +490,8 @@ def test_a_read_whose_landing_is_only_its_views_lands_on_the_engine_s_thread(tmp
         e = Engine.open(path, expert_slots=2, verify_experts=verify, io="threads")
         try:
             ex, landers = e.model.experts, []
-            submit = ex.lander.submit
-            ex.lander.submit = lambda *a, submit=submit, landers=landers: landers.append(a) or submit(*a)
+            submit = ex.landing.lander.submit
+            ex.landing.lander.submit = lambda *a, submit=submit, landers=landers: landers.append(a) or submit(*a)
             first = np.asarray(e.forward(np.arange(1, 13)))
             in_prompt = len(landers)
             e.reset()
@@ -594,12 +518,13 @@ def test_experts_checked_while_idle_are_trusted_by_the_first_prompt_and_a_bad_on
     try:
         ex = e.model.experts
         total = sum(lay.n_experts for lay in ex.layouts.values())
-        assert e.check_experts(0) == total - 1 and len(ex.verified) == 1  # a slice of nothing still checks one
-        assert e.check_experts(60) == 0 and len(ex.verified) == total and e.check_experts(60) == 0
+        verified = ex.landing.verified
+        assert e.check_experts(0) == total - 1 and len(verified) == 1  # a slice of nothing still checks one
+        assert e.check_experts(60) == 0 and len(verified) == total and e.check_experts(60) == 0
         assert all(not c.where for c in ex.caches.values())  # no slot was used
         landers = []
-        submit = ex.lander.submit
-        ex.lander.submit = lambda *a: landers.append(a) or submit(*a)
+        submit = ex.landing.lander.submit
+        ex.landing.lander.submit = lambda *a: landers.append(a) or submit(*a)
         checked_first = np.asarray(e.forward(np.arange(1, 13)))
         assert landers == []
     finally:
@@ -618,10 +543,10 @@ def test_experts_checked_while_idle_are_trusted_by_the_first_prompt_and_a_bad_on
         f.write(bytes([b[0] ^ 0xFF]))
     e = Engine.open(path, expert_slots=2, io="threads")
     try:
-        ex = e.model.experts
-        assert e.check_experts(60) == 0 and ex.mismatched == {(layer, 1)} and (layer, 1) not in ex.verified
+        land = e.model.experts.landing
+        assert e.check_experts(60) == 0 and land.mismatched == {(layer, 1)} and (layer, 1) not in land.verified
         assert "expert 1 digest mismatch" in caplog.text
-        assert e.check_experts(60) == 0 and len(ex.verified) == total - 1  # not tried again
+        assert e.check_experts(60) == 0 and len(land.verified) == total - 1  # not tried again
         with pytest.raises(ModelFormatError, match=r"expert 1 digest mismatch; re-run `rkmojo pull`"):
             for t in range(1, 200):  # until a token routes to the bad expert
                 e.forward([t])
@@ -629,24 +554,24 @@ def test_experts_checked_while_idle_are_trusted_by_the_first_prompt_and_a_bad_on
         e.close()
 
 
-def test_a_guess_rank_is_read_while_it_is_right_often_enough_and_scored_even_when_not_read(tmp_path, monkeypatch):
-    """A token's k-th guess is read while the k-th candidates have been right at least $RKMOJO_GUESS_PRECISION of
+def test_a_guess_rank_is_read_while_it_is_right_often_enough_and_scored_even_when_not_read(tmp_path):
+    """A token's k-th guess is read while the k-th candidates have been right at least GUESS_PRECISION of
     the time; a rank left out is still scored against what each layer asks for, so it can come back."""
-    import inference.experts as experts
     from inference.engine import Engine
+    from inference.experts.lookahead import GUESS_PRECISION
     from inference.synth import synth_store
 
     path = synth_store(tmp_path / "s", "tiny-qwen3-moe", progress=False)
-    monkeypatch.setenv(experts.TOKEN_PREFETCH_ENV, "3")
-    monkeypatch.setenv(experts.PROMPT_LEND_ENV, "0")
-    e = Engine.open(path, expert_slots=2)
+    e = Engine.open(path, expert_slots=2, token_prefetch=3)
     try:
         ex = e.model.experts
-        layers = sorted(ex.pf_pools)
-        assert ex.guess_min == experts.GUESS_PRECISION_DEFAULT and ex.guess_ranks() == 3  # unmeasured: all read
+        ex.lookahead.lend = False
+        guesses = ex.lookahead.guesses
+        layers = sorted(ex.lookahead.pools)
+        assert guesses.min == GUESS_PRECISION and guesses.ranks() == 3  # unmeasured: all read
         e.forward(np.arange(1, 13))
         assert ex.stats()["guesses"]["scored"] == [0, 0, 0]  # a prompt's lookahead is not a token's guess
-        ex.guess_right[:] = [1.0, 0.5, 1.0]  # the second rank wrong half the time: only the first is read
+        guesses.right[:] = [1.0, 0.5, 1.0]  # the second rank wrong half the time: only the first is read
         ex.reset_stats()
         e.forward([5])
         assert [ex.caches[i].stats.prefetched for i in layers] == [0] + [1] * (len(layers) - 1)
@@ -654,14 +579,14 @@ def test_a_guess_rank_is_read_while_it_is_right_often_enough_and_scored_even_whe
         # every layer after the first named three candidates not cached, and scored them
         assert g["scored"] == [len(layers) - 1] * 3 and g["reading"] == 1
         assert all(0 <= r <= n for r, n in zip(g["right"], g["scored"]))
-        ex.guess_right[:] = 0.0  # no rank right enough: nothing read, yet every candidate scored
+        guesses.right[:] = 0.0  # no rank right enough: nothing read, yet every candidate scored
         ex.reset_stats()
         e.forward([6])
         assert sum(ex.caches[i].stats.prefetched for i in layers) == 0
         scored = ex.stats()["guesses"]["scored"]  # fewer later ranks where the cache holds a candidate
         assert scored[0] == 2 * (len(layers) - 1) and all(len(layers) - 1 < n <= scored[0] for n in scored)
-        assert ex.guess_ranks() == 0
-        ex.guess_min = 0.0  # 0: every guess, whatever its record
+        assert guesses.ranks() == 0
+        guesses.min = 0.0  # 0: every guess, whatever its record
         ex.reset_stats()
         e.forward([7])
         assert [ex.caches[i].stats.prefetched for i in layers] == [0] + [3] * (len(layers) - 1)
@@ -670,25 +595,13 @@ def test_a_guess_rank_is_read_while_it_is_right_often_enough_and_scored_even_whe
 
 
 def test_the_scores_move_toward_what_the_layer_asked_for():
-    from inference.experts import GUESS_WINDOW, StreamingExperts
+    from inference.experts.lookahead import GUESS_WINDOW, GuessScores
 
-    ex = StreamingExperts.__new__(StreamingExperts)  # the scoring alone, on its own state
-    ex.guess_right, ex.guess_scored, ex.guess_used = np.ones(3), np.zeros(3, np.int64), np.zeros(3, np.int64)
-    ex._candidates = {4: [10, 11, 12]}
-    ex._score_guesses(4, [12, 10, 7])
-    assert ex.guess_used.tolist() == [1, 0, 1] and ex.guess_scored.tolist() == [1, 1, 1]
-    assert ex.guess_right.tolist() == [1.0, 1.0 - 1.0 / GUESS_WINDOW, 1.0]
-    assert 4 not in ex._candidates
-    ex._score_guesses(4, [1])  # no candidates named for it: nothing scored
-    assert ex.guess_scored.tolist() == [1, 1, 1]
-
-
-def test_a_bad_guess_precision_names_the_variable(tmp_path, monkeypatch):
-    import inference.experts as experts
-
-    for bad in ("most", "1.5", "-0.1"):
-        monkeypatch.setenv(experts.GUESS_PRECISION_ENV, bad)
-        with pytest.raises(OptionError, match=rf"RKMOJO_GUESS_PRECISION.*{bad}.*between 0 and 1"):
-            experts.guess_precision()
-    monkeypatch.setenv(experts.GUESS_PRECISION_ENV, "0.9")
-    assert experts.guess_precision() == 0.9
+    g = GuessScores(3, 3)
+    g.candidates = {4: [10, 11, 12]}
+    g.score(4, [12, 10, 7])
+    assert g.used.tolist() == [1, 0, 1] and g.scored.tolist() == [1, 1, 1]
+    assert g.right.tolist() == [1.0, 1.0 - 1.0 / GUESS_WINDOW, 1.0]
+    assert 4 not in g.candidates
+    g.score(4, [1])  # no candidates named for it: nothing scored
+    assert g.scored.tolist() == [1, 1, 1]

@@ -334,13 +334,11 @@ class _Model:
         self.lm_head = random_weight("q4", 50, 128, rng)
 
 
-def test_a_model_repacks_its_dense_q4_matrices_for_int8_decode(rng, monkeypatch):
+def test_a_model_repacks_its_dense_q4_matrices_for_int8_decode(rng):
     m = _Model(rng)
     assert repack.repack_model(m, "f32") == 0 and repack.repack_model(m, "experts") == 0
     assert repack.repack_model(m, "decode") == 0  # not a dense model's compiled decode step
-    monkeypatch.setenv(repack.ENV, "0")
-    assert repack.repack_model(m, "q8") == 0 and m.layers[0]["q"].kind == "q4"
-    monkeypatch.delenv(repack.ENV)
+    assert m.layers[0]["q"].kind == "q4"
     assert repack.repack_model(m, "q8") > 0
     assert m.layers[0]["q"].kind == m.layers[0]["mlp"]["up"].kind == m.lm_head.kind == REPACKED_Q4
     assert m.layers[1]["q"].kind == REPACKED_Q8_0 and m.layers[1]["o"].kind == REPACKED_Q4_1
@@ -459,7 +457,7 @@ def test_a_repacked_moe_model_in_q8_mode(moe_store):
     assert _worst(d_new, d_old) < _worst(d_f32, d_old)
 
 
-def test_the_engine_repacks_on_the_cpu_unless_switched_off(moe_store, monkeypatch):
+def test_the_engine_repacks_on_the_cpu_unless_switched_off(moe_store):
     from inference.engine import Engine
 
     def kinds(e):
@@ -473,21 +471,22 @@ def test_the_engine_repacks_on_the_cpu_unless_switched_off(moe_store, monkeypatc
     streamed = Engine.open(moe_store, activations="q8", expert_slots=4)  # dense.bin read into memory
     assert kinds(streamed) == {"q4r"}
     assert np.shares_memory(streamed.model.layers[0]["q"].parts["q"], streamed.store._dense())  # in place
-    monkeypatch.setenv(repack.ENV, "0")
-    assert kinds(Engine.open(moe_store, activations="q8")) == {"q4"}
+    assert kinds(Engine.open(moe_store, activations="q8", repack=False)) == {"q4"}
 
 
-def test_experts_are_repacked_where_they_land_and_stream_with_the_resident_bits(moe_store_plain, monkeypatch):
+def test_experts_are_repacked_where_they_land_and_stream_with_the_resident_bits(moe_store_plain):
     """Every mode with int8 experts holds them repacked: an all-resident engine in copies made at first
     use, a streaming one in its slots as each read lands (demand, prefetch, a warm start): the same
-    layout, so the same bits; f32 and the kill switch keep the store's layout. (A store converted now holds
+    layout, so the same bits; f32 and `repack` off keep the store's layout. (A store converted now holds
     them repacked on disk: `test_store_repack`.)"""
     from inference.engine import Engine
 
     def expert_kinds(e):
         src = e.model.experts
         if hasattr(src, "caches"):
-            views = [src._view(layer, c.pool.view(s)) for layer, c in src.caches.items() for s in c.where.values()]
+            views = [
+                src.landing.view(layer, c.pool.view(s)) for layer, c in src.caches.items() for s in c.where.values()
+            ]
         else:
             views = list(src._views.values())
         assert views
@@ -507,8 +506,7 @@ def test_experts_are_repacked_where_they_land_and_stream_with_the_resident_bits(
     assert np.array_equal(
         warm.forward(ids, last_only=False), Engine.open(moe_store_plain, chunk=8).forward(ids, last_only=False)
     )
-    monkeypatch.setenv(repack.ENV, "0")
-    off = Engine.open(moe_store_plain, chunk=8)
+    off = Engine.open(moe_store_plain, chunk=8, repack=False)
     off.forward(ids[:4])
     assert expert_kinds(off) == {"q4"}
 
@@ -516,10 +514,10 @@ def test_experts_are_repacked_where_they_land_and_stream_with_the_resident_bits(
 def test_resident_experts_that_would_not_fit_in_memory_stay_mapped(moe_store_plain, monkeypatch):
     """Copies of a model larger than the available memory could not be paged out: the engine keeps the
     memory map (store layout) and says why, and still answers."""
-    import inference.experts as experts
+    import inference.experts.resident as resident
     from inference.engine import Engine
 
-    monkeypatch.setattr(experts, "meminfo", lambda: {"MemAvailable": 64 * 1024})
+    monkeypatch.setattr(resident, "meminfo", lambda: {"MemAvailable": 64 * 1024})
     e = Engine.open(moe_store_plain, chunk=8)
     src = e.model.experts
     assert not src.repacked and "available" in src.not_repacked and "memory budget" in src.not_repacked

@@ -82,3 +82,29 @@ def test_an_engine_applies_its_thread_count_and_activations_to_its_own_compute_o
     with pytest.raises(ValueError), kernels.configured(None, "int3"):
         pass
     assert (kernels.get_threads(), kernels.get_activations()) == before
+
+
+def test_the_lookahead_slot_and_repack_settings_are_engine_options_on_every_surface():
+    cfg = EngineConfig()
+    assert (cfg.token_prefetch, cfg.hugepages, cfg.repack) == (3, True, True)
+    p = argparse.ArgumentParser()
+    options.add_flags(p, EngineConfig)
+    flags = ["--token-prefetch", "0", "--hugepages", "off", "--repack", "off"]
+    want = {"token_prefetch": 0, "hugepages": False, "repack": False}
+    assert options.from_flags(EngineConfig, p.parse_args(flags)) == want
+    env = {"RKMOJO_TOKEN_PREFETCH": "0", "RKMOJO_HUGEPAGES": "0", "RKMOJO_REPACK": "0"}
+    assert options.from_env(EngineConfig, env) == want
+    with pytest.raises(ValueError, match=r"^RKMOJO_TOKEN_PREFETCH='lots' is out of range; allowed: an integer ≥ 0$"):
+        options.from_env(EngineConfig, {"RKMOJO_TOKEN_PREFETCH": "lots"})
+
+
+def test_the_kernel_build_and_starting_activations_are_read_once_at_load_and_named_when_wrong():
+    from inference.kernels._lib import KernelOptions
+
+    assert KernelOptions.from_env({}) == KernelOptions("native", "decode")
+    assert KernelOptions.from_env({"RKMOJO_KERNELS": "AVX2", "RKMOJO_ACTIVATIONS": "experts"}) == KernelOptions(
+        "avx2", "experts"
+    )
+    with pytest.raises(ImportError, match=r"^RKMOJO_ACTIVATIONS='int3' is out of range; allowed: one of f32, q8"):
+        KernelOptions.from_env({"RKMOJO_ACTIVATIONS": "int3"})
+    assert kernels.LOADED == KernelOptions.from_env()  # what this process was loaded with

@@ -126,7 +126,7 @@ def test_a_budget_too_small_is_refused_with_the_minimum(moe_store):
     assert e.slots == 16  # everything fits: one slot per expert
 
 
-def test_prefetch_slots_come_out_of_the_budget(moe_store, monkeypatch):
+def test_prefetch_slots_come_out_of_the_budget(moe_store):
     from inference.engine import RUNTIME_OVERHEAD, expert_slot_bytes, kv_bytes, lookahead_bytes
 
     e = Engine.open(moe_store, expert_slots=4)
@@ -140,8 +140,7 @@ def test_prefetch_slots_come_out_of_the_budget(moe_store, monkeypatch):
     guesses = lookahead_bytes(st, 0, 3)
     assert guesses > 0 and Engine.open(moe_store, memory_budget=budget + guesses).slots == 10
     assert Engine.open(moe_store, memory_budget=budget + guesses - 1).slots == 9
-    monkeypatch.setenv("RKMOJO_TOKEN_PREFETCH", "0")
-    assert Engine.open(moe_store, memory_budget=budget).slots == 10
+    assert Engine.open(moe_store, memory_budget=budget, token_prefetch=0).slots == 10
 
 
 def test_a_prompt_sharing_a_prefix_only_prefills_the_rest(moe_store):

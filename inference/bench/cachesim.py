@@ -9,8 +9,7 @@ every slot taken, evict the cached expert whose next request lies furthest in th
 What the engine does to its caches also depends on timing, which the requests alone do not tell:
 - a miss's read that lands first frees its slot first, and the slot takes the next miss; reads need not
   land in the order submitted (a thread pool's preads, a busy disk);
-- a miss the lookahead read is computed from a lookahead slot and enters the cache only if promoted
-  (`StreamingExperts.promote`, which asks the cache when it is computed);
+- a miss the lookahead read is computed from a lookahead slot and does not enter the cache;
 - a prompt's lookahead empties slots of finished layers to read into, as many as the loans that have
   ended let it.
 The recorder writes all of these down with each call, and `replay(..., as_run=True)` applies them, so that at
@@ -40,22 +39,18 @@ class Call:
     prefetched: tuple[int, ...] = ()  # misses computed from the lookahead's slots
     lent: tuple[tuple[int, int], ...] = ()  # (layer, expert): dropped from finished layers during the call
     filled: tuple[int, ...] = ()  # the misses that entered the cache, in the order their reads landed
-    promoted: tuple[int, ...] = ()  # of `prefetched`, those copied into the cache, in that order
 
     def row(self) -> list:
         """The call as JSON (`from_row` reads it back)."""
         lent = [list(x) for x in self.lent]
-        return [
-            self.phase, self.layer, list(self.experts), self.misses, list(self.prefetched), lent,
-            list(self.filled), list(self.promoted),
-        ]  # fmt: skip
+        return [self.phase, self.layer, list(self.experts), self.misses, list(self.prefetched), lent, list(self.filled)]
 
     @classmethod
     def from_row(cls, row: list) -> "Call":
         p, layer, experts, misses, *rest = row
-        prefetched, lent, filled, promoted = (rest + [[], [], [], []])[:4]  # a trace saved before these fields
+        prefetched, lent, filled = (rest + [[], [], []])[:3]  # a trace saved before these fields
         lent = tuple((a, b) for a, b in lent)
-        return cls(p, layer, tuple(experts), misses, tuple(prefetched), lent, tuple(filled), tuple(promoted))
+        return cls(p, layer, tuple(experts), misses, tuple(prefetched), lent, tuple(filled))
 
 
 class TraceRecorder:
@@ -68,7 +63,6 @@ class TraceRecorder:
         self._took: list[int] = []
         self._lent: list[tuple[int, int]] = []
         self._filled: list[int] = []
-        self._promoted: list[int] = []
         if hasattr(inner, "observer"):
             inner.observer = self
 
@@ -76,11 +70,11 @@ class TraceRecorder:
         experts = tuple(int(e) for e in experts)
         caches = getattr(self.inner, "caches", None)
         before = caches[layer].stats.misses if caches else 0
-        self._took, self._lent, self._filled, self._promoted = [], [], [], []
+        self._took, self._lent, self._filled = [], [], []
         out = self.inner.run(layer, experts, compute, during_io)
         misses = (caches[layer].stats.misses - before) if caches else 0
-        took, lent, filled, promoted = (tuple(x) for x in (self._took, self._lent, self._filled, self._promoted))
-        self.calls.append(Call(self.phase, layer, experts, misses, took, lent, filled, promoted))
+        took, lent, filled = (tuple(x) for x in (self._took, self._lent, self._filled))
+        self.calls.append(Call(self.phase, layer, experts, misses, took, lent, filled))
         return out
 
     def filled(self, layer: int, expert: int) -> None:
@@ -90,10 +84,6 @@ class TraceRecorder:
     def took(self, layer: int, experts) -> None:
         """`StreamingExperts`: these misses of the running call are computed from lookahead slots."""
         self._took.extend(int(e) for e in experts)
-
-    def promoted(self, layer: int, expert: int) -> None:
-        """`StreamingExperts`: a miss of the running call the lookahead read was copied into the cache."""
-        self._promoted.append(expert)
 
     def lent(self, layer: int, expert: int) -> None:
         """`StreamingExperts`: `expert` left layer `layer`'s cache, its slot lent to the lookahead."""
@@ -110,12 +100,11 @@ class SimPool:
     n: int
 
 
-def serve(cache: LayerCache, experts, prefetched=(), landed=(), promoted=()) -> None:
+def serve(cache: LayerCache, experts, prefetched=(), landed=()) -> None:
     """One request through `cache` in the order `StreamingExperts.run` takes it: hits pinned, the
     misses that fit the free slots assigned; once the hits are computed their slots are free too, and
     each computed miss frees its slot for the next. Reads land in the order `landed` names them, the
-    others in the order submitted; the `prefetched` misses take no slot (the lookahead read them)
-    unless `promoted`: those are copied into the cache once the hits are computed."""
+    others in the order submitted; the `prefetched` misses take no slot (the lookahead read them)."""
     hits, misses = cache.request(experts)
     cache.pin(hits.values())
     queue, inflight = [e for e in misses if e not in prefetched], []
@@ -128,10 +117,6 @@ def serve(cache: LayerCache, experts, prefetched=(), landed=(), promoted=()) -> 
 
     top_up()
     cache.pinned.difference_update(hits.values())
-    for e in promoted:
-        s = cache.assign(e)
-        cache.fill(e, s)
-        cache.pinned.discard(s)
     top_up()
     while inflight:
         named = [i for i, (e, _) in enumerate(inflight) if order and e == order[0]]
@@ -146,8 +131,8 @@ def serve(cache: LayerCache, experts, prefetched=(), landed=(), promoted=()) -> 
 
 def replay(calls: list[Call], n_experts: int, slots: int, policy: str, as_run: bool = False) -> dict[str, dict]:
     """Requests and hits per phase of `calls` through fresh `LayerCache`s of `slots` slots. `as_run`:
-    with what the recording engine did (its landing order, which misses its lookahead read were promoted into
-    the cache, lent slots emptied), which only the engine's own size and policy reproduce; otherwise every miss fills a
+    with what the recording engine did (its landing order, the misses its lookahead read, lent slots
+    emptied), which only the engine's own size and policy reproduce; otherwise every miss fills a
     slot and reads land in the order submitted."""
     caches: dict[int, LayerCache] = {}
 
@@ -160,7 +145,7 @@ def replay(calls: list[Call], n_experts: int, slots: int, policy: str, as_run: b
     for c in calls:
         cache = layer_cache(c.layer)
         h, r = cache.stats.hits, cache.stats.requests
-        serve(cache, c.experts, *((set(c.prefetched), c.filled, c.promoted) if as_run else ()))
+        serve(cache, c.experts, *((set(c.prefetched), c.filled) if as_run else ()))
         out[c.phase]["hits"] += cache.stats.hits - h
         out[c.phase]["requests"] += cache.stats.requests - r
         for layer, e in c.lent if as_run else ():

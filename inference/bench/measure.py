@@ -32,7 +32,6 @@ COUNTERS = (
     "prefetch_hits",
     "prefetch_cancelled",
     "borrowed",
-    "promoted",
 )
 
 
@@ -227,7 +226,6 @@ def summarize_decode(runs: list[dict]) -> dict:
         "miss_bytes_per_token": sums["bytes_read"] / tokens,
         "prefetched": sums["prefetched"],
         "prefetch_hits": sums["prefetch_hits"],
-        "promoted": sums["promoted"],
         "prefetch_recall": sums["prefetch_hits"] / sums["misses"] if sums["misses"] else None,
         "prefetch_precision": sums["prefetch_hits"] / sums["prefetched"] if sums["prefetched"] else None,
         # bytes_read counts the prefetches that were used; the others were read for nothing

@@ -33,7 +33,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,8 +45,9 @@ from ..errors import RkmojoError
 from .cgroup import children_die_with_us
 from .cachesim import Call, TraceRecorder, popularity, replay, hit_rate, sweep
 from .measure import Workload, cpu_mark, others_cpu, peak_rss_bytes, run_workload
-from .paired import paired_bounds, paired_lines, ttft_bound
-from .turns import Resident, serve, ttft_ratios, turns_lines, turns_problem, wait_ready
+from .paired import paired_bounds, ttft_bound
+from .report import median_of, table
+from .turns import Resident, serve, ttft_ratios, turns_problem, wait_ready
 
 EFFICIENCY_FORMULA = "decode_tok_s / min(io_bound_tok_s, compute_only_tok_s)"
 # the JSON's fields as dotted paths (`prefill.N` for each timed prompt length N)
@@ -417,34 +417,6 @@ def router_label(st) -> str:
     return src["router"] + (f" (skew {src['skew']})" if src.get("skew") else "")
 
 
-def guesses_note(g: dict | None) -> str:
-    """How often each rank of a token's guesses was right over the whole run, and how many ranks it reads now."""
-    if not g or not any(g["scored"]):
-        return ""
-    right = "/".join(f"{r / n:.0%}" for r, n in zip(g["right"], g["scored"]) if n)
-    return (
-        f" · guess ranks right {right} of the time; {g['reading']} read now "
-        f"(those right at least {g['min_precision']:.0%} of the recent layers)"
-    )
-
-
-def checked_note(e: dict) -> str:
-    """The digest check before the runs, as the worker's idle time after a load does it (`check_experts`)."""
-    c = e.get("digests_checked_before")
-    if not c or e.get("verify_experts") != "first":
-        return ""
-    left = f", {c['left']} left" if c["left"] else ""
-    return f" (every expert's digest checked before the runs, untimed, as a worker does while idle: {c['seconds']:.1f} s{left})"
-
-
-def sweep_windows(su: dict) -> list:
-    """The windows behind a sustained rate's best depth (one for a sweep from before they were medians)."""
-    for x in su.get("sweep", []):
-        if x["depth"] == su.get("depth"):
-            return x.get("windows") or [x["bytes_per_s"]]
-    return [su.get("bytes_per_s")]
-
-
 def combine(st, o: BenchOptions, s: dict, c: dict | None, calls: list[Call], use: dict | None) -> dict:
     dec = s["decode"]
     miss = dec["miss_bytes_per_token"]
@@ -495,17 +467,11 @@ def combine(st, o: BenchOptions, s: dict, c: dict | None, calls: list[Call], use
             "policy": eng["policy"],
             "simulated": hit_rate(sim),
             "measured": dec["hit_rate"],
-            # misses the lookahead read: computed from its slots, cached only if promoted; the replay
+            # misses the lookahead read: computed from its slots, never cached; the replay
             # applies them (and the slots lent to it) as recorded, so simulated equals measured with it on
             "prefetch_hits": dec.get("prefetch_hits", 0),
-            "promoted": dec.get("promoted", 0),
         }
     return r
-
-
-def _median(prefill: dict, key: str) -> float:
-    """The median over a prefill's runs of one of its counters (0 where an older report lacks it)."""
-    return statistics.median(x.get(key, 0.0) for x in prefill["runs"])
 
 
 def ttft_bounds(st, prefill: dict, bw: float | None, c: dict | None) -> dict:
@@ -519,7 +485,7 @@ def ttft_bounds(st, prefill: dict, bw: float | None, c: dict | None) -> dict:
     reads those too is one a disk-bound engine beats."""
     out = {}
     for n, p in prefill.items():
-        read_bytes = _median(p, "bytes_read")
+        read_bytes = median_of(p, "bytes_read")
         resident_s = ((c or {}).get("prefill_ttft_s") or {}).get(n)
         orders = ((c or {}).get("prefill_ttft_by_order_s") or {}).get(n) or {}
         bound, read_s = ttft_bound(read_bytes, bw, resident_s)
@@ -542,182 +508,3 @@ def _formula(io_bound, compute) -> str | None:
     if io_bound or compute:
         return f"decode_tok_s / {'io_bound_tok_s' if io_bound else 'compute_only_tok_s'} (the other bound not measured)"
     return None
-
-
-def _pct(x) -> str:
-    return "   —  " if x is None else f"{100 * x:5.1f} %"
-
-
-def table(r: dict) -> list[str]:
-    """The human-readable summary of a result."""
-    e, d, b, w = r["engine"], r["decode"], r["bounds"], r["workload"]
-    out = [f"rkmojo bench: {Path(r['store']).name} ({r['architecture']}; router: {r['router']})"]
-    if e["slots"]:
-        rd = b["read"]
-        out.append(
-            f"{'engine':<14}{e['slots']} slots/layer · {e['policy']} · io {e['io']}"
-            f"{' (O_DIRECT)' if rd.get('direct') else ''} · verify {e['verify_experts']}{checked_note(e)}"
-            f" · {e['threads']} threads · {e.get('kernels', '?')} kernels, {e.get('activations', 'f32')} activations"
-        )
-    else:
-        out.append(
-            f"{'engine':<14}every expert resident (no --expert-slots/--memory-budget) · {e['threads']} threads"
-            f" · {e.get('kernels', '?')} kernels, {e.get('activations', 'f32')} activations"
-        )
-    if r.get("load"):
-        ld = r["load"]
-        out.append(
-            f"{'load':<14}other processes used {100 * ld['cpu_busy_before']:.0f} % of the {ld['cpus']} CPUs "
-            f"before, {100 * ld['cpu_busy_after']:.0f} % after; load average {ld['before'][0]:.2f} before, "
-            f"{ld['after'][0]:.2f} after"
-        )
-        out.append(f"{'env':<14}" + " ".join(f"{k}={v}" for k, v in r["env"].items()))
-    runs = ", ".join(f"{x['tok_s']:.2f}" for x in d["runs"])
-    out.append(
-        f"{'disturbance':<14}other processes used up to {100 * d['others_cpu_max']:.0f} % of the CPUs "
-        "during a decode run"
-    )
-    out.append(
-        f"{'decode':<14}{d['tok_s']:.2f} tok/s  median of {len(d['runs'])} × {w['decode_tokens']} tokens "
-        f"after a {w['prompt_tokens']}-token prompt, {w['feed']} ids ({runs})"
-    )
-    for n, p in r["prefill"].items():
-        each = ", ".join(f"{x['ttft_s']:.2f}" for x in p["runs"])
-        out.append(
-            f"{'prefill ' + n:<14}time to first token {p['ttft_s']:.2f} s (median of {len(p['runs'])}: {each} s)"
-            f" = {p['tok_s']:.1f} tok/s"
-            + (
-                f" · IO wait {_median(p, 'read_seconds'):.2f} s, landing {_median(p, 'land_seconds'):.2f} s"
-                + (
-                    f" · {_median(p, 'borrowed'):.0f} experts read ahead into slots lent by finished layers"
-                    if _median(p, "borrowed")
-                    else ""
-                )
-                if e["slots"]
-                else ""
-            )
-        )
-    if e["slots"]:
-        out.append(
-            f"{'experts':<14}hit rate {_pct(d['hit_rate']).strip()} · {d['expert_mb_per_token']:.0f} MB read "
-            f"per token · IO wait {d['io_wait_ms_per_token']:.0f} ms per token · landing (digest check, "
-            f"repack) {d.get('land_ms_per_token', 0):.1f} ms per token"
-        )
-    mem = f"peak RSS {r['peak_rss_bytes'] / GiB:.2f} GiB"
-    if r["cgroup"]:
-        g = r["cgroup"]
-        mem += (
-            f" · cgroup peak {g['max_usage_bytes'] / GiB:.2f} of {g['limit_bytes'] / GiB:.2f} GiB "
-            f"(page cache included), limit hit {g['failcnt']}×, OOM kills {g['oom_kills']}"
-        )
-    if d.get("prefetched"):
-        slots = f"{e['prefetch']} slots per layer" if e["prefetch"] else "a token's best guesses"
-        out.append(
-            f"{'prefetch':<14}{slots} · {d['prefetch_recall']:.0%} of the misses were "
-            f"prefetched · {d['prefetch_precision']:.0%} of the prefetches were used · "
-            f"{d['prefetch_wasted_mb_per_token']:.0f} MB per token read and not used"
-            + (f" · {d['promoted']} used ones promoted into the cache" if d.get("promoted") else "")
-            + guesses_note(r.get("guesses"))
-        )
-    out.append(f"{'memory':<14}{mem}")
-    if not e["slots"]:
-        return out
-    rd = b["read"]
-    if b["io_bound_tok_s"]:
-        su = rd.get("sustained") or {}
-        out.append(
-            f"{'IO bound':<14}{b['io_bound_tok_s']:.2f} tok/s = {b['read_bandwidth_bytes_per_s'] / 1e9:.2f} GB/s "
-            f"/ {b['miss_bytes_per_token'] / 1e6:.0f} MB per token; the faster of: {rd['bytes_per_s'] / 1e9:.2f} "
-            f"GB/s ({rd['io']}, {rd['mean_batch']:.1f} random blobs per batch as in decode) and "
-            + (
-                f"{su['bytes_per_s'] / 1e9:.2f} GB/s (random expert-sized O_DIRECT reads, the best of 1-64 "
-                f"in flight: {su['depth']}, the median of its {len(sweep_windows(su))} windows; the faster of "
-                f"{len(su.get('runs_bytes_per_s', [1]))} sweeps before and after the runs)"
-                if su.get("bytes_per_s")
-                else "no sustained measurement"
-            )
-            + f"; caches {'dropped' if rd.get('drop_caches') else 'not dropped'}"
-        )
-        for sw in su.get("sweeps", []):
-            fw = sw["fastest_window"]
-            out.append(
-                f"{'':<14}sweep {sw['when']}, GB/s by reads in flight (median of each depth's windows): "
-                + " · ".join(f"{x['depth']}: {x['bytes_per_s'] / 1e9:.2f}" for x in sw["sweep"])
-                + f"; its fastest single window {fw['bytes_per_s'] / 1e9:.2f} at {fw['depth']}"
-            )
-    dev = r["decode"].get("device")
-    if dev and dev["busy_bytes_per_s"]:
-        best = b["read_bandwidth_bytes_per_s"]
-        out.append(
-            f"{'decode disk':<14}a read in flight {dev['busy_share']:.0%} of the decode runs' time (idle the "
-            f"rest), {dev['busy_bytes_per_s'] / 1e9:.2f} GB/s then"
-            + (f" = {dev['busy_bytes_per_s'] / best:.2f} of the bound's rate" if best else "")
-            + f"; the device read {dev['bytes_per_token'] / 1e6:.0f} MB per token, of which "
-            f"{b['miss_bytes_per_token'] / 1e6:.0f} MB were experts the tokens used (its kernel counters)"
-        )
-    for n, t in r.get("ttft_bounds", {}).items():
-        if t["bound_s"]:
-            read = (
-                f"{t['read_bytes'] / 1e9:.2f} GB in {t['read_experts_s']:.2f} s"
-                if t["read_experts_s"]
-                else "not measured"
-            )
-            res = f"{t['resident_s']:.2f} s" if t["resident_s"] else "not measured"
-            if t["resident_s"] and t.get("resident_order"):
-                res += f" ({t['resident_order']})"
-            if t["resident_s"] and len(t.get("resident_runs_s") or ()) > 1:
-                res += f" of {', '.join(f'{x:.2f}' for x in t['resident_runs_s'])} s"
-            verdict = (
-                "MEASUREMENT FAULT: the streamed run beat its bound (see the compute bound's major faults and "
-                "load), so no ratio is reported"
-                if t.get("fault")
-                else f"measured / bound = {t['ratio']:.2f}"
-            )
-            out.append(
-                f"{'TTFT bound ' + n:<14} {t['bound_s']:.2f} s = max(read the experts it read, once, at the disk's "
-                f"best rate: {read}, the same prefill all-resident, its fastest run: {res}); {verdict}"
-            )
-    if r.get("ttft_turns"):
-        out.extend(turns_lines(r["ttft_turns"]))
-    c = b["compute"] or {}
-    if c.get("mode") == "resident":
-        out.append(
-            f"{'compute bound':<14}{c['tok_s']:.2f} tok/s (every expert resident, page cache warm; "
-            f"{c['tokens']} tokens, {c['major_faults']} major faults, others used {100 * c['others_cpu']:.0f} % of the CPUs)"
-        )
-    elif c:
-        out.append(f"{'compute bound':<14}not measured: {c['reason']}")
-    if b["efficiency"] is not None and b["efficiency"] > 1.0:
-        out.append(
-            f"{'efficiency':<14}MEASUREMENT FAULT: decode beat its bound ({b['efficiency']:.2f} = "
-            f"{b['efficiency_formula']}); a bound the engine beats was not measured right, so no efficiency "
-            "is reported"
-        )
-    elif b["efficiency"] is not None:
-        out.append(f"{'efficiency':<14}{b['efficiency']:.2f} = {b['efficiency_formula']}")
-    out.extend(paired_lines(r.get("paired") or {}))
-    ro = r["routing"]
-    out.append(
-        f"{'routing':<14}the {ro['top']} most used experts of a layer take {_pct(ro['share']).strip()} "
-        f"of its decode picks ({_pct(ro['uniform_share']).strip()} for as many uniformly random picks)"
-    )
-    sw = r["sweep"]
-    out.append(
-        "cache sweep   decode hit rate replayed on this run's routing trace "
-        "(LFU/LRU: the engine's LayerCache; Belady: offline optimum)"
-    )
-    out.append(f"{'':>6}{'slots':>8}{'LFU':>10}{'LRU':>10}{'Belady':>10}")
-    for i, n in enumerate(sw["slots"]):
-        out.append(f"{'':>6}{n:>8}{_pct(sw['lfu'][i]):>10}{_pct(sw['lru'][i]):>10}{_pct(sw['belady'][i]):>10}")
-    ck = sw["check"]
-    out.append(
-        f"{'check':<14}simulated {ck['policy']} at {ck['slots']} slots {_pct(ck['simulated']).strip()}, "
-        f"engine measured {_pct(ck['measured']).strip()}"
-        + (
-            f" (replayed with the {ck['prefetch_hits']} misses the lookahead read, of which "
-            f"{ck.get('promoted', 0)} were promoted into the cache)"
-            if ck.get("prefetch_hits")
-            else ""
-        )
-    )
-    return out

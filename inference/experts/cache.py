@@ -13,42 +13,12 @@ may read while the engine counts: a copy may be one request behind, never torn a
 from __future__ import annotations
 
 import mmap
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..options import OptionError
-
 PAGE = 4096
 POLICIES = ("lfu", "lru")
-
-
-def _switch(name: str, default: bool, on: str) -> bool:
-    """An on/off environment variable: "1" or "0", `default` when unset; `on` says what 1 does.
-
-    Raises:
-        OptionError: the variable is neither 0 nor 1.
-    """
-    text = os.environ.get(name, "1" if default else "0").strip()
-    if text not in ("0", "1"):
-        hint = f"1 ({on}, the default) or 0 (off)" if default else f"1 ({on}) or 0 (off, the default)"
-        raise OptionError(name, text, hint)
-    return text == "1"
-
-
-# Slot memory in transparent huge pages where the kernel has them ("madvise" or "always"): an O_DIRECT read
-# into 4 KiB pages goes out in pieces of at most the queue's max_segments pages, into 2 MiB pages whole. On
-# a virtio disk the probe read random experts at 2.84 against 1.96 GB/s in batches of 6 and 3.15 against
-# 2.57 GB/s at 64 in flight, with a third less system CPU per decoded token; the engine's decode and prompts
-# were no faster there (benchmarks/README.md, "huge pages"). 0: 4 KiB pages (a board whose kernel stalls
-# compacting memory for them at load).
-HUGEPAGES_ENV = "RKMOJO_HUGEPAGES"
-
-
-def hugepages() -> bool:
-    """$RKMOJO_HUGEPAGES, default 1 (see above)."""
-    return _switch(HUGEPAGES_ENV, True, "slots in transparent huge pages")
 
 
 @dataclass
@@ -63,10 +33,9 @@ class LayerStats:
     prefetched: int = 0
     prefetch_hits: int = 0
     prefetch_cancelled: int = 0  # prefetches dropped before their read started
-    borrowed: int = 0  # a prompt's lookahead reads into slots other layers lent (`StreamingExperts._borrow`)
+    borrowed: int = 0  # a prompt's lookahead reads into slots other layers lent (`lending.Lending.borrow`)
     lent: int = 0  # cached experts dropped to lend their slot to a prompt's lookahead (`LayerCache.drop`)
     warmed: int = 0  # experts read ahead of any request from saved popularity (`StreamingExperts.warm`)
-    promoted: int = 0  # misses a lookahead read, copied into a cache slot once computed (`LayerCache.admits`)
 
     @property
     def hit_rate(self) -> float:
@@ -94,14 +63,15 @@ class CacheSnapshot:
 
 class SlotPool:
     """`n` page-aligned buffers of `slot_bytes` each, in one anonymous mapping (no per-token allocation),
-    in transparent huge pages where the kernel has them (`huge`, default $RKMOJO_HUGEPAGES)."""
+    in transparent huge pages where the kernel has them (`huge`): an O_DIRECT read into 4 KiB pages goes
+    out in pieces of at most the queue's max_segments pages, into 2 MiB pages whole."""
 
-    def __init__(self, n: int, slot_bytes: int, *, huge: bool | None = None):
+    def __init__(self, n: int, slot_bytes: int, *, huge: bool = True):
         self.slot_bytes = -(-slot_bytes // PAGE) * PAGE
         self.n = n
         self._map = mmap.mmap(-1, max(1, n * self.slot_bytes), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        self.huge = (hugepages() if huge is None else huge) and hasattr(mmap, "MADV_HUGEPAGE")
-        if self.huge:  # see HUGEPAGES_ENV
+        self.huge = huge and hasattr(mmap, "MADV_HUGEPAGE")
+        if self.huge:
             self._map.madvise(mmap.MADV_HUGEPAGE)
         self.array = np.frombuffer(self._map, dtype=np.uint8)
         self.array[::PAGE] = 0  # touch every page now: the budget is taken up front, not mid-run
@@ -168,16 +138,6 @@ class LayerCache:
             return min(free, key=lambda s: (self.counts[self.slot_expert[s]], self.slot_used[s]))
         return min(free, key=lambda s: self.slot_used[s])
 
-    def admits(self, e: int) -> bool:
-        """Whether expert e, requested and computed from outside the cache (a lookahead slot), should
-        take a cache slot now: an unpinned slot is empty, or the policy's victim is worth less than e
-        (LFU: requested fewer times so far; LRU: always, e was just used)."""
-        free = [s for s in range(self.pool.n) if s not in self.pinned]
-        if not free or e in self.where:
-            return False
-        victim = int(self.slot_expert[self._victim(free)])
-        return victim < 0 or self.policy == "lru" or self.counts[victim] < self.counts[e]
-
     def assign(self, e: int) -> int:
         """A slot for expert e (evicting per the policy); the slot is pinned and holds no valid data yet.
 
@@ -198,7 +158,7 @@ class LayerCache:
         return s
 
     def drop(self, s: int) -> None:
-        """Empty unpinned slot s (lent to another layer's reads: `StreamingExperts._borrow`)."""
+        """Empty unpinned slot s (lent to another layer's reads: `lending.Lending.borrow`)."""
         old = int(self.slot_expert[s])
         if old >= 0:
             del self.where[old]

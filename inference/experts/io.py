@@ -159,9 +159,7 @@ class UringReader:
 
     A guess submitted `chained` waits to be put on the ring behind one of the next submission's reads,
     linked (IOSQE_IO_HARDLINK): the kernel starts it as that read lands, so the disk goes from the layer's
-    last reads to the guesses with no idle gap and the guesses do not slow the reads the layer waits for.
-    Started by the engine once it saw those reads land, a guess reached the disk ~1 ms after the disk
-    went idle (`benchmarks/README.md`, "a token's guesses on the ring behind the layer's reads")."""
+    last reads to the guesses with no idle gap and the guesses do not slow the reads the layer waits for."""
 
     name = "uring"
 

@@ -11,10 +11,8 @@ routers stay float; "decode", the default: prompts, even one row, stay on the fl
 Results are deterministic in every mode: the same inputs give bit-identical outputs whatever the thread
 count and whatever other rows share the batch (`llama_decode` is its own computation: see rkdecode.h).
 
-Environment: RKMOJO_KERNELS picks the build (native, the default; avx2 or scalar, built beside it on
-x86 so one machine times each path); RKMOJO_ACTIVATIONS the starting activation mode; RKMOJO_REPACK=0
-keeps q4 matrices in the store layout (the engine otherwise repacks resident dense ones at load and
-experts where they land, for its int8 products: `inference.kernels.repack`).
+The library is loaded once per process, as `_lib.KernelOptions` says (read from the environment at the
+first import: `RKMOJO_KERNELS` picks the build, `RKMOJO_ACTIVATIONS` the starting activation mode).
 
 Raises:
     ImportError: at import, when the compiled library has not been built (`pip install -e .`).
@@ -34,7 +32,6 @@ from ._lib import (
     DECODE_LAYER,
     DECODE_MAT_FIELDS,
     DECODE_MATRICES,
-    DEFAULT_ACTIVATIONS,
     EXPERT_ACTIVATIONS,
     GEMMA4_HEADER,
     GEMMA4_LAYER,
@@ -44,6 +41,7 @@ from ._lib import (
     MOE_LAYER,
     MOE_MATRICES,
     KernelLib,
+    KernelOptions,
     load_build,
 )
 
@@ -87,9 +85,10 @@ __all__ = [
     "set_threads",
 ]
 
-_LIB = KernelLib(*load_build(os.environ.get("RKMOJO_KERNELS", "")))
+LOADED = KernelOptions.from_env()  # what this process's library was loaded with
+_LIB = KernelLib(*load_build(LOADED.kernels))
 _LIB.set_threads(os.cpu_count() or 1)
-_LIB.set_activations(os.environ.get("RKMOJO_ACTIVATIONS", "").strip() or DEFAULT_ACTIVATIONS)
+_LIB.set_activations(LOADED.activations)
 
 BACKEND = _LIB.backend  # "avx512", "avx2", "neon" or "scalar": the instruction set the library was built for
 DOT = _LIB.dot  # the int8 dot product of the "q8" activations: "vnni", "maddubs", "sdot", "smull", "scalar"
@@ -309,7 +308,7 @@ def set_activations(mode: str) -> None:
 
 
 def get_activations() -> str:
-    """The mode set by `set_activations` (or RKMOJO_ACTIVATIONS)."""
+    """The mode set by `set_activations` (or, before any, `LOADED.activations`)."""
     return _LIB.get_activations()
 
 

@@ -16,11 +16,14 @@ import importlib.util
 import math
 import operator
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from .. import options
+from ..options import option
 from ..quant import KINDS, REPACKED_Q4, REPACKED_Q4_1, REPACKED_Q8_0, QTensor, part_layout
 
 EXTENSION = "inference.kernels._rkkernels"
@@ -105,18 +108,51 @@ def _check_data_offset():
 _data = _check_data_offset()
 
 
-# RKMOJO_KERNELS value → the build's module; "native" is whatever the machine's best backend is
+# kernel build name → the build's module; "native" is whatever the machine's best backend is
 BUILDS = {"native": EXTENSION, "avx2": EXTENSION + "_avx2", "scalar": EXTENSION + "_scalar"}
-# int8 in the experts: their matmuls are most of an MoE model's time (prefill 1.6-1.8x, decode 1.1-1.3x
-# faster with int8). A dense model's attention inputs carry outlier channels: on SmolLM2, q8 prefill
-# flips the demo question's greedy answer, so prompts stay float; its decode in int8 is 1.16-1.22x
-# faster (AVX-512) at 97.5% top-1 agreement and +0.13% perplexity against float decode, the answer kept
-# (benchmarks/README.md, activation_agreement.py --decode)
+BUILD_NAMES = ("native", "avx512", "avx2", "scalar")  # avx512: native, checked to be AVX-512
+# int8 in the experts and in a generated token's dense products; prompts stay float: a dense model's
+# attention inputs carry outlier channels, which int8 rounds into another greedy answer (SmolLM2's)
 DEFAULT_ACTIVATIONS = "decode"
 
 
+@dataclass(frozen=True)
+class KernelOptions:
+    """What the process's kernels are loaded with: read once, from the environment (`RKMOJO_KERNELS`,
+    `RKMOJO_ACTIVATIONS`), when `inference.kernels` is first imported, for a build cannot change after."""
+
+    kernels: str = option(
+        "native",
+        help="the kernel build: native (the machine's best), avx512 (native, checked to be AVX-512), or "
+        "avx2 or scalar (the same source built beside it on x86, so one machine can time each path)",
+        choices=BUILD_NAMES,
+        parse=str.lower,
+    )
+    activations: str = option(
+        DEFAULT_ACTIVATIONS,
+        help="the activation mode of the kernel calls no engine configures (an engine's `activations` "
+        "option sets its own)",
+        choices=ACTIVATIONS,
+    )
+
+    def __post_init__(self):
+        options.check(self)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "KernelOptions":
+        """The options set as `RKMOJO_<NAME>` variables.
+
+        Raises:
+            ImportError: a variable's value is not one of its choices (naming it and them).
+        """
+        try:
+            return cls(**options.from_env(cls, environ))
+        except ValueError as e:
+            raise ImportError(str(e)) from None
+
+
 def load_build(name: str) -> tuple[Path, object]:
-    """The library path and extension module of build `name` (RKMOJO_KERNELS; "" or "avx512" is native).
+    """The library path and extension module of build `name` (`KernelOptions.kernels`; "" or "avx512" is native).
 
     Raises:
         ImportError: an unknown name, or that build is missing (it is built only on x86).

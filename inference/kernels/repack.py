@@ -11,20 +11,17 @@ results agree with the row-major kernel within float rounding.
 
 Routed experts are repacked wherever they are held, since their grouped calls take int8 activations in
 every mode but "f32", prompts included (`repack_experts`): an expert read into a cache slot is repacked
-in place as it lands (the compiled `kernels.repack_q4`, ~0.15 ms per 768x2048 matrix just read), an all-resident
-expert into a copy at load. Both hold the same layout, so streamed output stays bit-identical to
+in place as it lands (the compiled `kernels.repack_q4`), an all-resident expert into a copy at load. Both hold the same layout, so streamed output stays bit-identical to
 all-resident output; an all-resident engine whose copies would not fit in the available memory keeps
 its experts memory-mapped in the store layout (`ResidentExperts.not_repacked`), and its bits then are
 the row-major kernel's. Int8 calls on a repacked matrix run in lanes for any number of activation rows
-(a row's bits are those it has alone), 2.5-3.6x faster than the row-major int8 kernel at 8 and at 128
-rows (benchmarks/README.md, repack_bench.py --tokens).
+(a row's bits are those it has alone).
 
 Dense matrices: the repacked copy replaces the model's reference to the store's matrix (an mmap the
 kernels then stop touching), so the weights are not held twice. A tied LM head is repacked like the
 rest. Where that was in place (a store read into memory: the streaming engine), the embedding's lookups
 unpack the panels holding their rows (`QTensor.rows`), so a 262144-row head is not held twice; from a
-memory map the embedding keeps the store's rows, which a lookup reads 10-50x faster than it unpacks
-panels (a few of the map's pages).
+memory map the embedding keeps the store's rows, which a lookup reads faster than it unpacks panels.
 
 Which dense matrices: those whose one-row products use int8 activations in the engine's mode (`_lib.ACTIVATIONS`):
 "q8", every resident dense q4, q4_1 and q8_0 matrix (q4_1, q8_0: a GGUF model's, repacked into new arrays);
@@ -35,23 +32,14 @@ Which dense matrices: those whose one-row products use int8 activations in the e
 
 Experts: in "q8", "experts" and "decode" (their grouped calls' int8), matrices whose rows fill whole panels.
 
-Kill switch: RKMOJO_REPACK=0 keeps the store layout everywhere (the old kernel), e.g. to time both.
+The engine calls `repack_model` unless its `repack` option is off, which keeps the store layout everywhere.
 """
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from ..quant import REPACKED, REPACKED_Q4, RP, QTensor, repack_q4, repack_q4_1, repack_q8_0
-
-ENV = "RKMOJO_REPACK"
-
-
-def enabled() -> bool:
-    """False when $RKMOJO_REPACK is 0 / off / no / false (the kill switch)."""
-    return os.environ.get(ENV, "1").strip().lower() not in ("0", "off", "no", "false")
 
 
 def repack(w, in_place: bool = False):
@@ -101,14 +89,12 @@ def _same_memory(a: QTensor, b: QTensor) -> bool:
 
 def repack_model(model, mode: str) -> int:
     """Repacks `model`'s resident dense q4 matrices in place for activation mode `mode` (see above); the
-    bytes repacked (0 when switched off or nothing applies). Call before the first forward.
+    bytes repacked (0 when nothing applies). Call before the first forward.
 
     Memory: a store read into anonymous memory (`Store.load_dense`, the streaming engine) is rewritten in
     place, matrix by matrix, so the weights stay one copy; the memory-mapped store file is read-only, so
     there the repacked arrays are new and the file's pages, no longer touched, are the kernel's to drop.
     The model's matrices must be its own (an engine's store): in place, the store's views become stale."""
-    if not enabled():
-        return 0
     experts = getattr(model, "experts", None)
     if mode in ("q8", "experts", "decode") and hasattr(experts, "repack_experts"):
         experts.repack_experts()  # the grouped calls' int8: every expert, as it lands or at first use

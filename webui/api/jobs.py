@@ -9,8 +9,9 @@
 
 Consumers dispatch on the event's type: the HTTP APIs ignore the status events, the chat socket forwards
 them. `Queued` is the one event made here rather than by the worker: until a worker claims the request,
-`events()` yields the number of requests ahead of it in its model's queue (`bus.queued`, oldest first)
-each time it changes, the first value included (a request claimed at once sees none).
+`events()` yields the number of requests ahead of it in its model's queue (`bus.queued`: those running,
+then the waiting ones by priority, oldest first) each time it changes, the first value included (a
+request claimed at once sees none).
 
 A model no live worker lists is a 404, unless Redis restarted (empty) within `RESTART_WINDOW` seconds and the
 model is known: installed in this machine's models directory while this machine's worker has not registered
@@ -45,6 +46,7 @@ from appliance.events import Claim, Error, Event, Final, Loading, PrefillProgres
 
 from .. import config
 from .common import ApiError
+from .priority import INTERACTIVE
 
 _CLIENTS: dict = {}
 STATUS = (Queued, Loading, PrefillProgress)  # what a request is waiting for; not part of its answer
@@ -205,9 +207,11 @@ class Job:
         client: str | None = None,
         refused_status: int = 429,
         names: dict[str, str] | None = None,
+        priority: int = INTERACTIVE,
     ) -> "Job":
-        """Admit a generation request for `model` and hand it to the model's queue. `names`: how this API
-        spells the fields the worker's errors name (`{"prompt": "messages"}` for a chat).
+        """Admit a generation request for `model` and hand it to the model's queue at `priority`
+        (`webui.api.priority`). `names`: how this API spells the fields the worker's errors name
+        (`{"prompt": "messages"}` for a chat).
 
         Raises:
             ApiError: 404 unknown model; `refused_status` (429 or 503) with Retry-After when the queue is full.
@@ -216,6 +220,7 @@ class Job:
         rid = payload.setdefault("id", uuid.uuid4().hex)
         capacity = (1 + (await config.acurrent())["queue_limit"]) * len(workers)  # as saved in the panel
         info = {"id": rid, "model": model, "kind": payload.get("kind"), "client": client, "created": time.time()}
+        info["priority"] = priority
         if not await bus.admit(redis(), model, rid, capacity, info):
             wait = settings.RKMOJO["RETRY_AFTER"]
             raise ApiError(
@@ -225,7 +230,7 @@ class Job:
                 headers={"Retry-After": str(wait)},
             )
         job = cls(task, bus.model_queue(model), payload, model=model, worker=None, names=names)
-        await job._send()
+        await job._send(priority)
         return job
 
     @classmethod
@@ -236,11 +241,12 @@ class Job:
         await job._send()
         return job
 
-    async def _send(self) -> None:
+    async def _send(self, priority: int = INTERACTIVE) -> None:
         from appliance.celery import app
 
+        send = sync_to_async(app.send_task, thread_sensitive=False)
         try:
-            await sync_to_async(app.send_task, thread_sensitive=False)(self.task, args=[self.payload], queue=self.queue)
+            await send(self.task, args=[self.payload], queue=self.queue, priority=priority)
         except BaseException:
             await self.close()
             raise

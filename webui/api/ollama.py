@@ -13,6 +13,9 @@ client raises it). Like Ollama, fields it does not know are ignored; values the 
 - `format`: "json" (any JSON object) or a JSON schema object; the answer matches it (constrained decoding);
 - `think`: true or false (or "low", "medium", "high": on); a thinking model's thoughts come apart, as
   `message.thinking` (chat) or `thinking` (generate), never in the content. Unset: the model's default.
+/api/chat takes Ollama's `truncate` (absent means true, as in Ollama): a conversation longer than the
+context is answered with its oldest whole turns after the system messages left out (`params.TRUNCATE`);
+false makes it a 400. /api/generate has no turns to leave out: an overlong prompt is always a 400.
 /api/show's capabilities say "tools" for every chat model and "thinking" where the template has a mode.
 
 /api/pull, /api/delete and an explicit load or unload (an empty prompt or no messages) need an admin key;
@@ -36,13 +39,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from appliance.events import Delta, Error, Final, Progress, ToolCallDelta, Usage, logprob_dicts
 
-from . import board, jobs
+from . import board, jobs, priority
 from .common import Answer, ApiError, api_view, check_scope, ollama_model_name, record
 from .openai import embedding_result
 from inference.options import OLLAMA
 
 from .params import Tool, chat_messages, check_embed_batch, check_sampling, check_schema, check_tools, sampling_field
-from .params import seed_value
+from .params import seed_value, trimming
 
 VERSION = "0.9.0"  # the Ollama API level these endpoints follow; clients gate features on it
 
@@ -116,6 +119,11 @@ class _Generation(_Req):
 class ChatRequest(_Generation):
     messages: list[Any] | None = None
     tools: list[Tool] | None = None
+    truncate: bool | None = Field(
+        None,
+        description="true or absent: leave the oldest whole turns after the system messages out of a conversation "
+        "longer than the context; false: such a conversation is a 400",
+    )
 
 
 class GenerateRequest(_Generation):
@@ -366,7 +374,14 @@ async def chat(request, body):
     if not req.messages:
         return await _load_or_unload(request, model, keep_alive, _chat_piece)
     messages = chat_messages(req.messages, flavor="ollama")
-    payload = {"kind": "chat", "model": model, "messages": messages, "params": params, "keep_alive": keep_alive}
+    payload = {
+        "kind": "chat",
+        "model": model,
+        "messages": messages,
+        "params": params,
+        "keep_alive": keep_alive,
+        **trimming(req.truncate is not False),  # absent means true, as in Ollama
+    }
     job = await jobs.Job.submit(
         "rkmojo.generate",
         model,
@@ -374,6 +389,7 @@ async def chat(request, body):
         client=request.META.get("REMOTE_ADDR"),
         refused_status=503,
         names={"prompt": "messages"},
+        priority=priority.of(payload, streamed=req.stream is not False),
     )
     await job.started()
 
@@ -404,7 +420,12 @@ async def generate(request, body):
         payload = {"kind": "chat", "messages": messages}
     payload.update(model=model, params=params, keep_alive=keep_alive)
     job = await jobs.Job.submit(
-        "rkmojo.generate", model, payload, client=request.META.get("REMOTE_ADDR"), refused_status=503
+        "rkmojo.generate",
+        model,
+        payload,
+        client=request.META.get("REMOTE_ADDR"),
+        refused_status=503,
+        priority=priority.of(payload, streamed=req.stream is not False),
     )
     await job.started()
     return await _respond(job, model, t0, _generate_piece, req.stream is not False)

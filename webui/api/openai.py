@@ -18,7 +18,10 @@ Chat completions take, besides the sampling fields:
   and are counted in `usage.completion_tokens_details.reasoning_tokens`;
 - `logit_bias` {"token id": -100..100}, added to those tokens' logits;
 - `n` > 1: the choices are computed one after another, one job each (the board runs one generation at a
-  time), choice i with seed + i when a seed is given; streamed, choice 0's chunks come first, then 1's.
+  time), choice i with seed + i when a seed is given; streamed, choice 0's chunks come first, then 1's;
+- `truncation` (the Responses API's field): "auto" leaves the oldest whole turns after the system messages
+  out of a conversation longer than the context (`params.TRUNCATE`), for every choice; "disabled" (the
+  default) makes it a 400 context_length_exceeded, as OpenAI's chat completions do.
 """
 
 from __future__ import annotations
@@ -34,12 +37,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from appliance.events import Delta, Embeddings, Error, Final, ToolCallDelta, Usage, logprob_dicts
 
-from . import jobs
+from . import jobs, priority
 from .common import Answer, ApiError, api_view, collect, event_stream, openai_error_body, record
 from inference.options import OPENAI
 
 from .params import (
     Tool,
+    Truncation,
     chat_messages,
     check_embed_batch,
     check_logit_bias,
@@ -49,6 +53,7 @@ from .params import (
     check_tools,
     sampling_field,
     seed_value,
+    trimming,
 )
 
 FINISH = {"stop": "stop", "length": "length", "cancelled": "stop", "tool_calls": "tool_calls", "repetition": "stop"}
@@ -122,6 +127,7 @@ class ChatRequest(_Sampling):
     web_search_options: Any = None
     # vLLM's and llama.cpp's: chat template variables, e.g. {"enable_thinking": false}
     chat_template_kwargs: dict | None = None
+    truncation: Truncation = None  # the Responses API's, as an extension
 
 
 class CompletionRequest(_Sampling):
@@ -235,14 +241,20 @@ async def chat_completions(request, body):
         logprobs=(req.top_logprobs or 0) if req.logprobs else None,
     )
     payloads = [
-        {"kind": "chat", "model": req.model, "messages": messages, "params": _choice_params(params, req.seed, i)}
+        {
+            "kind": "chat",
+            "model": req.model,
+            "messages": messages,
+            "params": _choice_params(params, req.seed, i),
+            **trimming(req.truncation == "auto"),
+        }
         for i in range(req.n or 1)
     ]
     names = {
         "prompt": "messages",
         "think": "reasoning_effort" if req.reasoning_effort else "chat_template_kwargs.enable_thinking",
     }
-    run = _Run("chatcmpl", request, req.model, names, _format_param(req.response_format))
+    run = _Run("chatcmpl", request, req.model, names, _format_param(req.response_format), bool(req.stream))
     meta = await run.start(payloads[0])
     if req.stream:
         usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -323,8 +335,8 @@ def _choice_params(params: dict, seed: int | None, i: int) -> dict:
 class _Run:
     """The jobs of one request's choices, one after another: `start` submits the next and waits for its start."""
 
-    def __init__(self, prefix: str, request, model: str, names: dict, format_param: str = "response_format"):
-        self.prefix, self.request, self.model, self.names = prefix, request, model, names
+    def __init__(self, prefix: str, request, model: str, names: dict, format_param="response_format", streamed=False):
+        self.prefix, self.request, self.model, self.names, self.streamed = prefix, request, model, names, streamed
         self.format_param = format_param
         self.job = None
         self.meta: dict | None = None
@@ -333,7 +345,14 @@ class _Run:
         """Run `payload`; the fields every response carries (the first job's id)."""
         await self.close()
         try:
-            job, _, meta = await _start(self.prefix, self.request, self.model, dict(payload), self.names)
+            job, _, meta = await _start(
+                self.prefix,
+                self.request,
+                self.model,
+                dict(payload),
+                self.names,
+                priority.of(payload, streamed=self.streamed),
+            )
         except ApiError as e:
             if e.param and (e.param == "format" or e.param.startswith(("format.", "format["))):
                 e.param = self.format_param + e.param[len("format") :]
@@ -446,7 +465,7 @@ async def completions(request, body):
         "prompt": prompt,
         "params": await _sampling(req, req.max_tokens or 16),
     }  # OpenAI's default is 16
-    run = _Run("cmpl", request, req.model, {})
+    run = _Run("cmpl", request, req.model, {}, streamed=bool(req.stream))
     meta = await run.start(payload)
     if req.stream:
         usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -544,9 +563,10 @@ def _model_entry(name: str, desc: dict) -> dict:
 
 
 # --- shared ------------------------------------------------------------------------------------
-async def _start(prefix: str, request, model: str, payload: dict, names: dict | None = None) -> tuple:
-    """Submit a generation and wait for its start: (job, start event, the fields every response carries)."""
-    job = await jobs.Job.submit("rkmojo.generate", model, payload, client=_client(request), names=names)
+async def _start(prefix: str, request, model: str, payload: dict, names: dict | None, at: int) -> tuple:
+    """Submit a generation at priority `at` and wait for its start: (job, start event, the fields every
+    response carries)."""
+    job = await jobs.Job.submit("rkmojo.generate", model, payload, client=_client(request), names=names, priority=at)
     start = await job.started()
     meta = {
         "id": f"{prefix}-{job.id}",

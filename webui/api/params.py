@@ -8,7 +8,10 @@ What the worker gets (`appliance.tasks`) is the engine's shape (`inference.sampl
   "tool_calls" [{"id", "type": "function", "function": {"name", "arguments": dict}}] and
   "reasoning_content"; a tool turn adds "tool_call_id" and "name" (the function it answers);
 - tools: [{"type": "function", "function": {"name", "description"?, "parameters"?}}];
-- tool_choice: "none" | "auto" | "required" | {"type": "function", "function": {"name"}}.
+- tool_choice: "none" | "auto" | "required" | {"type": "function", "function": {"name"}};
+- truncate: `TRUNCATE` in a chat whose client opted in (Ollama's `truncate`, OpenAI's `truncation: "auto"`):
+  the worker leaves the oldest whole turns after the system messages out of a prompt that would overflow
+  the context (`appliance.tasks._fit`); without it an overlong prompt is a 400 context_length_exceeded.
 
 A bad value is a 400 naming the field as the client sent it (`messages[3].tool_calls[0].function.arguments`,
 `tools[1].function.parameters.properties.unit.type`), its message whole (never a value cut short).
@@ -20,7 +23,7 @@ names the field too).
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -32,6 +35,15 @@ from .common import ApiError
 ROLES = ("system", "developer", "user", "assistant", "tool")
 TOOL_CHOICES = ("none", "auto", "required")
 JSON_TYPES = ("string", "number", "integer", "boolean", "object", "array", "null")
+TRUNCATE = "oldest_turns"  # the worker's trimming policy (`appliance.tasks`), the payload's `truncate`
+# OpenAI's `truncation` (the Responses API's name and values), which chat completions take too
+Truncation = Annotated[
+    Literal["auto", "disabled"] | None,
+    Field(
+        description='"auto": leave the oldest whole turns after the system messages out of a prompt longer than '
+        'the context; "disabled" (the default): such a prompt is a 400 context_length_exceeded'
+    ),
+]
 
 
 class FunctionDef(BaseModel):
@@ -348,6 +360,11 @@ def check_embed_batch(texts: list[str]) -> None:
             param="input",
             code="too_many_inputs",
         )
+
+
+def trimming(on: bool) -> dict:
+    """The payload's `truncate` field when the client opted in to trimming (`TRUNCATE`), else nothing."""
+    return {"truncate": TRUNCATE} if on else {}
 
 
 def seed_value(seed: int | None) -> int | None:

@@ -12,6 +12,10 @@ State — this server stores no response:
   the whole conversation in `input`, earlier output items included, as `store: false` clients do;
 - `background: true` is refused: a response runs while its request is open.
 
+`truncation: "auto"` leaves the oldest whole turns after the instructions and system messages out of an
+input longer than the context (`params.TRUNCATE`; never the last turn); "disabled", the default, makes
+it a 400 context_length_exceeded. The response echoes which.
+
 Input items: messages (text parts only), and the items of earlier turns as a model answered them —
 `reasoning` (sent back as the turn's `reasoning_content`), `message`, `function_call` — with
 `function_call_output` results. Other items (images, files, built-in tools) are refused naming
@@ -33,7 +37,7 @@ import functools
 import json
 import re
 import time
-from typing import Any, Literal
+from typing import Any
 
 from django.http import JsonResponse, StreamingHttpResponse
 import pydantic
@@ -42,12 +46,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from appliance.events import Delta, Error, Final, ToolCallDelta
 from inference.options import Surface
 
-from . import jobs
+from . import jobs, priority
 from . import response_items as items
 from .common import Answer, ApiError, api_view, collect, event_stream, record, validation_error
 from .openai import THINK_OFF
 from .params import (
     Tool,
+    Truncation,
     chat_messages,
     check_sampling,
     check_schema,
@@ -55,6 +60,7 @@ from .params import (
     check_tools,
     sampling_field,
     seed_value,
+    trimming,
 )
 
 RESPONSES = Surface("responses", str, {"max_tokens": "max_output_tokens"})
@@ -101,7 +107,7 @@ class ResponsesRequest(BaseModel):
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     service_tier: str | None = None
-    truncation: Literal["auto", "disabled"] | None = None
+    truncation: Truncation = None
     previous_response_id: str | None = Field(None, description="refused: this server stores no responses")
     conversation: Any = Field(None, description="refused: this server stores no conversations")
     background: bool | None = Field(None, description="true is refused")
@@ -137,8 +143,6 @@ def _refuse_state(req: ResponsesRequest) -> None:
         raise _refuse("prompt", "stored prompt templates are not supported; send instructions and input")
     if req.max_tool_calls is not None:
         raise _refuse("max_tool_calls", "not supported; limit tool calls with tool_choice or parallel_tool_calls")
-    if req.truncation == "auto":
-        raise _refuse("truncation", '"auto" is not supported: a prompt longer than the context is refused, not cut')
     if req.service_tier not in (None, "auto", "default"):
         raise _refuse("service_tier", f"{_named(req.service_tier)} is not supported; use auto or default")
     unknown = [v for v in req.include or () if v != LOGPROBS and v not in INCLUDE_NOOP]
@@ -357,7 +361,8 @@ def _payload(req: ResponsesRequest, spelling: _Spelling) -> tuple[dict, dict]:
         "think": _think(req.reasoning),
     }
     params.update({k: v for k, v in structure.items() if v is not None})
-    return {"kind": "chat", "model": req.model, "messages": messages, "params": params}, fmt
+    payload = {"kind": "chat", "model": req.model, "messages": messages, "params": params}
+    return payload | trimming(req.truncation == "auto"), fmt
 
 
 # --- the view ---------------------------------------------------------------------------------------
@@ -370,12 +375,24 @@ async def responses(request, body):
         payload, fmt = _payload(req, spelling)
         names = {"prompt": "input", "think": "reasoning.effort"}
         job = await jobs.Job.submit(
-            "rkmojo.generate", req.model, payload, client=request.META.get("REMOTE_ADDR"), names=names
+            "rkmojo.generate",
+            req.model,
+            payload,
+            client=request.META.get("REMOTE_ADDR"),
+            names=names,
+            priority=priority.of(payload, streamed=bool(req.stream)),
         )
         await job.started()
     except ApiError as e:
         raise spelling.error(e) from None
-    echo = functools.partial(items.response_object, items.item_id("resp"), int(time.time()), req, fmt)
+    echo = functools.partial(
+        items.response_object,
+        items.item_id("resp"),
+        int(time.time()),
+        req,
+        fmt,
+        truncation=req.truncation or "disabled",  # over the object's own "disabled"
+    )
     logprobs = LOGPROBS in (req.include or ())
     if req.stream:
         return _sse(job, _stream(job, echo, logprobs, spelling, req.model, payload["messages"], request.api_key))

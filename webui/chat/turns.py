@@ -29,12 +29,10 @@ from appliance import tunables
 from .. import config
 from ..api.common import ApiError
 from ..api.jobs import Job, catalog, context_of
+from ..api.params import TRUNCATE
 from . import conversations as conv
 from .forms import NewChatForm
 from .render import message
-
-
-TRUNCATE = "oldest_turns"
 
 
 class Action(BaseModel):

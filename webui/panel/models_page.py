@@ -165,12 +165,15 @@ def detail(request, name: str):
 
 
 def _verified(v: dict | None) -> dict | None:
-    """The last verify with its time as a datetime, for the template."""
+    """The last verify with its time as a datetime, for the template; `recent`: within the last minute
+    (which the template says as "just now", where `timesince` would say "0 minutes")."""
     import datetime
+    import time
 
     if not v or not v.get("at"):
         return None
-    return {**v, "at": datetime.datetime.fromtimestamp(v["at"], datetime.timezone.utc)}
+    at = datetime.datetime.fromtimestamp(v["at"], datetime.timezone.utc)
+    return {**v, "at": at, "recent": time.time() - v["at"] < 60}
 
 
 def expert_layout(name: str) -> dict | None:

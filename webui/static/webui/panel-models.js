@@ -25,8 +25,9 @@
     bar.max = ev.total || 1;
     bar.value = ev.completed;
     var text = mib(ev.completed) + " / " + mib(ev.total);
-    if (samples.length > 1) {
-      var dt = now - samples[0][0], rate = (ev.completed - samples[0][1]) / dt;
+    var dt = samples.length > 1 ? now - samples[0][0] : 0;
+    if (dt >= 1) { // a reconnect replays the events at once: no rate from those
+      var rate = (ev.completed - samples[0][1]) / dt;
       if (rate > 0) text += " · " + mib(rate) + "/s · ETA " + eta((ev.total - ev.completed) / rate);
     }
     numbers.textContent = text;
@@ -36,6 +37,7 @@
   function end(ok, message) {
     finished = true;
     cancel.hidden = true;
+    numbers.textContent = numbers.textContent.split(" · ")[0]; // the rate and ETA of a job that ended
     if (ok) {
       bar.value = bar.max;
       statusEl.className = "ok";

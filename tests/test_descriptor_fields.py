@@ -1,6 +1,5 @@
 """The compiled steps' descriptors (inference/steps/descriptor.py) against the layouts the C headers
-declare (`rk_fields`, from the lists their enums come from), and the field lists `kernels/_lib.py` still
-keeps (checked while they exist)."""
+declare (`rk_fields`, from the lists their enums come from)."""
 
 from __future__ import annotations
 
@@ -8,24 +7,11 @@ import numpy as np
 import pytest
 
 from inference.convert import convert
-from inference.kernels import _lib
 from inference.model import load_model
 from inference.steps import STEPS, descriptor
 from parity import build_checkpoint
 from test_parity import gemma4, llama, olmoe, qwen3_moe
 
-# (table, the _lib.py list of the same fields) for each list _lib.py keeps
-LIB_LISTS = {
-    "decode.header": "DECODE_HEADER",
-    "decode.layer": "DECODE_LAYER",
-    "decode.matrices": "DECODE_MATRICES",
-    "moe.header": "MOE_HEADER",
-    "moe.layer": "MOE_LAYER",
-    "moe.matrices": "MOE_MATRICES",
-    "gemma4.header": "GEMMA4_HEADER",
-    "gemma4.layer": "GEMMA4_LAYER",
-    "gemma4.matrices": "GEMMA4_MATRICES",
-}
 ARCHS = {"llama": llama, "qwen3_moe": qwen3_moe, "olmoe": olmoe, "gemma4": gemma4}
 KIND = {"dense": "decode", "moe": "moe", "gemma4": "gemma4"}  # step module → its descriptor's layout
 
@@ -42,21 +28,16 @@ def test_the_library_describes_every_steps_layout_with_typed_fields():
         assert moe[: len(dense)] == dense
 
 
-@pytest.mark.parametrize("table", sorted(LIB_LISTS))
-def test_the_lib_lists_name_the_c_fields_in_the_c_order(table):
-    kept = getattr(_lib, LIB_LISTS[table], None)
-    if kept is None:
-        pytest.skip(f"_lib.py no longer keeps {LIB_LISTS[table]}")
-    assert tuple(kept) == descriptor.tables()[table].names
+def test_the_activation_flags_land_on_the_c_fields():
+    """The kernels set a step's activation flags by the library's field names, nowhere else."""
+    from inference import kernels
 
-
-def test_the_lib_constants_are_the_c_layouts():
-    t = descriptor.tables()
-    if not hasattr(_lib, "DECODE_MAT_FIELDS"):
-        pytest.skip("_lib.py no longer keeps the descriptor constants")
-    assert _lib.DECODE_MAT_FIELDS == len(t["matrix"].names)
-    assert _lib.DM_Q8A == t["decode.header"].index("q8a")
-    assert _lib.MM_ROUTER_Q8A == t["moe.header"].index("router_q8a")
+    d = descriptor.Descriptor("moe", 1)
+    d.array[:] = -1
+    kernels._LIB.moe_decode_flags(d.array)
+    t = descriptor.tables()["moe.header"]
+    changed = {t.names[j] for j in range(len(t.names)) if d.array[j] != -1}
+    assert changed == {"q8a", "router_q8a"}
 
 
 def test_a_field_takes_only_its_type_and_names_the_fields_it_knows():

@@ -13,7 +13,6 @@ fields (kind code and part addresses, `kernels.matrix_fields`).
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import numpy as np
 
@@ -42,19 +41,9 @@ class Table:
 
 @functools.cache
 def tables() -> dict[str, Table]:
-    """Every layout the kernel library describes (`rk_fields`): "matrix", then "<step>.header", "<step>.layer"
-    and "<step>.matrices" for the steps decode, moe and gemma4. Read once, through ctypes, from the library
-    `inference.kernels` loaded (the extension module is a shared library with the same exported symbols)."""
-    lib = ctypes.CDLL(str(kernels._LIB.path))
-    lib.rk_fields.argtypes = [ctypes.c_int]
-    lib.rk_fields.restype = ctypes.c_char_p
-    out, i = {}, 0
-    while (text := lib.rk_fields(i)) is not None:
-        table, *fields = text.decode().split()
-        pairs = [f.partition(":")[::2] for f in fields]
-        out[table] = Table(tuple(n for n, _ in pairs), tuple(t for _, t in pairs))
-        i += 1
-    return out
+    """Every layout the kernel library describes (`kernels.fields`): "matrix", then "<step>.header",
+    "<step>.layer" and "<step>.matrices" for the steps decode, moe and gemma4."""
+    return {name: Table(names, types) for name, (names, types) in kernels.fields().items()}
 
 
 def cache_arrays(cache, pos: int, pointed: list) -> list | None:

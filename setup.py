@@ -34,15 +34,22 @@ def kernel_builds() -> list[Extension]:
     return [
         Extension(
             f"inference.kernels.{name}",
-            sources=["inference/kernels/rkkernels.c"],
+            sources=[
+                "inference/kernels/rkkernels.c",
+                "inference/kernels/rkattention.c",
+                "inference/kernels/rkdecode.c",
+                "inference/kernels/rkmoedecode.c",
+                "inference/kernels/rkgemma4.c",
+            ],
             depends=[
                 "inference/kernels/rkkernels_simd.h",
+                "inference/kernels/arch/x86.h",
+                "inference/kernels/arch/neon.h",
+                "inference/kernels/arch/scalar.h",
+                "inference/kernels/rkinternal.h",
+                "inference/kernels/rkdescriptors.h",
                 "inference/kernels/rkpool.h",
                 "inference/kernels/rkpython.h",
-                "inference/kernels/rkattention.h",
-                "inference/kernels/rkdecode.h",
-                "inference/kernels/rkmoedecode.h",
-                "inference/kernels/rkgemma4.h",
             ],
             extra_compile_args=["-O3", "-fopenmp", "-std=c11", *arch_flags(), f"-DRK_MODULE={name}", *flags],
             extra_link_args=["-fopenmp"],

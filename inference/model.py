@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from . import models
+from . import models, steps
 from .store import Store
 
 
@@ -20,7 +20,9 @@ def load_model(store: str | os.PathLike | Store, *, chunk: int = 128, **kw):
     """
     st = store if isinstance(store, Store) else Store(store)
     arch = models.get(st.architecture)
-    return arch.Model(arch.Args.from_dict(st.config), st, chunk=chunk, **kw)
+    model = arch.Model(arch.Args.from_dict(st.config), st, chunk=chunk, **kw)
+    model.step_class = steps.for_model(model)  # the compiled one-token path, if the architecture has one
+    return model
 
 
 def empty_cache(store: Store, *, chunk: int = 128, kv_dtype: str = "f32"):

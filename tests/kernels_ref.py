@@ -21,7 +21,9 @@ import numpy as np
 from inference.kernels._lib import _KIND_CODES, Q8A
 from inference.quant import dequantize, part_layout, quantize
 
-KERNEL_SOURCE = Path(__file__).resolve().parent.parent / "inference" / "kernels" / "rkkernels.c"
+KERNELS = Path(__file__).resolve().parent.parent / "inference" / "kernels"
+# the library's compilation units, as setup.py lists them (inference/kernels/rkinternal.h)
+KERNEL_SOURCES = [KERNELS / f"{unit}.c" for unit in ("rkkernels", "rkattention", "rkdecode", "rkmoedecode", "rkgemma4")]
 
 
 def reference(x: np.ndarray, w) -> np.ndarray:
@@ -67,7 +69,7 @@ def random_weight(kind: str, out: int, inn: int, rng: np.random.Generator):
 
 
 def build_variant(out_dir: Path, name: str, flags: list[str]) -> Path | None:
-    """rkkernels.c built with `flags` as a shared library; None without a C compiler."""
+    """The kernel library built with `flags` as a shared library; None without a C compiler."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         return None
@@ -81,7 +83,7 @@ def build_variant(out_dir: Path, name: str, flags: list[str]) -> Path | None:
         "-shared",
         "-DRK_NO_PYTHON",
         *flags,
-        str(KERNEL_SOURCE),
+        *map(str, KERNEL_SOURCES),
         "-o",
         str(lib),
         "-lm",
@@ -91,7 +93,7 @@ def build_variant(out_dir: Path, name: str, flags: list[str]) -> Path | None:
 
 
 def build_portable(out_dir: Path) -> Path | None:
-    """rkkernels.c with the SIMD backends disabled; None without a C compiler."""
+    """The kernel library with the SIMD backends disabled; None without a C compiler."""
     return build_variant(out_dir, "portable", ["-DRK_NO_SIMD"])
 
 
@@ -235,7 +237,7 @@ class NeonRunner:
             "-static",
             "-DRK_NO_PYTHON",
             str(driver),
-            str(KERNEL_SOURCE),
+            *map(str, KERNEL_SOURCES),
             "-o",
             str(exe),
             "-lm",

@@ -1,4 +1,4 @@
-"""Gemma 4's compiled one-token step (`gemma4.DecodeStep`: `kernels.gemma4_attn`, `gemma4_route`, rkgemma4.h)
+"""Gemma 4's compiled one-token step (`inference.steps.gemma4`: `kernels.gemma4_attn`, `gemma4_route`, rkgemma4.c)
 against the Python layer code it stands in for at one row (`inference/models/gemma4.py`): the parity tests'
 tiny Gemma 4 (sliding and full layers with their own head sizes, K = V on the full ones, a window the
 ring wraps past), each activation mode and KV precision, streamed experts with the lookahead, any thread
@@ -16,7 +16,7 @@ from inference.convert import convert
 from inference.engine import Engine
 from inference.experts import StreamingExperts
 from inference.model import load_model
-from inference.models import gemma4
+from inference.steps import gemma4 as gemma4_step
 from parity import build_checkpoint
 from test_moe_decode import relocations, worst
 from test_parity import gemma4 as tiny_gemma4
@@ -46,7 +46,7 @@ def decode(store, kv: str, mode: str, ids, n_prompt: int, fused: bool = True, **
         if n_prompt:
             m.forward(np.array(ids[:n_prompt]), cache)
         steps = [m.forward(np.array([t]), cache)[0] for t in ids[n_prompt:]]
-    assert (m._decode is not None) == fused  # the step ran, or (the reference) it did not
+    assert (m._step is not None) == fused  # the step ran, or (the reference) it did not
     return np.array(steps), cache
 
 
@@ -132,9 +132,9 @@ def test_the_lookahead_guesses_with_the_compiled_router_what_the_python_one_name
     m = load_model(store, chunk=CHUNK)
     cache = m.new_cache()
     m.forward(np.array(ids_for(5, 6)), cache)
-    step = gemma4.DecodeStep(m)
+    step = gemma4_step.DecodeStep(m)
     h = np.random.default_rng(6).standard_normal((1, m.args.hidden_size)).astype(np.float32)
-    step.prepare(m, h, cache, np.array([cache.offset]))
+    step.prepare(h, cache, np.array([cache.offset]))
     for i in range(m.args.num_hidden_layers):
         ids, w = step.route(i)
         want_ids, want_w = m.route(i, h.copy())  # not the step's row: the Python router
@@ -144,8 +144,8 @@ def test_the_lookahead_guesses_with_the_compiled_router_what_the_python_one_name
 
 def test_the_engine_decodes_through_the_step(store, monkeypatch):
     calls = []
-    real = gemma4.DecodeStep.__call__
-    monkeypatch.setattr(gemma4.DecodeStep, "__call__", lambda *a: calls.append(1) or real(*a))
+    real = gemma4_step.DecodeStep.__call__
+    monkeypatch.setattr(gemma4_step.DecodeStep, "__call__", lambda *a: calls.append(1) or real(*a))
     e = Engine.open(store, chunk=CHUNK)
     try:
         first, _ = e.prefill([int(t) for t in ids_for(5, 7)])
@@ -167,7 +167,7 @@ def one_step(store, run, mode: str):
     h0 = kernels.embed_rows(m.embed, ids[30:]) * np.float32(m.embed_scale)
     m._rope_memo = {}
     with kernels.configured(activations=mode):
-        got_h, got_cache = run(m, gemma4.DecodeStep(m), h0, copy.deepcopy(cache), positions)
+        got_h, got_cache = run(m, gemma4_step.DecodeStep(m), h0, copy.deepcopy(cache), positions)
     m.fused_decode = False
     m._rope_memo = {}
     with kernels.configured(activations=mode):
@@ -189,26 +189,9 @@ def test_the_other_builds_step_matches_the_python_layers(other_build, store, mod
         finally:
             other_build.use(*before)
             monkeypatch.undo()
-            assert m._decode is not None
+            assert m._step is not None
 
     one_step(store, run, mode)
-
-
-def pointer_fields(step: gemma4.DecodeStep, n_layers: int) -> list[int]:
-    """The descriptor's fields that hold addresses."""
-    hdr, lay = kernels.GEMMA4_HEADER, kernels.GEMMA4_LAYER
-    fields = [hdr.index(n) for n in ("h", "ids", "wts", "x_mlp", "x_moe", "mlp", "y")]
-    addresses = ("attn_norm", "post_attn_norm", "q_norm", "k_norm", "router_in", "expert_scale", "k", "v", "kpos")
-    addresses += ("cos", "sin", "mlp_norm", "moe_norm", "post_mlp_norm", "post_moe_norm", "post_ffn_norm")
-    addresses += ("layer_scalar",)
-    for i in range(n_layers):
-        base = step.h0 + i * step.nl
-        fields += [base + lay.index(n) for n in addresses]
-        mats = base + len(lay)
-        fields += [
-            mats + m * kernels.DECODE_MAT_FIELDS + p for m in range(len(kernels.GEMMA4_MATRICES)) for p in (1, 2, 3)
-        ]
-    return fields
 
 
 def neon_experts(neon, ws: list[dict], inter: int, flag: int, x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -227,7 +210,7 @@ def test_the_neon_step_matches_the_python_layers_under_qemu(neon, store, mode):
     build under qemu-aarch64, against the Python layers on this machine."""
 
     def run(m, step, h0, cache, positions):
-        step.prepare(m, h0, cache, positions)
+        step.prepare(h0, cache, positions)
         a = m.args
         outs = [step.h, step.ids, step.wts, step.x_mlp, step.x_moe] + [
             x for kv in cache.layers for x in (kv.k, kv.v, kv.pos)
@@ -242,18 +225,18 @@ def test_the_neon_step_matches_the_python_layers_under_qemu(neon, store, mode):
         ]
         rows = [t[r] for t in step.tables.values() for r in (0, 1)]  # cos, sin: each row its own blob
         blobs = outs + [step.mlp, step.y] + rows + weights
-        relocs = relocations(step.desc, pointer_fields(step, a.num_hidden_layers), blobs)
+        relocs = relocations(step.desc.array, step.desc.pointer_fields(), blobs)
         dense_flag, group_flag = step.dense_flag, step.group_flag
         for i in range(a.num_hidden_layers):
-            for dst, src in zip(outs, neon.call(["gemma4_attn", str(i)], step.desc, blobs, relocs)):
+            for dst, src in zip(outs, neon.call(["gemma4_attn", str(i)], step.desc.array, blobs, relocs)):
                 dst[...] = src
-            got = neon.call(["gemma4_route", str(i)], step.desc, blobs, relocs)
+            got = neon.call(["gemma4_route", str(i)], step.desc.array, blobs, relocs)
             step.ids[...], step.wts[...] = got[1], got[2]
             L = m.layers[i]
             step.mlp[...] = neon_experts(neon, [L["mlp"]], a.intermediate_size, dense_flag, step.x_mlp, step.mlp)
             ws = [m.experts.store.expert(i, int(e)) for e in step.ids]
             step.y[...] = neon_experts(neon, ws, a.moe_intermediate_size, group_flag, step.x_moe, step.y)
-            step.h[...] = neon.call(["gemma4_ffn_out", str(i)], step.desc, blobs, relocs)[0]
+            step.h[...] = neon.call(["gemma4_ffn_out", str(i)], step.desc.array, blobs, relocs)[0]
         return step.h.copy(), cache
 
     one_step(store, run, mode)

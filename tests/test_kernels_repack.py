@@ -204,7 +204,7 @@ def test_int8_rows_on_a_repacked_matrix_have_the_bits_they_have_alone(rng, kind)
 
 
 def test_the_compiled_decode_step_uses_repacked_matrices():
-    """rkdecode.h passes the kind code on: a q4r matrix is a valid decode matrix."""
+    """rkdecode.c passes the kind code on: a q4r matrix is a valid decode matrix."""
     w = repack_q4(random_weight("q4", 20, 128, np.random.default_rng(1)))
     assert kernels.matrix_fields(w)[0] == 3 | 32
     w = repack_q4_1(random_weight("q4_1", 20, 128, np.random.default_rng(1)))

@@ -1,4 +1,4 @@
-"""The compiled decode step (`kernels.llama_decode`, rkdecode.h) against the Python layer code it stands
+"""The compiled decode step (`inference.steps.dense`: `kernels.llama_decode`, rkdecode.c) against the Python layer code it stands
 in for at one row (`inference/models/llama.py`): every weight kind, activation mode and KV precision, the
 cache growing under it, any thread count, and the NEON build under qemu."""
 
@@ -11,10 +11,9 @@ import pytest
 
 from inference import kernels
 from inference.convert import convert
-from inference.kernels import _lib
 from inference.model import load_model
-from inference.models.base import rms_norm, rope_cos_sin
-from inference.models.llama import DecodeStep
+from inference.models.base import rms_norm
+from inference.steps.dense import DecodeStep
 from parity import build_checkpoint
 from test_parity import llama as tiny_llama
 
@@ -115,17 +114,12 @@ def test_the_kv_rounding_to_halves_is_numpys():
 def neon_relocations(step: DecodeStep, arrays: list[np.ndarray]):
     """The descriptor's pointer fields as (index, blob) pairs for the qemu driver, with `arrays` the blobs."""
     where = {a.ctypes.data: j for j, a in enumerate(arrays)}
-    fields = [_lib.DECODE_HEADER.index(n) for n in ("h", "cos", "sin")]
-    for i in range(step.desc[_lib.DECODE_HEADER.index("layers")]):
-        base = step.h0 + i * step.nl
-        fields += [base + j for j in range(len(_lib.DECODE_LAYER))]
-        mats = base + len(_lib.DECODE_LAYER)
-        fields += [mats + m * _lib.DECODE_MAT_FIELDS + p for m in range(7) for p in (1, 2, 3)]
-    return [(f, where[int(step.desc[f])]) for f in fields if step.desc[f]]
+    desc = step.desc.array
+    return [(f, where[int(desc[f])]) for f in step.desc.pointer_fields() if desc[f]]
 
 
 def check_one_step(store, kv: str, activations: str, run) -> None:
-    """A build's decode step, `run(model, step, h, cache, pos, cos, sin)` → (h after the layers, its cache's
+    """A build's decode step, `run(model, step, h, cache, positions)` → (h after the layers, its cache's
     (k, v, kpos) per layer), against the Python layers at position 6."""
     m = load_model(store, kv_dtype=kv)
     ids = np.random.default_rng(5).integers(0, 512, 7)
@@ -133,8 +127,8 @@ def check_one_step(store, kv: str, activations: str, run) -> None:
     m.forward(np.array(ids[:6]), cache)
     pos = cache.offset
     h0 = kernels.embed_rows(m.embed, ids[6:])
-    cos, sin = rope_cos_sin(np.array([pos]), m.inv_freq)
-    got_h, got_kv = run(m, DecodeStep(m), h0, copy.deepcopy(cache), pos, cos, sin)
+    m._rope_memo = {}  # as `hidden` starts a chunk
+    got_h, got_kv = run(m, DecodeStep(m), h0, copy.deepcopy(cache), np.array([pos]))
 
     m.fused_decode = False
     with kernels.configured(activations=activations):
@@ -153,14 +147,14 @@ def check_one_step(store, kv: str, activations: str, run) -> None:
 @pytest.mark.parametrize("kv", ["f32", "f16"])
 @pytest.mark.parametrize("activations", ["f32", "q8"])
 def test_the_neon_decode_step_matches_the_python_layers_under_qemu(neon, stores, activations, kv):
-    def run(m, step, h0, cache, pos, cos, sin):
-        h, (cos, sin) = step.prepare(h0, cache, pos, cos, sin)
+    def run(m, step, h0, cache, positions):
+        h, (cos, sin) = step.prepare(h0, cache, positions)
         weights = [p for L in m.layers for w in [*(L[n] for n in "qkvo"), *L["mlp"].values()] for p in w.parts.values()]
         norms = [v for L in m.layers for v in (L["attn_norm"], L["mlp_norm"])]
         kvs = [a for layer in cache.layers for a in (layer.k, layer.v, layer.pos)]
         blobs = [h, cos, sin, *norms, *weights, *kvs]
-        step.desc[_lib.DM_Q8A] = int(activations == "q8")
-        out = neon.llama_decode(step.desc, blobs, neon_relocations(step, blobs))
+        step.desc["q8a"] = int(activations == "q8")
+        out = neon.llama_decode(step.desc.array, blobs, neon_relocations(step, blobs))
         got_kv = out[3 + len(norms) + len(weights) :]
         return out[0], [got_kv[j : j + 3] for j in range(0, len(got_kv), 3)]
 
@@ -169,11 +163,11 @@ def test_the_neon_decode_step_matches_the_python_layers_under_qemu(neon, stores,
 
 @pytest.mark.parametrize("activations", ["f32", "q8"])
 def test_the_other_builds_decode_step_matches_the_python_layers(other_build, stores, activations):
-    def run(m, step, h0, cache, pos, cos, sin):
-        h, _held = step.prepare(h0, cache, pos, cos, sin)
+    def run(m, step, h0, cache, positions):
+        h, _held = step.prepare(h0, cache, positions)
         before = other_build.use(None, activations)
         try:
-            other_build.llama_decode(step.desc)
+            other_build.llama_decode(step.desc.array)
         finally:
             other_build.use(*before)
         return h, [(layer.k, layer.v, layer.pos) for layer in cache.layers]

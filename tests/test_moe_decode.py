@@ -1,5 +1,5 @@
-"""The compiled MoE decode step (`qwen3_moe.DecodeStep`: `kernels.moe_decode_layer`, `moe_experts`,
-`moe_combine`, rkmoedecode.h) against the Python layer code it stands in for at one row
+"""The compiled MoE decode step (`inference.steps.moe`: `kernels.moe_decode_layer`, `moe_experts`,
+`moe_combine`, rkmoedecode.c) against the Python layer code it stands in for at one row
 (`inference/models/qwen3_moe.py`, `olmoe.py`, `moe.mixture`): the parity tests' tiny Qwen3-MoE (a dense
 layer among the MoE ones) and OLMoE (q/k norm over the whole projection, clip_qkv), each activation mode
 and KV precision, streamed experts, any thread count, the other x86 builds and the NEON build."""
@@ -16,8 +16,7 @@ from inference.convert import convert
 from inference.engine import Engine
 from inference.experts import StreamingExperts
 from inference.model import load_model
-from inference.models import qwen3_moe
-from inference.models.base import rope_cos_sin
+from inference.steps import moe as moe_step
 from parity import build_checkpoint
 from test_parity import olmoe, qwen3_moe as tiny_qwen3_moe
 
@@ -165,8 +164,8 @@ def test_streamed_experts_give_the_resident_bits_through_the_fused_step(store, m
 
 def test_the_engine_decodes_through_the_fused_step(store, monkeypatch):
     calls = []
-    real = qwen3_moe.DecodeStep.__call__
-    monkeypatch.setattr(qwen3_moe.DecodeStep, "__call__", lambda *a: calls.append(1) or real(*a))
+    real = moe_step.DecodeStep.__call__
+    monkeypatch.setattr(moe_step.DecodeStep, "__call__", lambda *a: calls.append(1) or real(*a))
     e = Engine.open(store, chunk=8)
     prompt = [int(t) for t in ids_for(5, 5)]
     first, _ = e.prefill(prompt)
@@ -182,7 +181,7 @@ def test_resident_experts_fields_are_remembered_and_streamed_ones_are_not(store)
         with kernels.configured(activations="decode"):
             for t in ids_for(4, 6):
                 m.forward(np.array([t]), cache)
-        return m._decode
+        return m._step
 
     held = step_after().fields
     assert held and all(isinstance(w, dict) and len(f) == 12 for w, f in held.values())
@@ -194,7 +193,7 @@ def test_resident_experts_fields_are_remembered_and_streamed_ones_are_not(store)
 
 
 def one_step(store, run, mode: str):
-    """A build's step at position 6 by `run(model, step, h, cache, pos, cos, sin)` → the layers' output h
+    """A build's step at position 6 by `run(model, step, h, cache, positions)` → the layers' output h
     and the cache, against the Python layers (the reference's matrices in the step's activations)."""
     ids = ids_for(7, 7)
     m = load_model(store, kv_dtype="f16")
@@ -202,8 +201,8 @@ def one_step(store, run, mode: str):
     m.forward(np.array(ids[:6]), cache)
     pos = cache.offset
     h0 = kernels.embed_rows(m.embed, ids[6:])
-    cos, sin = rope_cos_sin(np.array([pos]), m.inv_freq)
-    got_h, got_cache = run(m, qwen3_moe.DecodeStep(m), h0, copy.deepcopy(cache), pos, cos, sin)
+    m._rope_memo = {}  # as `hidden` starts a chunk
+    got_h, got_cache = run(m, moe_step.DecodeStep(m), h0, copy.deepcopy(cache), np.array([pos]))
     m.fused_decode = False
     m._rope_memo = {}  # as `hidden` starts a chunk
     with kernels.configured(activations=mode):
@@ -218,30 +217,16 @@ def one_step(store, run, mode: str):
 
 @pytest.mark.parametrize("mode", ["f32", "experts"])
 def test_the_other_builds_fused_step_matches_the_python_layers(other_build, store, mode, monkeypatch):
-    def run(m, step, h0, cache, pos, cos, sin):
+    def run(m, step, h0, cache, positions):
         monkeypatch.setattr(kernels, "_LIB", other_build)
         before = other_build.use(None, mode)
         try:
-            return step(m, h0, cache, pos, cos, sin), cache
+            return step(h0, cache, positions), cache
         finally:
             other_build.use(*before)
             monkeypatch.undo()
 
     one_step(store, run, mode)
-
-
-def pointer_fields(step: qwen3_moe.DecodeStep) -> list[int]:
-    """The descriptor's fields that hold addresses."""
-    hdr, lay = kernels.MOE_HEADER, kernels.MOE_LAYER
-    fields = [hdr.index(n) for n in ("h", "cos", "sin", "x", "ids", "wts")]
-    for i in range(len(step.routed)):
-        base = step.h0 + i * step.nl
-        fields += [base + j for j, name in enumerate(lay) if name != "routed"]
-        mats = base + len(lay)
-        fields += [
-            mats + m * kernels.DECODE_MAT_FIELDS + p for m in range(len(kernels.MOE_MATRICES)) for p in (1, 2, 3)
-        ]
-    return fields
 
 
 def relocations(desc: np.ndarray, fields: list[int], blobs: list[np.ndarray]) -> list[tuple[int, int]]:
@@ -251,10 +236,10 @@ def relocations(desc: np.ndarray, fields: list[int], blobs: list[np.ndarray]) ->
 
 @pytest.mark.parametrize("mode", ["f32", "experts"])
 def test_the_neon_fused_step_matches_the_python_layers_under_qemu(neon, store, mode):
-    def run(m, step, h0, cache, pos, cos, sin):
-        h, (cos, sin) = step.prepare(h0, cache, pos, cos, sin)
+    def run(m, step, h0, cache, positions):
+        h, (cos, sin) = step.prepare(h0, cache, positions)
         with kernels.configured(activations=mode):
-            flag = kernels.moe_decode_flags(step.desc)
+            flag = kernels.moe_decode_flags(step.desc.array)
         outs = [h, step.x, step.ids, step.wts] + [a for kv in cache.layers for a in (kv.k, kv.v, kv.pos)]
         weights = [
             p
@@ -264,10 +249,10 @@ def test_the_neon_fused_step_matches_the_python_layers_under_qemu(neon, store, m
             for p in (w.parts.values() if hasattr(w, "parts") else [w])
         ]
         blobs = outs + [cos, sin] + weights
-        relocs = relocations(step.desc, pointer_fields(step), blobs)
+        relocs = relocations(step.desc.array, step.desc.pointer_fields(), blobs)
         a = m.args
         for i, routed in enumerate(step.routed):
-            for dst, src in zip(outs, neon.call(["moe_layer", str(i)], step.desc, blobs, relocs)):
+            for dst, src in zip(outs, neon.call(["moe_layer", str(i)], step.desc.array, blobs, relocs)):
                 dst[...] = src
             if not routed:
                 continue

@@ -28,18 +28,8 @@ import numpy as np
 from ..quant import QTensor, dequantize
 from ._lib import (
     ACTIVATIONS,
-    DECODE_HEADER,
-    DECODE_LAYER,
-    DECODE_MAT_FIELDS,
-    DECODE_MATRICES,
     EXPERT_ACTIVATIONS,
-    GEMMA4_HEADER,
-    GEMMA4_LAYER,
-    GEMMA4_MATRICES,
     MOE_EXPERT_FIELDS,
-    MOE_HEADER,
-    MOE_LAYER,
-    MOE_MATRICES,
     KernelLib,
     KernelOptions,
     load_build,
@@ -48,19 +38,10 @@ from ._lib import (
 __all__ = [
     "ACTIVATIONS",
     "BACKEND",
-    "DECODE_HEADER",
-    "DECODE_LAYER",
-    "DECODE_MATRICES",
-    "DECODE_MAT_FIELDS",
     "DOT",
     "EXPERT_ACTIVATIONS",
-    "GEMMA4_HEADER",
-    "GEMMA4_LAYER",
-    "GEMMA4_MATRICES",
+    "fields",
     "MOE_EXPERT_FIELDS",
-    "MOE_HEADER",
-    "MOE_LAYER",
-    "MOE_MATRICES",
     "attention",
     "embed_rows",
     "get_activations",
@@ -175,8 +156,8 @@ def llama_decode(model: np.ndarray) -> None:
     `inference.models.llama`'s layer code, in this thread's activation mode and thread count.
 
     Args:
-        model: the int64 descriptor: DECODE_HEADER fields, then per layer DECODE_LAYER fields and the
-            DECODE_MATRICES' `matrix_fields`. Its `h` array is updated in place, as are the layers' K/V
+        model: the int64 descriptor: the "decode.header" fields (`fields`), then per layer the
+            "decode.layer" fields and the "decode.matrices"' `matrix_fields`. Its `h` array is updated in place, as are the layers' K/V
             rows and key positions at `pos`.
 
     Raises:
@@ -197,8 +178,8 @@ def gemma4_attn(model: np.ndarray, layer: int) -> None:
     `inference.models.gemma4.Model.attn_half`.
 
     Args:
-        model: the int64 descriptor: GEMMA4_HEADER fields, then per layer GEMMA4_LAYER fields and the
-            GEMMA4_MATRICES' `matrix_fields`. Its `h` is updated in place (h + the normed attention), as
+        model: the int64 descriptor: the "gemma4.header" fields (`fields`), then per layer the
+            "gemma4.layer" fields and the "gemma4.matrices"' `matrix_fields`. Its `h` is updated in place (h + the normed attention), as
             are the layer's K/V rows (a sliding layer's ring row pos % cap, a full layer's row pos).
         layer: the layer's index.
 
@@ -224,8 +205,8 @@ def moe_decode_layer(model: np.ndarray, layer: int) -> None:
     `inference.models.qwen3_moe`'s layer up to the routing, or a dense layer whole.
 
     Args:
-        model: the int64 descriptor: MOE_HEADER fields, then per layer MOE_LAYER fields and the
-            MOE_MATRICES' `matrix_fields`. Its `h` is updated in place (h + attention; a dense layer's
+        model: the int64 descriptor: the "moe.header" fields (`fields`), then per layer the "moe.layer"
+            fields and the "moe.matrices"' `matrix_fields`. Its `h` is updated in place (h + attention; a dense layer's
             output), as are the layer's K/V rows at `pos`; a routed layer writes its `x` (the normed MLP
             input), `ids` and `wts` (the top-k experts and their weights).
         layer: the layer's index.
@@ -305,6 +286,11 @@ def set_activations(mode: str) -> None:
         ValueError: an unknown mode.
     """
     _LIB.set_activations(mode)
+
+
+def fields() -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
+    """The compiled steps' descriptor layouts, as the library declares them (`inference.steps.descriptor`)."""
+    return _LIB.fields
 
 
 def get_activations() -> str:

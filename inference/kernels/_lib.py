@@ -45,29 +45,9 @@ _F32 = np.dtype(np.float32)
 _F16 = np.dtype(np.float16)
 MAX_MATRICES = 16  # per linear_many call (MAX_MATRICES in rkkernels.c)
 MAX_GROUPED, GROUP_ROWS = 64, 128  # per linear_grouped call, and rows per matrix (MAX_GROUPED, TILE_T)
-# the decode step's model descriptor (rkdecode.h): header fields, then per layer its fields, matrices of
-# DECODE_MAT_FIELDS each in DECODE_MATRICES order
-DECODE_HEADER = "layers hidden heads kv_heads head_dim inter rot_half kv_f16 kv_cap eps scale pos h cos sin q8a".split()
-DECODE_LAYER = ("attn_norm", "mlp_norm", "k", "v", "kpos")
-DECODE_MATRICES = ("q", "k", "v", "o", "gate", "up", "down")
-DECODE_MAT_FIELDS = 4
-DM_Q8A = DECODE_HEADER.index("q8a")
-# the MoE decode step's descriptor (rkmoedecode.h): DECODE_HEADER then its own fields, per layer DECODE_LAYER
-# then its own fields and the MOE_MATRICES; MOE_EXPERT_FIELDS per expert of an rk_moe_experts call
-MOE_HEADER = DECODE_HEADER + "experts top_k norm_topk qk_whole clip_on clip router_q8a x ids wts".split()
-MOE_LAYER = DECODE_LAYER + ("q_norm", "k_norm", "routed")
-MOE_MATRICES = DECODE_MATRICES + ("router",)
+# the experts of an rk_moe_experts call: this many int64 fields each (rkmoedecode.c)
 MOE_EXPERT_FIELDS = 13
-MM_ROUTER_Q8A = MOE_HEADER.index("router_q8a")
-# Gemma 4's one-token step around its experts (rkgemma4.h): its own header, per layer its fields
-# and the GEMMA4_MATRICES (a layer with K = V leaves "v" zeroed)
-GEMMA4_HEADER = "layers hidden heads kv_f16 eps pos h q8a experts top_k router_q8a ids wts x_mlp x_moe mlp y".split()
-GEMMA4_LAYER = (
-    "attn_norm post_attn_norm q_norm k_norm router_in expert_scale k v kpos cap window head_dim kv_heads k_eq_v "
-    "rot_half cos sin mlp_norm moe_norm post_mlp_norm post_moe_norm post_ffn_norm layer_scalar"
-).split()
 EXPERT_ACTIVATIONS = ("silu", "gelu_tanh")  # rk_moe_experts_act's codes, in order
-GEMMA4_MATRICES = ("q", "k", "v", "o", "router")
 
 # An ndarray's data pointer sits right after the object header (PyArrayObject: PyObject_HEAD, then
 # `char *data`, numpy's stable C ABI). Reading it there takes 0.1 µs where `.ctypes.data` takes 1.2 µs,
@@ -234,6 +214,19 @@ def _activations(x: np.ndarray, inn: int, what: str) -> tuple[np.ndarray, int]:
     return x, (x.size // inn if inn else math.prod(x.shape[:-1]))
 
 
+def _fields(lib) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
+    """Every descriptor layout the library declares (`rk_fields`, generated from rkdescriptors.h's lists):
+    {"matrix", "<step>.header", "<step>.layer", "<step>.matrices" for the steps decode, moe and gemma4:
+    (field names in order, each one's type: int, f32, ptr; "" for a matrix)}."""
+    out, i = {}, 0
+    while (text := lib.rk_fields(i)) is not None:
+        table, *fields = text.decode().split()
+        pairs = [f.partition(":")[::2] for f in fields]
+        out[table] = (tuple(n for n, _ in pairs), tuple(t for _, t in pairs))
+        i += 1
+    return out
+
+
 class KernelLib:
     """One loaded build of rkkernels.c (tests also load other builds, e.g. the portable C one).
 
@@ -303,7 +296,13 @@ class KernelLib:
         lib.rk_f16_round.restype = None
         lib.rk_repack_q4.argtypes = [i64, i64, vp, vp, vp, vp, vp, vp]
         lib.rk_repack_q4.restype = ctypes.c_int
+        lib.rk_fields.argtypes = [ctypes.c_int]
+        lib.rk_fields.restype = ctypes.c_char_p
         self._lib = lib
+        self.fields = _fields(lib)
+        # the header fields that carry this thread's activation flags (`llama_decode`, `moe_decode_flags`)
+        self._q8a = self.fields["decode.header"][0].index("q8a")
+        self._router_q8a = self.fields["moe.header"][0].index("router_q8a")
         self._fast = getattr(module, "linear_many", None)
         self.path = Path(path)
         self.backend = lib.rk_backend().decode()
@@ -535,7 +534,7 @@ class KernelLib:
         Raises:
             ValueError: the kernel rejected a shape or kind, or ran out of memory.
         """
-        model[DM_Q8A] = int(self._modes[3] == Q8A)
+        model[self._q8a] = int(self._modes[3] == Q8A)
         rc = self._lib.rk_llama_decode(_data(model))
         if rc:
             raise ValueError(f"llama_decode: the kernel rejected the step: {_ERRORS.get(rc, rc)}")
@@ -545,8 +544,8 @@ class KernelLib:
         dense matrices as llama_decode's, the router as `linear`'s; returns the experts' kind-code flag
         (linear_grouped's), to pass to `moe_experts`."""
         _, flag, group_flag, decode_flag = self._modes
-        model[DM_Q8A] = int(decode_flag == Q8A)
-        model[MM_ROUTER_Q8A] = int(flag == Q8A)
+        model[self._q8a] = int(decode_flag == Q8A)
+        model[self._router_q8a] = int(flag == Q8A)
         return group_flag
 
     def moe_decode_layer(self, model: np.ndarray, layer: int) -> None:

@@ -3,7 +3,8 @@
  *
  * Plain C functions (rk_linear_many and friends, loaded through ctypes by inference/kernels/_lib.py),
  * built by setuptools as a Python extension whose one function is a cheaper way into the same code
- * (rkpython.h). Threads come from rkpool.h, vectors from rkkernels_simd.h.
+ * (rkpython.h). Threads come from rkpool.h, vectors from rkkernels_simd.h. The attention and the decode
+ * steps are units of their own, beside this one (rkinternal.h lists them and what they share).
  *
  * Determinism. Each output element y[t, o] is computed by one thread, from one output row and one
  * activation row, by the same sequence of float operations whatever the batch (T), the tile it falls
@@ -38,24 +39,13 @@
 #define _POSIX_C_SOURCE 200809L /* clock_gettime and pthreads under -std=c11 */
 #endif
 
-#include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include "rkkernels_simd.h"
+#include "rkdescriptors.h"
+#include "rkinternal.h"
 #include "rkpool.h"
-
-#ifdef __clang__
-#pragma STDC FP_CONTRACT OFF /* gcc: -std=c11 already implies -ffp-contract=off */
-#endif
-
-#define RK_API __attribute__((visibility("default")))
 
 /* storage kinds, in the order of inference.quant.KINDS */
 enum { K_F32, K_F16, K_Q8, K_Q4, K_Q4_0, K_Q4_1, K_Q8_0, K_COUNT };
 
-enum { RK_OK = 0, RK_EINVAL = 1, RK_ENOMEM = 2 };
 
 #define TILE_T 128    /* activation rows prepared at once */
 #define MAXR 6        /* largest micro-tile side */
@@ -950,12 +940,17 @@ static int threads_for(int64_t work)
     if ((int64_t)nth * MIN_WORK_PER_THREAD > work) nth = (int)(work / MIN_WORK_PER_THREAD) + 1;
     return nth > most ? most : nth;
 }
+
+RK_INTERNAL int rk_threads_for(int64_t work) { return threads_for(work); }
+
+RK_INTERNAL void rk_pool_run(pool_task_fn fn, const void *ctx, int64_t ntask, int threads)
+{
+    pool_run(fn, ctx, ntask, threads);
+}
 #define MAX_MATRICES 16
 #define DECODE_TASKS_PER_THREAD 4 /* balances late helpers and big.LITTLE cores; each claim moves a cache line */
 
-/* Flag on a kind code: multiply with int8 activations where the kind has that path (q4, q4_0, q4_1,
- * q8_0; see q8a_tile); other kinds ignore it. */
-#define RK_Q8A 16
+/* RK_Q8A, the flag on a kind code for int8 activations: rkinternal.h */
 /* Flag on the q4, q4_1 and q8_0 kind codes: the parts are repacked (rows in lanes, see "repacked q4"), rows
  * padded to RP: q4 (q, scales, biases); q4_1 (q, d as scales, m as biases); q8_0 (q, d as scales, weight sums). */
 #define RK_RP 32
@@ -1082,7 +1077,6 @@ static void grouped_prep_task(const void *ctx, int64_t task)
     if (g->jobs[j].w) prep_task(&g->jobs[j], task - g->prefix[j]);
 }
 
-#define MAX_GROUPED 64
 
 /* y_j[T_j, out_j] = x_j[T_j, in] @ W_j.T for n matrices that each have their own activations: one MoE
  * block's experts (gate and up of every expert, then every down) as one job instead of one call each.
@@ -1176,10 +1170,26 @@ RK_API int rk_linear(int kind, int64_t T, int64_t out, int64_t in, const float *
     return rk_linear_many(1, T, in, x, desc);
 }
 
-#include "rkattention.h"
-#include "rkdecode.h"
-#include "rkmoedecode.h"
-#include "rkgemma4.h"
+/* The decode descriptors' layouts, from the lists their enums come from (RK_DECODE_HEADER, ...), for
+ * Python (inference/steps/descriptor.py), so the two cannot disagree: table `which` = 0, 1, ... as
+ * "table field:type field:type ..." (types int, f32, ptr; a list of matrices: "table name name ..."),
+ * NULL past the last. */
+RK_API const char *rk_fields(int which)
+{
+    static const char *const tables[] = {
+        "matrix" RK_MATRIX(RK_FIELD_NAME),
+        "decode.header" RK_DECODE_HEADER(RK_FIELD_NAME),
+        "decode.layer" RK_DECODE_LAYER(RK_FIELD_NAME),
+        "decode.matrices" RK_DECODE_MATRICES(RK_MATRIX_NAME),
+        "moe.header" RK_DECODE_HEADER(RK_FIELD_NAME) RK_MOE_HEADER(RK_FIELD_NAME),
+        "moe.layer" RK_DECODE_LAYER(RK_FIELD_NAME) RK_MOE_LAYER(RK_FIELD_NAME),
+        "moe.matrices" RK_DECODE_MATRICES(RK_MATRIX_NAME) RK_MOE_MATRICES(RK_MATRIX_NAME),
+        "gemma4.header" RK_GEMMA4_HEADER(RK_FIELD_NAME),
+        "gemma4.layer" RK_GEMMA4_LAYER(RK_FIELD_NAME),
+        "gemma4.matrices" RK_GEMMA4_MATRICES(RK_MATRIX_NAME),
+    };
+    return which >= 0 && which < (int)(sizeof tables / sizeof *tables) ? tables[which] : NULL;
+}
 
 #ifndef RK_NO_PYTHON
 #include "rkpython.h"

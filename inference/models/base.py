@@ -214,6 +214,9 @@ class Transformer:
     # a generated token's attention and dense MLP products take int8 activations in the "decode" mode
     # whether or not a compiled step runs them (Gemma 4's), with the dense matmuls on the CPU; see `int8_decode`
     int8_dense_decode: bool = False
+    # the compiled path of a generated token (`inference.steps`): its class, which the loader sets
+    # (`inference.model.load_model`, from `steps.for_model`); None: every token through `layer`
+    step_class = None
 
     @property
     def int8_decode(self) -> bool:
@@ -239,6 +242,14 @@ class Transformer:
         # a prompt goes layer by layer (`pass_forward`) with resident experts too: `rkmojo bench` times the
         # all-resident bound of a streamed prompt in the streamed prompt's order as well
         self.layer_by_layer = False
+        self._step = None  # `decode_step`'s, built at the first generated token
+
+    def decode_step(self):
+        """The compiled step of a generated token (`step_class` on this model), built at its first use: after
+        the engine's repack at load (`kernels.repack`), as the step points at the weights. None without one."""
+        if self._step is None and self.step_class is not None:
+            self._step = self.step_class(self)
+        return self._step
 
     def rope(self, positions: np.ndarray, inv_freq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """cos/sin for this chunk's positions, computed once per chunk and frequency table."""

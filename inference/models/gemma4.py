@@ -13,12 +13,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import kernels
 from ..backends import CPU
 from ..kernels import configured, get_activations, get_threads, linear
 from .base import ACTIVATIONS, BaseArgs, KVCache, LayerKV, Transformer, apply_rope, attention, rms_norm, rope_inv_freq
 from ..experts import ResidentExperts
-from .moe import expert_fields, expert_mlp, lookahead, mixture, mixture_row, softmax, top_k
+from .moe import expert_mlp, lookahead, mixture, softmax, top_k
 
 L = r"model\.layers\.(\d+)\."
 HF_NAMES = [
@@ -153,143 +152,8 @@ def expected_shapes(a: Args) -> dict[str, tuple]:
     return s
 
 
-class DecodeStep:
-    """The descriptor of rkgemma4.h's calls for a model's layers (weights fixed at build, the K/V cache's
-    arrays re-read when they change, the token's fields per call) and the loop of a generated token around
-    them, per layer: the attention half (`kernels.gemma4_attn`); the lookahead's guess of the next layer's
-    experts and this layer's router (`kernels.gemma4_route`, through `Model.route` on this step's `h`);
-    the experts as the expert source hands them over, the dense MLP while their reads land
-    (`moe.mixture_row`, `kernels.moe_experts`); the layer's end (`kernels.gemma4_ffn_out`)."""
-
-    def __init__(self, model: "Model"):
-        a = model.args
-        hdr, lay, mats = kernels.GEMMA4_HEADER, kernels.GEMMA4_LAYER, kernels.GEMMA4_MATRICES
-        n_mat = kernels.DECODE_MAT_FIELDS
-        self.nl, self.h0 = len(lay) + len(mats) * n_mat, len(hdr)
-        self.desc = np.zeros(self.h0 + a.num_hidden_layers * self.nl, np.int64)
-        self.field = {name: j for j, name in enumerate(hdr)}
-        H, K = a.hidden_size, max(a.top_k_experts, 1)
-        self.h = np.zeros((1, H), np.float32)  # the residual stream, updated in place
-        self.ids, self.wts = np.zeros(K, np.int64), np.zeros(K, np.float32)  # the router's (`route`)
-        self.x_mlp, self.x_moe = np.zeros(H, np.float32), np.zeros(H, np.float32)  # the MLP's, experts' inputs
-        self.mlp, self.y = np.zeros((1, H), np.float32), np.zeros((K, H), np.float32)  # their outputs
-        # per RoPE kind (sliding, full): this token's cos and sin rows, written in place (`prepare`)
-        self.tables = {kind: np.zeros((2, len(f)), np.float32) for kind, f in model.inv_freq.items()}
-        for name, value in {
-            "layers": a.num_hidden_layers,
-            "hidden": a.hidden_size,
-            "heads": a.num_attention_heads,
-            "eps": float_bits(a.rms_norm_eps),
-            "h": self.h.ctypes.data,
-            "experts": a.num_experts,
-            "top_k": a.top_k_experts,
-            "ids": self.ids.ctypes.data,
-            "wts": self.wts.ctypes.data,
-            "x_mlp": self.x_mlp.ctypes.data,
-            "x_moe": self.x_moe.ctypes.data,
-            "mlp": self.mlp.ctypes.data,
-            "y": self.y.ctypes.data,
-        }.items():
-            self.desc[self.field[name]] = value
-        j = {name: k for k, name in enumerate(lay)}
-        for i, L in enumerate(model.layers):
-            row = self.desc[self.h0 + i * self.nl :][: self.nl]
-            D, kv = a.attn_dims(i)
-            table = self.tables[a.layer_types[i]]
-            vecs = {
-                "attn_norm": "attn_norm",
-                "post_attn_norm": "post_attn_norm",
-                "q_norm": "attn.q_norm",
-                "k_norm": "attn.k_norm",
-                "router_in": "router_in",
-                "expert_scale": "router_expert_scale",
-                "mlp_norm": "mlp_norm",
-                "moe_norm": "moe_norm",
-                "post_mlp_norm": "post_mlp_norm",
-                "post_moe_norm": "post_moe_norm",
-                "post_ffn_norm": "post_ffn_norm",
-                "layer_scalar": "layer_scalar",
-            }
-            for name, key in vecs.items():
-                if key in L:
-                    row[j[name]] = L[key].ctypes.data
-            row[j["window"]] = a.sliding_window if a.is_sliding(i) else 0
-            row[j["head_dim"]], row[j["kv_heads"]], row[j["k_eq_v"]] = D, kv, int(L["v"] is None)
-            row[j["rot_half"]], row[j["cos"]], row[j["sin"]] = (
-                table.shape[1],
-                table[0].ctypes.data,
-                table[1].ctypes.data,
-            )
-            for m, name in enumerate(mats):
-                w = L.get(name)
-                if w is not None:
-                    row[len(lay) + m * n_mat :][:n_mat] = kernels.matrix_fields(w)
-        # each layer's dense MLP as one rk_moe_experts row (slot 0 of `mlp`); whether it has experts
-        self.mlp_rows = [np.array([[0, *expert_fields(L["mlp"])]], np.int64) for L in model.layers]
-        self.routed = ["router" in L for L in model.layers]
-        self.act = "silu" if a.hidden_activation == "silu" else "gelu_tanh"  # ACTIVATIONS' two kinds
-        self.fields: dict = {}  # resident experts' kernel fields (moe.expert_fields)
-        self._kv: list = []  # the cache arrays the descriptor points at
-
-    def prepare(self, model: "Model", h: np.ndarray, cache: KVCache, positions: np.ndarray) -> None:
-        """`desc` for this token: its position, RoPE rows, activation flags, the cache's arrays; h in `self.h`."""
-        pos = int(positions[0])
-        for kv in cache.layers:
-            kv.reserve(pos + 1)
-        held = [x for kv in cache.layers for x in (kv.k, kv.v, kv.pos)]
-        if len(held) != len(self._kv) or any(x is not y for x, y in zip(held, self._kv)):
-            at = [kernels.GEMMA4_LAYER.index(n) for n in ("k", "v", "kpos", "cap")]
-            for i, kv in enumerate(cache.layers):
-                base = self.h0 + i * self.nl
-                self.desc[[base + k for k in at]] = (kv.k.ctypes.data, kv.v.ctypes.data, kv.pos.ctypes.data, kv.cap)
-            self.desc[self.field["kv_f16"]] = int(cache.layers[0].k.dtype == np.float16)
-            self._kv = held
-        for kind, table in self.tables.items():
-            cos, sin = model.rope(positions, model.inv_freq[kind])
-            table[0], table[1] = cos[0], sin[0]
-        # this thread's mode: the dense products as `Model.dense` takes them, the router as `linear`, the
-        # experts as `linear_grouped` (`mixture`)
-        flag, self.group_flag, decode_flag = kernels.activation_flags()
-        self.dense_flag = decode_flag if model.int8_decode else flag
-        self.desc[self.field["q8a"]], self.desc[self.field["router_q8a"]] = int(self.dense_flag != 0), int(flag != 0)
-        self.desc[self.field["pos"]] = pos
-        self.h[...] = h
-
-    def __call__(self, model: "Model", h: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:
-        """h [1, H] at `positions` (one) through every layer, appending to `cache`; a new [1, H]."""
-        self.prepare(model, h, cache, positions)
-        a, experts = model.args, model.experts
-        H, inter, dense_inter = a.hidden_size, a.moe_intermediate_size, a.intermediate_size
-        memo = self.fields if isinstance(experts, ResidentExperts) else None
-        for i, routed in enumerate(self.routed):
-            kernels.gemma4_attn(self.desc, i)  # h += attention; x_mlp, x_moe
-
-            def mlp(i=i) -> None:  # the dense MLP: computed while missing experts are read
-                kernels.moe_experts(self.mlp_rows[i], H, dense_inter, self.dense_flag, self.x_mlp, self.mlp, self.act)
-
-            if routed:
-                lookahead(model, i, lambda j: self.h)  # the next layer's guesses (ids, wts overwritten) ...
-                kernels.gemma4_route(self.desc, i)  # ... then this layer's, which gemma4_ffn_out reads
-                args = (self.x_moe, self.ids, self.wts, i, experts, self.h, self.y, inter, self.group_flag, memo)
-                mixture_row(*args, act=self.act, during_io=mlp, combine=False)
-            else:
-                mlp()
-            kernels.gemma4_ffn_out(self.desc, i)
-        return self.h.copy()
-
-    def route(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        """Layer i's router on `self.h`: ids [1, K] and weights [1, K], as `Model.route`."""
-        kernels.gemma4_route(self.desc, i)
-        return self.ids[None].copy(), self.wts[None].copy()
-
-
-def float_bits(v: float) -> int:
-    """v as float32, its bits as an int (a descriptor field)."""
-    return int(np.array(v, np.float32).view(np.uint32))
-
-
 class Model(Transformer):
-    # a generated token on the CPU through DecodeStep; False: through `layer` (the reference)
+    # a generated token on the CPU through the compiled step (`decode_step`); False: through `layer` (the reference)
     fused_decode: bool = True
     # a generated token's q/k/v/o and dense MLP products take int8 in "decode" mode (step or not)
     int8_dense_decode: bool = True
@@ -302,8 +166,6 @@ class Model(Transformer):
     def __init__(self, args: Args, store, *, experts=None, **kw):
         super().__init__(args, store, **kw)
         self._int8_rows = False  # set for a generated token's layers (`layers_forward`)
-        self._decode: DecodeStep | None = None
-        self._live: DecodeStep | None = None  # the step a token runs through now (`route`)
         self.embed_scale = float(np.float32(args.hidden_size**0.5))
         self.final_softcap = args.final_logit_softcapping
         self.act = ACTIVATIONS[args.hidden_activation]
@@ -363,10 +225,7 @@ class Model(Transformer):
         )
 
     def route(self, i: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Top-k expert ids and weights [T, K] from the residual stream x (not the normed input); the
-        compiled router when x is the running step's own row."""
-        if self._live is not None and x is self._live.h:
-            return self._live.route(i)
+        """Top-k expert ids and weights [T, K] from the residual stream x (not the normed input)."""
         Lw = self.layers[i]
         xr = rms_norm(x, None, self.args.rms_norm_eps) * Lw["router_in"]
         probs = softmax(linear(xr, Lw["router"]))  # [T, E]
@@ -379,22 +238,19 @@ class Model(Transformer):
 
     def layers_forward(self, h: np.ndarray, cache: KVCache, positions: np.ndarray, prompt: bool) -> np.ndarray:
         """As `Transformer.layers_forward`; a generated token on the CPU runs through the compiled step
-        (`DecodeStep`: each layer in C calls, rkgemma4.h, around the expert source) unless `fused_decode`
+        (`decode_step`: each layer in C calls, rkgemma4.c, around the expert source) unless `fused_decode`
         is False. In the "decode" mode its dense products (`dense`, the step's q/k/v/o) take int8
         activations, as the other architectures' compiled steps do, on the matrices `repack_model` put in
         rows-in-lanes panels. The router stays float, as there."""
         one = not prompt and len(positions) == 1
         self._int8_rows = one and self.int8_decode and get_activations() == "decode"
         try:
-            if not (one and self.fused_decode and self.ops is CPU):
+            step = self.decode_step() if one and self.fused_decode and self.ops is CPU else None
+            if step is None:
                 return super().layers_forward(h, cache, positions, prompt)
-            if self._decode is None:
-                self._decode = DecodeStep(self)
-            self._live = self._decode
-            return self._decode(self, h, cache, positions)
+            return step(h, cache, positions)
         finally:
             self._int8_rows = False
-            self._live = None
 
     def dense(self, fn, *args):
         """fn(*args), a dense product of this layer's, with int8 activations for a generated token's row."""

@@ -1,6 +1,6 @@
 """Llama (dense): SmolLM2 and friends. RMSNorm, rotate-half RoPE, GQA, SwiGLU MLP.
 
-A generated token (decode) on the CPU runs all layers as one compiled call (`kernels.llama_decode`), the
+A generated token (decode) on the CPU runs all layers as one compiled call (`inference.steps.dense`), the
 same math as `layer` without its per-layer numpy steps; `layer` stays the reference and runs prompts
 (so a prompt's rows have the same bits however it is chunked: a prompt cache recomputes its last row alone).
 """
@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import kernels
 from ..backends import dense_on_cpu
 from .base import BaseArgs, KVCache, LayerKV, Transformer, apply_rope, attention, rms_norm, rope_inv_freq, silu
 from .moe import expert_mlp
@@ -72,89 +71,21 @@ def expected_shapes(a: Args) -> dict[str, tuple]:
     return shapes
 
 
-def f32_bits(v: float) -> int:
-    """v as float32, its bits as an int (a descriptor's float fields)."""
-    return int(np.float32(v).view(np.int32))
-
-
-class DecodeStep:
-    """The descriptor of `kernels.llama_decode` for a model's layers: weights fixed at build, the K/V
-    cache's arrays re-read when they change (a new cache, or one grown), the token's fields per call."""
-
-    def __init__(self, model: Model):
-        a = model.args
-        hdr, lay = kernels.DECODE_HEADER, kernels.DECODE_LAYER
-        self.skeleton(hdr, lay, kernels.DECODE_MATRICES, a.num_hidden_layers)
-        for name, value in {
-            "layers": a.num_hidden_layers,
-            "hidden": a.hidden_size,
-            "heads": a.num_attention_heads,
-            "kv_heads": a.num_key_value_heads,
-            "head_dim": a.head_dim,
-            "inter": a.intermediate_size,
-            "rot_half": len(model.inv_freq),
-            "eps": f32_bits(a.rms_norm_eps),
-            "scale": f32_bits(a.head_dim**-0.5),
-        }.items():
-            self.desc[self.field[name]] = value
-        for i, L in enumerate(model.layers):
-            row = self.desc[self.h0 + i * self.nl :][: self.nl]
-            row[0], row[1] = L["attn_norm"].ctypes.data, L["mlp_norm"].ctypes.data
-            mats = [L[n] for n in ("q", "k", "v", "o")] + [L["mlp"][n] for n in ("gate", "up", "down")]
-            row[len(lay) :] = [f for w in mats for f in kernels.matrix_fields(w)]
-        self._norms = [(L["attn_norm"], L["mlp_norm"]) for L in model.layers]  # the addresses above
-        self._kv: list = []  # the cache arrays the descriptor points at
-
-    def skeleton(self, header, layer_fields, matrices, n_layers: int) -> None:
-        """The zeroed descriptor: the header's fields, then per layer its fields and its matrices' (shared
-        with the MoE step, whose header and layer fields extend these)."""
-        self.nl = len(layer_fields) + len(matrices) * kernels.DECODE_MAT_FIELDS
-        self.h0 = len(header)
-        self.desc = np.zeros(len(header) + n_layers * self.nl, np.int64)
-        self.field = {name: j for j, name in enumerate(header)}
-
-    def __call__(self, h: np.ndarray, cache: KVCache, pos: int, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-        """h [1, H] at position `pos` through every layer, appending to `cache`; a new [1, H]."""
-        h, _held = self.prepare(h, cache, pos, cos, sin)
-        kernels.llama_decode(self.desc)
-        return h
-
-    def prepare(self, h, cache: KVCache, pos: int, cos, sin) -> tuple[np.ndarray, tuple]:
-        """`desc` for this token: the (new) h array the call updates, and the arrays to keep alive meanwhile."""
-        for kv in cache.layers:
-            kv.reserve(pos + 1)
-        held = [a for kv in cache.layers for a in (kv.k, kv.v, kv.pos)]
-        if len(held) != len(self._kv) or any(x is not y for x, y in zip(held, self._kv)):
-            for i, kv in enumerate(cache.layers):
-                base = self.h0 + i * self.nl
-                self.desc[base + 2 : base + 5] = (kv.k.ctypes.data, kv.v.ctypes.data, kv.pos.ctypes.data)
-            self.desc[self.field["kv_f16"]] = int(cache.layers[0].k.dtype == np.float16)
-            self.desc[self.field["kv_cap"]] = cache.layers[0].cap
-            self._kv = held
-        h = np.array(h, dtype=np.float32, order="C")
-        cos, sin = np.ascontiguousarray(cos, np.float32), np.ascontiguousarray(sin, np.float32)
-        f, d = self.field, self.desc
-        d[f["pos"]], d[f["h"]], d[f["cos"]], d[f["sin"]] = pos, h.ctypes.data, cos.ctypes.data, sin.ctypes.data
-        return h, (cos, sin)
-
-
 class Model(Transformer):
-    # one-token chunks on the CPU as one compiled call (DecodeStep); False: through `layer` (the reference)
+    # one-token chunks on the CPU as one compiled call (`decode_step`); False: through `layer` (the reference)
     fused_decode: bool = True
 
     def __init__(self, args: Args, store, **kw):
         super().__init__(args, store, **kw)
         self.inv_freq = rope_inv_freq(args.head_dim, args.rope_theta)
         self.layers = [self._load_layer(i) for i in range(args.num_hidden_layers)]
-        self._decode: DecodeStep | None = None
 
     def layers_forward(self, h: np.ndarray, cache: KVCache, positions: np.ndarray, prompt: bool) -> np.ndarray:
-        if prompt or len(positions) != 1 or not self.fused_decode or not dense_on_cpu(self.ops, 1):
+        one = not prompt and len(positions) == 1 and self.fused_decode and dense_on_cpu(self.ops, 1)
+        step = self.decode_step() if one else None
+        if step is None:
             return super().layers_forward(h, cache, positions, prompt)
-        if self._decode is None:
-            self._decode = DecodeStep(self)
-        cos, sin = self.rope(positions, self.inv_freq)
-        return self._decode(h, cache, int(positions[0]), cos, sin)
+        return step(h, cache, positions)
 
     def _load_layer(self, i: int) -> dict:
         p = f"layers.{i}."

@@ -124,7 +124,7 @@ def mixture_row(
     combine: bool = True,
 ) -> None:
     """`mixture` of one row (decode), added to h in place: h += Σ_k weights[k] · expert_{ids[k]}(x), the
-    products summed in slot order as `mixture` does, through the compiled kernels (rkmoedecode.h)
+    products summed in slot order as `mixture` does, through the compiled kernels (rkmoedecode.c)
     without mixture's per-row index arrays. `act`: the experts' activation ("silu", "gelu_tanh");
     `during_io`: as `mixture`'s; `combine` False: leave each expert's output in y (h unused).
 
@@ -147,14 +147,15 @@ def mixture_row(
         moe_combine(y, weights, h)
 
 
-def lookahead(model, i: int, router_input: Callable[[int], np.ndarray]) -> None:
+def lookahead(model, i: int, router_input: Callable[[int], np.ndarray], route: Callable | None = None) -> None:
     """Gate lookahead: apply layer i+1's router to what layer i sees now and start reading the
     experts it predicts (only when the expert source prefetches; off by default).
 
-    router_input(j) gives layer j's router input computed from the current hidden state.
+    router_input(j) gives layer j's router input computed from the current hidden state; `route(j, x)`
+    the router (default `model.route`; a compiled step passes its own).
     """
     j = i + 1
     if not getattr(model.experts, "wants_prefetch", False) or j >= len(model.layers) or "router" not in model.layers[j]:
         return
-    idx, _ = model.route(j, router_input(j))
+    idx, _ = (route or model.route)(j, router_input(j))
     model.experts.prefetch(j, idx.reshape(-1).tolist(), rows=len(idx))  # rows' top-k in score order

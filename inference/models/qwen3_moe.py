@@ -1,9 +1,9 @@
 """Qwen3-MoE (Qwen3-30B-A3B and friends): Llama-style attention with per-head q/k RMSNorm, and a
 sparse MoE block routed by softmax → top-k → (renormalise when `norm_topk_prob`).
 
-A generated token (decode) on the CPU runs each layer's attention half and routing as one compiled call
-(`kernels.moe_decode_layer`, rkmoedecode.h), then its routed experts through the expert source
-(`moe.mixture_row`); `layer` stays the reference and runs prompts, as in llama.py.
+A generated token (decode) on the CPU runs each layer's attention half and routing as one compiled call,
+then its routed experts through the expert source (`inference.steps.moe`); `layer` stays the reference
+and runs prompts, as in llama.py.
 """
 
 from __future__ import annotations
@@ -12,13 +12,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import kernels
 from ..backends import dense_on_cpu
 from ..kernels import linear
 from . import llama
 from .base import KVCache, LayerKV, Transformer, apply_rope, attention, rms_norm, rope_inv_freq, silu
 from ..experts import ResidentExperts
-from .moe import expert_mlp, lookahead, mixture, mixture_row, softmax, top_k
+from .moe import expert_mlp, lookahead, mixture, softmax, top_k
 
 L = r"model\.layers\.(\d+)\."
 HF_NAMES = llama.HF_NAMES + [
@@ -72,83 +71,8 @@ def expected_shapes(a: Args) -> dict[str, tuple]:
     return shapes
 
 
-class DecodeStep:
-    """The descriptor of `kernels.moe_decode_layer` for a model's layers (weights fixed at build, the K/V
-    cache's arrays re-read when they change, the token's fields per call) and the per-token loop around
-    it: each layer's attention half in one call, then its experts through `model.experts`."""
-
-    def __init__(self, model: Model):
-        a = model.args
-        hdr, lay = kernels.MOE_HEADER, kernels.MOE_LAYER
-        llama.DecodeStep.skeleton(self, hdr, lay, kernels.MOE_MATRICES, a.num_hidden_layers)
-        f32_bits = llama.f32_bits
-        clip = getattr(a, "clip_qkv", None)
-        H, K = a.hidden_size, a.num_experts_per_tok
-        self.x = np.zeros(H, np.float32)  # the routed layers' outputs: normed MLP input, top-k ids, weights
-        self.ids = np.zeros(K, np.int64)
-        self.wts = np.zeros(K, np.float32)
-        self.y = np.zeros((K, H), np.float32)  # each chosen expert's output, by top-k slot
-        for name, value in {
-            "layers": a.num_hidden_layers,
-            "hidden": H,
-            "heads": a.num_attention_heads,
-            "kv_heads": a.num_key_value_heads,
-            "head_dim": a.head_dim,
-            "inter": a.intermediate_size,
-            "rot_half": len(model.inv_freq),
-            "eps": f32_bits(a.rms_norm_eps),
-            "scale": f32_bits(a.head_dim**-0.5),
-            "experts": a.num_experts,
-            "top_k": K,
-            "norm_topk": int(bool(a.norm_topk_prob)),
-            "qk_whole": int(model.qk_norm_whole),
-            "clip_on": int(clip is not None),
-            "clip": f32_bits(clip or 0.0),
-            "x": self.x.ctypes.data,
-            "ids": self.ids.ctypes.data,
-            "wts": self.wts.ctypes.data,
-        }.items():
-            self.desc[self.field[name]] = value
-        n_mat = kernels.DECODE_MAT_FIELDS
-        for i, L in enumerate(model.layers):
-            row = self.desc[self.h0 + i * self.nl :][: self.nl]
-            j = {name: k for k, name in enumerate(lay)}
-            row[j["attn_norm"]], row[j["mlp_norm"]] = L["attn_norm"].ctypes.data, L["mlp_norm"].ctypes.data
-            row[j["q_norm"]], row[j["k_norm"]] = L["q_norm"].ctypes.data, L["k_norm"].ctypes.data
-            row[j["routed"]] = int("router" in L)
-            for m, name in enumerate(kernels.MOE_MATRICES):
-                w = L.get(name, L.get("mlp", {}).get(name))
-                if w is not None:
-                    row[len(lay) + m * n_mat :][:n_mat] = kernels.matrix_fields(w)
-        self.routed = [("router" in L) for L in model.layers]
-        self.fields: dict = {}  # resident experts' kernel fields (moe.expert_fields)
-        self._kv: list = []  # the cache arrays the descriptor points at
-
-    def __call__(self, model: Model, h: np.ndarray, cache: KVCache, pos: int, cos, sin) -> np.ndarray:
-        """h [1, H] at position `pos` through every layer, appending to `cache`; a new [1, H]."""
-        h, _held = self.prepare(h, cache, pos, cos, sin)
-        flag = kernels.moe_decode_flags(self.desc)
-        a, experts = model.args, model.experts
-        memo = self.fields if isinstance(experts, ResidentExperts) else None
-        prefetching = getattr(experts, "wants_prefetch", False)
-        eps, inter = a.rms_norm_eps, a.moe_intermediate_size
-        row = h[0]
-        for i, routed in enumerate(self.routed):
-            kernels.moe_decode_layer(self.desc, i)
-            if not routed:
-                continue
-            if prefetching:
-                lookahead(model, i, lambda j: rms_norm(h, model.layers[j]["mlp_norm"], eps))
-            mixture_row(self.x, self.ids, self.wts, i, experts, row, self.y, inter, flag, memo)
-        return h
-
-    # `desc` for this token (the K/V arrays, position, h, cos/sin): the same fields, at the same places,
-    # as the Llama step's descriptor
-    prepare = llama.DecodeStep.prepare
-
-
 class Model(Transformer):
-    # one-token chunks on the CPU through DecodeStep; False: through `layer` (the reference)
+    # one-token chunks on the CPU through the compiled step (`decode_step`); False: through `layer` (the reference)
     fused_decode: bool = True
     qk_norm_whole: bool = False  # q/k RMSNorm over the whole projection (OLMoE), not per head
 
@@ -157,16 +81,14 @@ class Model(Transformer):
         self.experts = experts or ResidentExperts(store)
         self.inv_freq = rope_inv_freq(args.head_dim, args.rope_theta)
         self.layers = [self._load_layer(i) for i in range(args.num_hidden_layers)]
-        self._decode: DecodeStep | None = None
 
     def layers_forward(self, h: np.ndarray, cache: KVCache, positions: np.ndarray, prompt: bool) -> np.ndarray:
         npu_experts = self.ops.expert_min_rows is not None and self.ops.expert_min_rows <= 1
-        if prompt or len(positions) != 1 or not self.fused_decode or not dense_on_cpu(self.ops, 1) or npu_experts:
+        one = not prompt and len(positions) == 1 and self.fused_decode and dense_on_cpu(self.ops, 1)
+        step = self.decode_step() if one and not npu_experts else None
+        if step is None:
             return super().layers_forward(h, cache, positions, prompt)
-        if self._decode is None:
-            self._decode = DecodeStep(self)
-        cos, sin = self.rope(positions, self.inv_freq)
-        return self._decode(self, h, cache, int(positions[0]), cos, sin)
+        return step(h, cache, positions)
 
     def _load_layer(self, i: int) -> dict:
         p = f"layers.{i}."

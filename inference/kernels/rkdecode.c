@@ -1,5 +1,5 @@
-/* One decode step (one token, T = 1) through every layer of a Llama-style model in one call (included
- * by rkkernels.c after rkattention.h). The Python layer code (inference/models/llama.py) is the
+/* One decode step (one token, T = 1) through every layer of a Llama-style model in one call (a unit of
+ * the kernel library: rkinternal.h). The Python layer code (inference/models/llama.py) is the
  * reference and runs prompts; this is its one-row case for generated tokens, without the ~40 numpy
  * temporaries and 5 kernel calls per layer that took a third of a SmolLM2 token (benchmarks/README.md).
  *
@@ -16,42 +16,19 @@
  *
  * The model is one int64 array: DM_FIELDS header fields, then DL_FIELDS per layer. Pointers are
  * addresses; eps and the attention scale are float32 bits; matrix codes are kind codes of rkkernels.c
- * (inference/kernels/_lib.py names the same fields: DECODE_HEADER, DECODE_LAYER). A layer's K (and V)
+ * (rkdescriptors.h lists them, for the enums here and for Python through `rk_fields`). A layer's K (and V)
  * cache is [n_kv, cap, head_dim], row `pos` of each head written here; kpos [cap] the position each row
  * holds (-1: empty), row p holding position p.
  *
- * rkmoedecode.h, the MoE architectures' step, shares the helpers below (norm, RoPE, linear, K/V + attention).
+ * rkmoedecode.c and rkgemma4.c, the other steps, share the helpers below (norm, RoPE, linear, K/V +
+ * attention), declared in rkinternal.h.
  */
-#ifndef RKDECODE_H
-#define RKDECODE_H
-
-enum {
-    DM_LAYERS,    /* number of layers */
-    DM_HIDDEN,    /* H */
-    DM_HEADS,     /* query heads */
-    DM_KV_HEADS,  /* key/value heads (divides DM_HEADS) */
-    DM_HEAD_DIM,  /* D */
-    DM_INTER,     /* the MLP's width I */
-    DM_ROT_HALF,  /* cos/sin entries: dims [0, r) and [r, 2r) of each head rotate */
-    DM_KV_F16,    /* 1: the K/V caches hold IEEE halves */
-    DM_KV_CAP,    /* rows per head in every layer's K/V cache */
-    DM_EPS,       /* RMS norm epsilon (float32 bits) */
-    DM_SCALE,     /* q.k scale (float32 bits) */
-    DM_POS,       /* the token's position (< DM_KV_CAP) */
-    DM_H,         /* float [H]: the token's hidden state in, the last layer's output out */
-    DM_COS,       /* float [DM_ROT_HALF] for this position */
-    DM_SIN,
-    DM_Q8A,       /* 1: int8 activations (RK_Q8A) for the matrices whose kind has them */
-    DM_FIELDS
-};
-/* matrices of a layer, each DL_MAT_FIELDS: kind code, then its parts as in rk_linear_many */
-enum { MAT_Q, MAT_K, MAT_V, MAT_O, MAT_GATE, MAT_UP, MAT_DOWN, MAT_COUNT };
-#define DL_MAT_FIELDS 4
-enum { DL_ATTN_NORM, DL_MLP_NORM, DL_K, DL_V, DL_KPOS, DL_MATS, DL_FIELDS = DL_MATS + MAT_COUNT * DL_MAT_FIELDS };
+#include "rkdescriptors.h"
+#include "rkinternal.h"
 
 /* An IEEE half, rounded to nearest even as numpy's astype(float16) does (overflow to infinity). Scalar
  * on every backend: a decode step rounds 2 n_kv head_dim values per layer. */
-static uint16_t f32_to_f16(float f)
+RK_INTERNAL uint16_t f32_to_f16(float f)
 {
     uint32_t x;
     memcpy(&x, &f, 4);
@@ -82,16 +59,8 @@ RK_API void rk_f16_round(int64_t n, const float *src, uint16_t *dst)
     for (int64_t i = 0; i < n; i++) dst[i] = f32_to_f16(src[i]);
 }
 
-RK_INLINE float bits_f32(int64_t v)
-{
-    const uint32_t u = (uint32_t)v;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* y[0:n] = x * (1 / sqrt(mean(x^2) + eps)) * w, the product in numpy's order (w NULL: no weight) */
-static void dec_rms_norm(const float *x, const float *w, int64_t n, float eps, float *y)
+RK_INTERNAL void dec_rms_norm(const float *x, const float *w, int64_t n, float eps, float *y)
 {
     vf acc = vf_zero();
     int64_t i = 0;
@@ -109,7 +78,7 @@ static void dec_rms_norm(const float *x, const float *w, int64_t n, float eps, f
 }
 
 /* heads [n, D]: dims [0, r) and [r, 2r) rotated as apply_rope in models/base.py */
-static void dec_rope(float *x, int64_t n, int64_t D, int64_t r, const float *c, const float *s)
+RK_INTERNAL void dec_rope(float *x, int64_t n, int64_t D, int64_t r, const float *c, const float *s)
 {
     for (int64_t h = 0; h < n; h++) {
         float *v = x + h * D;
@@ -123,7 +92,7 @@ static void dec_rope(float *x, int64_t n, int64_t D, int64_t r, const float *c, 
 }
 
 /* One rk_linear_many of `n` matrices of a layer (its matrix fields at `mats`, from matrix m0) on x [in]. */
-static int dec_linear(const int64_t *mats, int m0, int n, int64_t flag, int64_t in, const float *x, float *const *y,
+RK_INTERNAL int dec_linear(const int64_t *mats, int m0, int n, int64_t flag, int64_t in, const float *x, float *const *y,
                       const int64_t *outs)
 {
     int64_t desc[6 * 3];
@@ -141,7 +110,7 @@ static int dec_linear(const int64_t *mats, int m0, int n, int64_t flag, int64_t 
 }
 
 /* Writes k, v [n_kv, D] as row `row` of each head of the cache K, V [n_kv, cap, D] (f32, or halves when f16). */
-static void dec_kv_store(uint8_t *K, uint8_t *V, const float *k, const float *v, int64_t nkv, int64_t D, int64_t cap,
+RK_INTERNAL void dec_kv_store(uint8_t *K, uint8_t *V, const float *k, const float *v, int64_t nkv, int64_t D, int64_t cap,
                          int64_t row, int f16)
 {
     const int64_t esz = f16 ? 2 : 4;
@@ -162,7 +131,7 @@ static void dec_kv_store(uint8_t *K, uint8_t *V, const float *k, const float *v,
 /* Appends k, v [n_kv, D] as row `pos` of each head of the cache K, V [n_kv, cap, D] (f32, or halves when
  * f16), marks kpos[pos] = pos, and attends q [nh, D] to rows 0..pos (S = pos + 1, as kv.view(pos) in
  * Python) into att [nh, D]. Returns RK_OK or RK_ENOMEM. */
-static int dec_attend(int64_t Kp, int64_t Vp, int64_t kposp, const float *q, const float *k, const float *v,
+RK_INTERNAL int dec_attend(int64_t Kp, int64_t Vp, int64_t kposp, const float *q, const float *k, const float *v,
                       int64_t nh, int64_t nkv, int64_t D, int64_t cap, int64_t pos, int f16, float scale, float *att)
 {
     uint8_t *K = (uint8_t *)(intptr_t)Kp, *V = (uint8_t *)(intptr_t)Vp;
@@ -170,7 +139,7 @@ static int dec_attend(int64_t Kp, int64_t Vp, int64_t kposp, const float *q, con
     int64_t *kpos = (int64_t *)(intptr_t)kposp;
     kpos[pos] = pos;
     att_job aj = {1, nh, nkv, D, D, pos + 1, cap * D, cap * D, 0, f16, q, K, V, kpos, &pos, scale, att, 0};
-    pool_run(att_task, &aj, nkv, threads_for(nh * (pos + 1) * 2 * D));
+    rk_pool_run(att_task, &aj, nkv, rk_threads_for(nh * (pos + 1) * 2 * D));
     return aj.failed ? RK_ENOMEM : RK_OK;
 }
 
@@ -223,4 +192,3 @@ RK_API int rk_llama_decode(const int64_t *model)
     return rc;
 }
 
-#endif /* RKDECODE_H */

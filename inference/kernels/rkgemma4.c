@@ -1,5 +1,5 @@
-/* The one-token decode step (T = 1) of Gemma 4's layers around their experts (included by
- * rkkernels.c after rkmoedecode.h, whose helpers it shares). The Python layer code
+/* The one-token decode step (T = 1) of Gemma 4's layers around their experts (a unit of
+ * the kernel library sharing rkdecode.c's and rkmoedecode.c's helpers: rkinternal.h). The Python layer code
  * (inference/models/gemma4.py) is the reference and runs prompts; these are its one-row case for generated
  * tokens, where the numpy steps around the kernels took a fifth of an all-resident token of the Gemma 4
  * 26B-A4B shapes (benchmarks/README.md). A streamed token waits for part of that CPU too: the next
@@ -22,64 +22,16 @@
  *
  * Each layer has its own head size, KV heads, cache capacity, window and RoPE table (sliding and full
  * layers differ in all of them). The dense matrices take int8 activations when G4_Q8A says so, the router
- * when G4_ROUTER_Q8A does. Numerics as rkmoedecode.h: the kernels are the Python path's; elementwise steps
+ * when G4_ROUTER_Q8A does. Numerics as rkmoedecode.c: the kernels are the Python path's; elementwise steps
  * give numpy's bits except the RMS norm's sum (vector lanes; numpy: pairwise), softmax's expf and sums and
  * gelu's tanhf (libm), so the step agrees with the Python layers within float rounding.
  *
  * The model is one int64 array: G4_FIELDS header fields, then GL_FIELDS per layer, whose matrices are
  * G4_MAT_COUNT of DL_MAT_FIELDS each (kind code, then its parts as in rk_linear_many).
  */
-#ifndef RKGEMMA4_H
-#define RKGEMMA4_H
+#include "rkdescriptors.h"
+#include "rkinternal.h"
 
-enum {
-    G4_LAYERS,     /* number of layers */
-    G4_HIDDEN,     /* H */
-    G4_HEADS,      /* query heads (every layer) */
-    G4_KV_F16,     /* 1: the K/V caches hold IEEE halves */
-    G4_EPS,        /* RMS norm epsilon (float32 bits) */
-    G4_POS,        /* the token's position */
-    G4_H,          /* float [H]: the residual stream, updated in place by rk_gemma4_attn, read by the router */
-    G4_Q8A,        /* 1: int8 activations for q, k, v and o */
-    G4_EXPERTS,    /* E */
-    G4_TOP_K,      /* K */
-    G4_ROUTER_Q8A, /* 1: int8 activations for the router */
-    G4_IDS,        /* int64 [K]: out, the chosen experts, largest weight first */
-    G4_WTS,        /* float [K]: out, their weights */
-    G4_X_MLP,      /* float [H]: out (rk_gemma4_attn), the dense MLP's input rms_norm(h) * mlp_norm */
-    G4_X_MOE,      /* float [H]: out (rk_gemma4_attn, a layer with experts), the experts' rms_norm(h) * moe_norm */
-    G4_MLP,        /* float [H]: in (rk_gemma4_ffn_out), the dense MLP's output */
-    G4_Y,          /* float [K, H]: in (rk_gemma4_ffn_out), each chosen expert's output, by top-k slot */
-    G4_FIELDS
-};
-enum { G4_MAT_Q, G4_MAT_K, G4_MAT_V, G4_MAT_O, G4_MAT_ROUTER, G4_MAT_COUNT };
-enum {
-    GL_ATTN_NORM,      /* float [H] */
-    GL_POST_ATTN_NORM, /* float [H] */
-    GL_Q_NORM,         /* float [D] */
-    GL_K_NORM,         /* float [D] */
-    GL_ROUTER_IN,      /* float [H]: the router's input scale (router_scale / sqrt(H)) */
-    GL_EXPERT_SCALE,   /* float [E] */
-    GL_K,              /* K cache [n_kv, cap, D] */
-    GL_V,              /* V cache [n_kv, cap, D] */
-    GL_KPOS,           /* int64 [cap]: the position each row holds (-1: empty) */
-    GL_CAP,            /* rows per head */
-    GL_WINDOW,         /* sliding window (a ring of cap rows), 0: a full layer (row = position) */
-    GL_HEAD_DIM,       /* D */
-    GL_KV_HEADS,       /* n_kv (divides G4_HEADS) */
-    GL_K_EQ_V,         /* 1: no Wv, v from the raw k */
-    GL_ROT_HALF,       /* r: dims [0, r) and [r, 2r) of each head rotate */
-    GL_COS,            /* float [r] for this position */
-    GL_SIN,
-    GL_MLP_NORM,       /* float [H] */
-    GL_MOE_NORM,       /* float [H]; 0: a layer without experts */
-    GL_POST_MLP_NORM,  /* float [H] (a layer with experts) */
-    GL_POST_MOE_NORM,  /* float [H] (a layer with experts) */
-    GL_POST_FFN_NORM,  /* float [H] */
-    GL_LAYER_SCALAR,   /* float [1] */
-    GL_MATS,
-    GL_FIELDS = GL_MATS + G4_MAT_COUNT * DL_MAT_FIELDS
-};
 
 /* The attention half of layer l for the token at G4_POS (see above). Returns RK_OK, RK_EINVAL (shapes,
  * a layer out of range, a row outside the cache) or RK_ENOMEM; on an error h and the cache may hold a
@@ -124,7 +76,7 @@ RK_API int rk_gemma4_attn(const int64_t *model, int64_t l)
         /* a ring's rows are all candidates (att_visible keeps the window's); a full layer's are 0 .. pos */
         const int64_t S = window > 0 ? cap : pos + 1;
         att_job aj = {1, nh, nkv, D, D, S, cap * D, cap * D, window, f16, q, K, V, kpos, &pos, 1.0f, att, 0};
-        pool_run(att_task, &aj, nkv, threads_for(nh * S * 2 * D));
+        rk_pool_run(att_task, &aj, nkv, rk_threads_for(nh * S * 2 * D));
         if (aj.failed) {
             rc = RK_ENOMEM;
             break;
@@ -202,4 +154,3 @@ RK_API int rk_gemma4_ffn_out(const int64_t *model, int64_t l)
     return RK_OK;
 }
 
-#endif /* RKGEMMA4_H */

@@ -1,4 +1,4 @@
-/* Causal, optionally windowed, grouped-query attention over the KV cache (included by rkkernels.c).
+/* Causal, optionally windowed, grouped-query attention over the KV cache (a unit of the kernel library: rkinternal.h).
  *
  * out[t, h, :] = sum_j p_j v[h / g, j, :] with p = softmax_j(scale * q[t, h, :] . k[h / g, j, :]) over
  * the held rows j whose position is >= 0, <= qpos[t] and, with a window, > qpos[t] - window.
@@ -12,23 +12,11 @@
  *
  * Tasks are (KV head, block of ATT_TB query rows): a key/value row is loaded once for the block's
  * g x ATT_TB query heads. Scratch: the block's scores, on the heap per task. */
-#ifndef RKATTENTION_H
-#define RKATTENTION_H
-
-#include <math.h>
+#include "rkinternal.h"
 
 #define ATT_TB 8     /* query rows per task */
 
-typedef struct {
-    int64_t T, H, KV, D, Dv, S, head_stride_k, head_stride_v, window;
-    int f16; /* k and v are IEEE halves */
-    const float *q;
-    const void *k, *v;
-    const int64_t *kpos, *qpos;
-    float scale;
-    float *out;
-    int failed; /* set (never cleared) by a task whose scratch allocation failed */
-} att_job;
+/* att_job: rkinternal.h */
 
 RK_INLINE float att_dot(const float *a, const float *b, int64_t n)
 {
@@ -86,7 +74,7 @@ RK_INLINE int att_visible(const att_job *j, int64_t key, int64_t t)
     return p >= 0 && p <= qp && (j->window <= 0 || p > qp - j->window);
 }
 
-static void att_task(const void *ctx, int64_t task)
+RK_INTERNAL void att_task(const void *ctx, int64_t task)
 {
     att_job *j = (att_job *)ctx;
     const int64_t g = j->H / j->KV, nblk = (j->T + ATT_TB - 1) / ATT_TB;
@@ -156,8 +144,7 @@ RK_API int rk_attention(int64_t T, int64_t H, int64_t KV, int64_t D, int64_t Dv,
                  out, 0};
     const int64_t ntask = KV * ((T + ATT_TB - 1) / ATT_TB);
     /* this thread's count, as the matmuls (it was the process default: an engine's own count was ignored) */
-    if (ntask) pool_run(att_task, &j, ntask, threads_for(T * H * S * (D + Dv)));
+    if (ntask) rk_pool_run(att_task, &j, ntask, rk_threads_for(T * H * S * (D + Dv)));
     return j.failed ? RK_ENOMEM : RK_OK;
 }
 
-#endif /* RKATTENTION_H */

@@ -1,5 +1,5 @@
-/* The one-token decode step (T = 1) of the MoE architectures, Qwen3-MoE and OLMoE (included by
- * rkkernels.c after rkdecode.h, whose helpers it shares). The Python layer code
+/* The one-token decode step (T = 1) of the MoE architectures, Qwen3-MoE and OLMoE (a unit of
+ * the kernel library sharing rkdecode.c's helpers: rkinternal.h). The Python layer code
  * (inference/models/qwen3_moe.py, olmoe.py, moe.py) is the reference and runs prompts; these are its
  * one-row case for generated tokens, where the numpy steps around the kernels took 10-19 % of a token
  * (benchmarks/README.md).
@@ -30,34 +30,13 @@
  * the router takes its own flag (MM_ROUTER_Q8A: the Python router's `linear`, float unless q8), the
  * experts the caller's (linear_grouped's).
  *
- * The model is one int64 array: rkdecode.h's DM_FIELDS header fields (DM_INTER: a dense layer's MLP
- * width), then MM_* fields, then ML_FIELDS per layer. The first five layer fields are rkdecode.h's DL_*;
- * the matrices are its MAT_* then the router.
+ * The model is one int64 array: rkdecode.c's DM_FIELDS header fields (DM_INTER: a dense layer's MLP
+ * width), then MM_* fields, then ML_FIELDS per layer. The first five layer fields are rkdecode.c's DL_*;
+ * the matrices are its MAT_* then the router (the lists below, RK_MOE_*).
  */
-#ifndef RKMOEDECODE_H
-#define RKMOEDECODE_H
+#include "rkdescriptors.h"
+#include "rkinternal.h"
 
-enum {
-    MM_EXPERTS = DM_FIELDS, /* E: routed experts per layer */
-    MM_TOP_K,               /* K: experts per token */
-    MM_NORM_TOPK,           /* 1: renormalise the top-k weights */
-    MM_QK_WHOLE,            /* 1: q/k RMS norm over the whole projection (OLMoE), 0: per head (Qwen3) */
-    MM_CLIP_ON,             /* 1: clip q, k, v to [-MM_CLIP, MM_CLIP] after the norms (OLMoE's clip_qkv) */
-    MM_CLIP,                /* float32 bits */
-    MM_ROUTER_Q8A,          /* 1: int8 activations for the router */
-    MM_X,                   /* float [H]: out, the normed MLP input */
-    MM_IDS,                 /* int64 [K]: out, the chosen experts, largest weight first */
-    MM_WTS,                 /* float [K]: out, their weights */
-    MM_FIELDS
-};
-enum { MAT_ROUTER = MAT_COUNT, MOE_MAT_COUNT };
-enum {
-    ML_Q_NORM = DL_MATS, /* float [D] (per head) or [nh D] (whole) */
-    ML_K_NORM,           /* float [D] or [nkv D] */
-    ML_ROUTED,           /* 1: an MoE layer (router), 0: a dense MLP (gate, up, down) */
-    ML_MATS,
-    ML_FIELDS = ML_MATS + MOE_MAT_COUNT * DL_MAT_FIELDS
-};
 
 /* q/k RMS norm of n heads of D in place: per head with w [D], or over all n D with w [n D] */
 static void moe_qk_norm(float *x, int64_t n, int64_t D, int whole, const float *w, float eps)
@@ -77,7 +56,7 @@ static void moe_clip(float *x, int64_t n, float c)
 /* The router's scores p [E] → softmax in place (moe.softmax: minus the max, exp, over the sum), then the
  * top K: ids largest first, ties to the lower index (a stable sort's order, moe.top_k), wts their
  * probabilities. Returns the sum of wts, added in order. */
-static float moe_softmax_top_k(float *p, int64_t E, int64_t K, int64_t *ids, float *wts)
+RK_INTERNAL float moe_softmax_top_k(float *p, int64_t E, int64_t K, int64_t *ids, float *wts)
 {
     float mx = p[0];
     for (int64_t e = 1; e < E; e++) mx = p[e] > mx ? p[e] : mx;
@@ -252,17 +231,6 @@ RK_API int rk_moe_experts_act(int n, int64_t H, int64_t I, int64_t flag, int64_t
     return rc;
 }
 
-/* sum_k w[k] y[k, i] over the K rows of y [K, H]: each product rounded, then added in slot order */
-RK_INLINE float moe_mix_at(int64_t K, int64_t H, const float *y, const float *w, int64_t i)
-{
-    float o = y[i] * w[0];
-    for (int64_t k = 1; k < K; k++) {
-        const float t = y[k * H + i] * w[k];
-        o = o + t;
-    }
-    return o;
-}
-
 /* h[0:H] += sum_k w[k] y[k] for the K rows of y [K, H]: each product rounded, then added in slot order
  * (moe.mixture's y *= weights, then out = y[:, 0] + y[:, 1] + ...), then added to h. */
 RK_API void rk_moe_combine(int64_t K, int64_t H, const float *y, const float *w, float *h)
@@ -270,4 +238,3 @@ RK_API void rk_moe_combine(int64_t K, int64_t H, const float *y, const float *w,
     for (int64_t i = 0; i < H; i++) h[i] = h[i] + moe_mix_at(K, H, y, w, i);
 }
 
-#endif /* RKMOEDECODE_H */

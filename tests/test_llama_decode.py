@@ -22,7 +22,7 @@ from test_parity import llama as tiny_llama
 # half's rounding that those move. With int8 activations such a last-bit difference can move an
 # activation across an int8 rounding boundary, and a whole int8 step of a block with an outlier is
 # not small: on SmolLM2, a float64 mean inside the Python RMS norm alone moves q8 logits by 4% of their
-# range (benchmarks/README.md). q8 is held to "closer to the Python q8 path than f32 is" instead.
+# range (benchmarks/README.md at 9362a58). q8 is held to "closer to the Python q8 path than f32 is" instead.
 TOL = 1e-4
 
 

@@ -169,7 +169,7 @@ SWEEP_DEPTHS = (1, 2, 4, 8, 16, 32, 64)  # reads in flight tried for the disk's 
 # windows per depth, in rounds that each visit every depth: a depth's rate is the median of its windows. With
 # one window per depth (1.4 s), a sweep's fastest window put depth 2 at 3.64 GB/s on a disk that read 2.1-2.3
 # GB/s at that depth and at most 2.97 at any depth in the 28 windows of four sweeps after it: the best of 14
-# single windows is the noise's best, not the disk's (benchmarks/README.md, "the sweep's windows").
+# single windows is the noise's best, not the disk's (benchmarks/README.md at 9362a58, "the sweep's windows").
 SWEEP_ROUNDS = 3
 
 

@@ -1,6 +1,6 @@
 """Run a command under a cgroup-v1 memory limit, and read back what it used.
 
-`rkmojo bench --cgroup-memory 4G` and `benchmarks/streaming_vs_llamacpp.py` both go through
+`rkmojo bench --cgroup-memory 4G` and `benchmarks/vs_llamacpp.py --memory` both go through
 `MemoryCgroup`: make a group, write `memory.limit_in_bytes`, put the child in it before it execs
 (so everything it allocates is charged), wait, read `memory.max_usage_in_bytes`, `memory.failcnt`
 and the OOM-kill count, remove the group. The group is made under the caller's own memory cgroup

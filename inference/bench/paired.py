@@ -2,7 +2,7 @@
 `rkmojo bench`, and each run's efficiency or TTFT ratio against that rate.
 
 The bench's IO bound is the disk's best rate, swept over 1-64 reads in flight before and after the runs
-(`bounds.best_bandwidth`). A virtual disk's rate moved 2x within minutes here (benchmarks/README.md,
+(`bounds.best_bandwidth`). A virtual disk's rate moved 2x within minutes here (benchmarks/README.md at 9362a58,
 "a bound measured beside each run"), so one figure bounds some runs and flatters others, and the same
 command's efficiency moved from 0.80 to 0.53 in half an hour. Paired with its own probe, each run is held
 to the disk as it was then; the median over the runs is the figure.

@@ -153,7 +153,7 @@ def child_streaming(store: Path, o: BenchOptions) -> dict:
     engine = Engine.open(store, **dataclasses.asdict(e))
     # what the appliance's worker does in its idle time after a load: check the digests no read has checked
     # yet, so that the first timed prompt, like a user's first prompt after a load, does not hash every
-    # expert it reads (benchmarks/README.md, "the bench checks the digests first")
+    # expert it reads (benchmarks/README.md at 9362a58, "the bench checks the digests first")
     t = time.perf_counter()
     left = engine.check_experts(float("inf"))
     checked = {"seconds": time.perf_counter() - t, "left": left}

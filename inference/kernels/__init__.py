@@ -9,7 +9,7 @@ the attention and dense matrices of `moe_decode_layer`, Gemma 4's q/k/v/o, dense
 routers stay float; "decode", the default: prompts, even one row, stay on the float path;
 `set_activations`).
 Results are deterministic in every mode: the same inputs give bit-identical outputs whatever the thread
-count and whatever other rows share the batch (`llama_decode` is its own computation: see rkdecode.h).
+count and whatever other rows share the batch (`llama_decode` is its own computation: see rkdecode.c).
 
 The library is loaded once per process, as `_lib.KernelOptions` says (read from the environment at the
 first import: `RKMOJO_KERNELS` picks the build, `RKMOJO_ACTIVATIONS` the starting activation mode).
@@ -152,7 +152,7 @@ def attention(
 
 
 def llama_decode(model: np.ndarray) -> None:
-    """One token through every layer of a Llama-style model in one call (rkdecode.h): the T = 1 case of
+    """One token through every layer of a Llama-style model in one call (rkdecode.c): the T = 1 case of
     `inference.models.llama`'s layer code, in this thread's activation mode and thread count.
 
     Args:
@@ -167,14 +167,14 @@ def llama_decode(model: np.ndarray) -> None:
 
 
 def moe_decode_flags(model: np.ndarray) -> int:
-    """Sets an MoE decode descriptor's activation flags (rkmoedecode.h) for this thread's activation mode:
+    """Sets an MoE decode descriptor's activation flags (rkmoedecode.c) for this thread's activation mode:
     q/k/v/o as `llama_decode`'s, the router as `linear`'s. Returns the experts' flag for `moe_experts`
     (int8 unless "f32", as `linear_grouped`)."""
     return _LIB.moe_decode_flags(model)
 
 
 def gemma4_attn(model: np.ndarray, layer: int) -> None:
-    """Gemma 4's attention half of one layer for one token (rkgemma4.h): the T = 1 case of
+    """Gemma 4's attention half of one layer for one token (rkgemma4.c): the T = 1 case of
     `inference.models.gemma4.Model.attn_half`.
 
     Args:
@@ -190,7 +190,7 @@ def gemma4_attn(model: np.ndarray, layer: int) -> None:
 
 
 def gemma4_route(model: np.ndarray, layer: int) -> None:
-    """Gemma 4's router of one layer on the descriptor's `h` (rkgemma4.h), as `gemma4.Model.route` for
+    """Gemma 4's router of one layer on the descriptor's `h` (rkgemma4.c), as `gemma4.Model.route` for
     one row: writes the descriptor's `ids` and `wts` (top-k, largest first; weights renormalised and
     scaled per expert).
 
@@ -201,7 +201,7 @@ def gemma4_route(model: np.ndarray, layer: int) -> None:
 
 
 def moe_decode_layer(model: np.ndarray, layer: int) -> None:
-    """The attention half of one MoE layer for one token (rkmoedecode.h): the T = 1 case of
+    """The attention half of one MoE layer for one token (rkmoedecode.c): the T = 1 case of
     `inference.models.qwen3_moe`'s layer up to the routing, or a dense layer whole.
 
     Args:
@@ -238,7 +238,7 @@ def activation_flags() -> tuple[int, int, int]:
 
 
 def gemma4_ffn_out(model: np.ndarray, layer: int) -> None:
-    """The end of one Gemma 4 layer for one token (rkgemma4.h), as `gemma4.Model.ffn_half` after its dense
+    """The end of one Gemma 4 layer for one token (rkgemma4.c), as `gemma4.Model.ffn_half` after its dense
     MLP and experts: from the descriptor's `mlp` (the dense MLP's output), `y` and `wts` (the experts'
     outputs by slot and their weights), h = (h + the normed mixture) × layer_scalar, in place.
 

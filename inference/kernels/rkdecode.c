@@ -1,7 +1,7 @@
 /* One decode step (one token, T = 1) through every layer of a Llama-style model in one call (a unit of
  * the kernel library: rkinternal.h). The Python layer code (inference/models/llama.py) is the
  * reference and runs prompts; this is its one-row case for generated tokens, without the ~40 numpy
- * temporaries and 5 kernel calls per layer that took a third of a SmolLM2 token (benchmarks/README.md).
+ * temporaries and 5 kernel calls per layer that took a third of a SmolLM2 token (benchmarks/README.md at 9362a58).
  *
  * Per layer, in the order of llama.py:
  *   x = rms_norm(h) * attn_norm;  q, k, v = x @ Wq.T, Wk.T, Wv.T (one rk_linear_many)

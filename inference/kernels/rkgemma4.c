@@ -2,7 +2,7 @@
  * the kernel library sharing rkdecode.c's and rkmoedecode.c's helpers: rkinternal.h). The Python layer code
  * (inference/models/gemma4.py) is the reference and runs prompts; these are its one-row case for generated
  * tokens, where the numpy steps around the kernels took a fifth of an all-resident token of the Gemma 4
- * 26B-A4B shapes (benchmarks/README.md). A streamed token waits for part of that CPU too: the next
+ * 26B-A4B shapes (benchmarks/README.md at 9362a58). A streamed token waits for part of that CPU too: the next
  * layer's reads cannot start before its router has run.
  *
  *   rk_gemma4_attn, the attention half, in the order of gemma4.py's attn_half:

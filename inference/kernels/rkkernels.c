@@ -453,7 +453,7 @@ RK_INLINE void run_rows_q8a(const int kind, const wmat *w, const acts *a, int64_
  * panels), so the thread count does not change the bits. Several activation rows (a prompt, an expert's
  * rows of a prompt) run RP_T at a time over each panel, sharing its line loads, each row with the sums it
  * has alone: a row's bits depend neither on T nor on its neighbours. At 8 and at 128 rows this ran
- * 2.5-3.6x faster than the row-major int8 tiles (benchmarks/README.md, repack_bench.py --tokens).
+ * 2.5-3.6x faster than the row-major int8 tiles (benchmarks/README.md at 9362a58, benchmarks/profile/repack_bench.py --tokens).
  * One layout for every backend: a 64-byte line is one AVX-512 vector (vpdpbusd, 16 rows), two AVX2 ones
  * (maddubs, 8 rows each) and four NEON ones (sdot by lane, 4 rows each): each backend reads it with full
  * vector loads, and one repacking serves them all; 16 rows also give the narrower backends independent

@@ -2,7 +2,7 @@
  * the kernel library sharing rkdecode.c's helpers: rkinternal.h). The Python layer code
  * (inference/models/qwen3_moe.py, olmoe.py, moe.py) is the reference and runs prompts; these are its
  * one-row case for generated tokens, where the numpy steps around the kernels took 10-19 % of a token
- * (benchmarks/README.md).
+ * (benchmarks/README.md at 9362a58).
  *
  * A layer cannot be one call as in rk_llama_decode: its routed experts come from an expert source that
  * decides when each expert's weights are at hand (streaming reads them from disk while others compute).

@@ -41,7 +41,7 @@ RK_INLINE void decu_nib(const uint8_t *p, vf *lo, vf *b)
 }
 /* q8_0's blocks (stride 34: 16 lanes over 9 cache lines) convert faster from scalar loads than from
  * the gather (SmolLM2's q8_0 LM head 1.6x faster on an AVX-512 EPYC); q4_0 (18) and q4_1 (20) were
- * slower or the same that way and keep it; the AVX2 gather of 8 showed no difference (benchmarks/README.md). */
+ * slower or the same that way and keep it; the AVX2 gather of 8 showed no difference (benchmarks/README.md at 9362a58). */
 RK_INLINE void decu_f16x2_strided(const uint8_t *p, int64_t stride, int n, vf *a, vf *b)
 {
     __m512i v;

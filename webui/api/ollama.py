@@ -382,16 +382,7 @@ async def chat(request, body):
         "keep_alive": keep_alive,
         **trimming(req.truncate is not False),  # absent means true, as in Ollama
     }
-    job = await jobs.Job.submit(
-        "rkmojo.generate",
-        model,
-        payload,
-        client=request.META.get("REMOTE_ADDR"),
-        refused_status=503,
-        names={"prompt": "messages"},
-        priority=priority.of(payload, streamed=req.stream is not False),
-    )
-    await job.started()
+    job = await _submit(request, model, payload, req.stream is not False, names={"prompt": "messages"})
 
     async def on_final(answer: Answer) -> None:
         await record("ollama", model, messages, answer, request.api_key)
@@ -419,16 +410,20 @@ async def generate(request, body):
         ]
         payload = {"kind": "chat", "messages": messages}
     payload.update(model=model, params=params, keep_alive=keep_alive)
+    job = await _submit(request, model, payload, req.stream is not False)
+    return await _respond(job, model, t0, _generate_piece, req.stream is not False)
+
+
+async def _submit(request, model: str, payload: dict, streamed: bool, names: dict | None = None) -> jobs.Job:
+    """A generation queued at its priority (`webui.api.priority`) and started; a full queue is a 503, as
+    Ollama answers."""
+    at = priority.of(payload, streamed=streamed)
+    client = request.META.get("REMOTE_ADDR")
     job = await jobs.Job.submit(
-        "rkmojo.generate",
-        model,
-        payload,
-        client=request.META.get("REMOTE_ADDR"),
-        refused_status=503,
-        priority=priority.of(payload, streamed=req.stream is not False),
+        "rkmojo.generate", model, payload, client=client, refused_status=503, names=names, priority=at
     )
     await job.started()
-    return await _respond(job, model, t0, _generate_piece, req.stream is not False)
+    return job
 
 
 # --- /api/embed, /api/embeddings -----------------------------------------------------------------

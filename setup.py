@@ -23,6 +23,11 @@ def arch_flags() -> list[str]:
     return ["-march=native"] if machine in ("x86_64", "amd64") else ["-mcpu=native"]
 
 
+# link-time optimization: the steps' units (rkdecode.c, rkmoedecode.c, rkgemma4.c) call the matmuls of
+# rkkernels.c as one unit's code would, inlined where the compiler sees fit
+OPTIMIZE = ["-O3", "-flto=auto"]
+
+
 def kernel_builds() -> list[Extension]:
     """The native build, and on x86 the same source with AVX-512 or all SIMD ruled out, so one machine
     can time each path (RKMOJO_KERNELS=avx2|scalar picks one at import, see inference/kernels). The AVX2
@@ -51,8 +56,8 @@ def kernel_builds() -> list[Extension]:
                 "inference/kernels/rkpool.h",
                 "inference/kernels/rkpython.h",
             ],
-            extra_compile_args=["-O3", "-fopenmp", "-std=c11", *arch_flags(), f"-DRK_MODULE={name}", *flags],
-            extra_link_args=["-fopenmp"],
+            extra_compile_args=[*OPTIMIZE, "-fopenmp", "-std=c11", *arch_flags(), f"-DRK_MODULE={name}", *flags],
+            extra_link_args=[*OPTIMIZE, "-fopenmp", *arch_flags(), *flags],
             libraries=["m"],
         )
         for name, flags in variants

@@ -65,10 +65,12 @@ def test_a_reloaded_moe_model_warms_its_expert_caches_from_the_popularity_it_sav
     b.unload_idle()  # the heartbeat, idle: the saved favourites come in
     assert all(len(c.where) == 4 and c.stats.warmed == 4 for c in eng.model.experts.caches.values())
     ex = eng.model.experts
-    assert 0 < len(ex.verified) < sum(lay.n_experts for lay in ex.layouts.values())  # those warmed only
+    assert 0 < len(ex.landing.verified) < sum(lay.n_experts for lay in ex.layouts.values())  # those warmed only
     for _ in range(100):  # the next beats check the digests of the others, a slice each
         b.unload_idle()
         if b.loaded["moe"].unchecked == 0:
             break
-    assert b.loaded["moe"].unchecked == 0 and len(ex.verified) == sum(lay.n_experts for lay in ex.layouts.values())
+    assert b.loaded["moe"].unchecked == 0 and len(ex.landing.verified) == sum(
+        lay.n_experts for lay in ex.layouts.values()
+    )
     b.unload("moe")

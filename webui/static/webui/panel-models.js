@@ -26,7 +26,7 @@
     bar.value = ev.completed;
     var text = mib(ev.completed) + " / " + mib(ev.total);
     var dt = samples.length > 1 ? now - samples[0][0] : 0;
-    if (dt >= 1) { // a reconnect replays the events at once: no rate from those
+    if (dt >= 0.2) { // a reconnect replays the events within milliseconds: no rate from those
       var rate = (ev.completed - samples[0][1]) / dt;
       if (rate > 0) text += " · " + mib(rate) + "/s · ETA " + eta((ev.total - ev.completed) / rate);
     }

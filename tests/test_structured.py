@@ -276,3 +276,42 @@ def test_the_mask_refuses_exactly_the_tokens_the_grammar_refuses(mostly_allowed)
     want[~np.unpackbits(bits.view(np.uint8), bitorder="little", count=n).view(bool)] = -np.inf
     c.apply(logits)
     assert np.array_equal(logits, want)
+
+
+def test_objects_that_do_not_mention_extra_keys_are_closed_at_every_depth():
+    from inference.structured.families import closed
+
+    inner = {"type": "object", "properties": {"a": {"type": "string"}}}
+    schema = {
+        "type": "object",
+        "properties": {"x": inner, "list": {"type": "array", "items": inner}, "either": {"anyOf": [inner]}},
+        "$defs": {"d": inner},
+    }
+    out = closed(schema)
+    assert out["additionalProperties"] is False
+    assert out["properties"]["x"]["additionalProperties"] is False
+    assert out["properties"]["list"]["items"]["additionalProperties"] is False
+    assert out["properties"]["either"]["anyOf"][0]["additionalProperties"] is False
+    assert out["$defs"]["d"]["additionalProperties"] is False
+    assert "additionalProperties" not in inner  # the caller's schema is left as it was
+    kept = closed({"type": "object", "properties": {"a": {}}, "additionalProperties": {"type": "integer"}})
+    assert kept["additionalProperties"] == {"type": "integer"}
+
+
+@pytest.mark.parametrize("model", ["smollm2", "qwen3"])
+def test_a_format_that_does_not_mention_extra_keys_gets_only_its_own(engines, model):
+    """The random models write keys at will where a grammar lets them: here it must not."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "ok": {"type": "boolean"},
+            "inner": {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}},
+        },
+        "required": ["ok", "inner"],
+    }
+    for seed in range(3):
+        _, final = _run(
+            engines[model], format=schema, think=False if model != "smollm2" else None, seed=seed, temperature=1.0
+        )
+        obj = json.loads(final.text)
+        assert set(obj) == {"ok", "inner"} and set(obj["inner"]) <= {"n"}

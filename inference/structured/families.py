@@ -86,8 +86,34 @@ def _params(tool: dict) -> dict:
     return schema
 
 
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+
+
+def closed(schema):
+    """`schema` with every object that lists `properties` and says nothing of `additionalProperties` closed
+    to the properties it lists, at any depth, as llama.cpp's and Ollama's schema grammars read it: a model
+    asked for {"summary": …} writes that object, not the summary followed by keys it made up."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: closed(v) for k, v in out[key].items()}
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed(v) for v in out[key]]
+    for key in ("items", "additionalProperties", "not", "if", "then", "else"):
+        if isinstance(out.get(key), dict):
+            out[key] = closed(out[key])
+    return out
+
+
 def json_schema_lark(schema: dict) -> str:
-    return "%json " + json.dumps({**schema, "x-guidance": JSON_STYLE})
+    """The `%json` rule of a JSON schema (objects closed as `closed` says), in the templates' compact style."""
+    return "%json " + json.dumps({**closed(schema), "x-guidance": JSON_STYLE})
 
 
 # --- one call's grammar, from its opening marker to its closing one ---------------------------------

@@ -70,6 +70,12 @@ class EngineConfig:
     )
     threads: int | None = option(help="kernel threads (default: every core)", ge=1)
     chunk: int = option(128, help="prefill chunk in rows", ge=1)
+    parallel: int = option(
+        1,
+        help="sequences a batcher (inference.batch) steps together; each holds a KV cache of the whole "
+        "context, counted in the memory budget",
+        ge=1,
+    )
     prefill_pass: int = option(
         1024,
         help="prompt rows that go layer by layer when experts stream, so each layer's experts are read once "
@@ -136,7 +142,7 @@ class Engine:
         experts = {}
         if streaming:
             store.load_dense()
-            kv, guesses = kv_bytes(self.cache, cfg.context), cfg.token_prefetch
+            kv, guesses = kv_bytes(self.cache, cfg.context) * cfg.parallel, cfg.token_prefetch
             self.slots = plan_slots(store, kv, cfg.memory_budget, cfg.expert_slots, cfg.prefetch, guesses)
             experts["experts"] = StreamingExperts(
                 store,
@@ -295,6 +301,19 @@ class Engine:
         self, ids: list[int], p: SamplingParams, progress: Progress | None = None, *, chat: bool = False
     ) -> Iterator[Event]:
         """Check the request against the context and the engine's state; the generator that runs it."""
+        max_tokens, plan = self.plan_run(ids, p, chat=chat)
+        if self._lock.locked():
+            raise EngineBusyError("the engine is busy with another generation; wait for it or cancel() it")
+        cancel = threading.Event()
+        self._live.add(cancel)
+        return self._run(ids, p, max_tokens, cancel, progress, plan)
+
+    def plan_run(self, ids: list[int], p: SamplingParams, *, chat: bool = False) -> tuple[int, object]:
+        """Check a request against the context: (the tokens it may add, its `structured.Plan` or None).
+
+        Raises:
+            ValueError: no ids. ContextLengthError, StructureError: as `chat`.
+        """
         if not ids:
             raise ValueError("the prompt is empty (no tokens); give some text")
         max_tokens = max_new_tokens(len(ids), p, self.context_length)
@@ -308,11 +327,7 @@ class Engine:
                 chat=chat,
                 prompt_text=self.tokenizer.decode(ids[-16:], skip_special_tokens=False) if chat else "",
             )
-        if self._lock.locked():
-            raise EngineBusyError("the engine is busy with another generation; wait for it or cancel() it")
-        cancel = threading.Event()
-        self._live.add(cancel)
-        return self._run(ids, p, max_tokens, cancel, progress, plan)
+        return max_tokens, plan
 
     def _run(
         self,

@@ -96,6 +96,114 @@ def max_new_tokens(n_prompt: int, p: SamplingParams, context: int) -> int:
     return p.max_tokens
 
 
+class TokenLoop:
+    """One generation's state between model calls: the sampler, the stop conditions, the events and the
+    timings. `decode` (one sequence on the engine's own cache) and `inference.batch` (several sequences
+    stepped together) both drive it, so a token is chosen and reported the same way in either:
+
+        loop = TokenLoop(engine, ids, p, max_tokens, cancelled, plan=plan)
+        logits = <the prompt's last logits>; loop.prefilled(reused)
+        while (nxt := loop.token(logits, events)) is not None:
+            logits = <the logits after nxt>
+        events += loop.finish()
+    """
+
+    def __init__(self, engine, ids: list[int], p: SamplingParams, max_tokens: int, cancelled, *, plan=None):
+        self.ids, self.p, self.max_tokens, self.cancelled, self.plan = ids, p, max_tokens, cancelled, plan
+        self.engine = engine
+        self.tok = engine.tokenizer
+        self.sampler = Sampler(p)
+        self.guard = RepetitionGuard() if p.repetition_guard else None
+        self.stream: TextStream = self.tok.stream(p.stop, skip_special_tokens=not (plan and plan.keep_special))
+        self.before = _expert_counts(engine.expert_stats)
+        self.t0 = time.perf_counter()
+        self.t_prefill = self.t0
+        self.t_first: float | None = None
+        self.ttft = 0.0
+        self.generated: list[int] = []
+        self.pieces: list[str] = []
+        self.reused = 0
+        self.reason = "length"
+
+    def prefilled(self, reused: int) -> None:
+        """The prompt is in the cache (`reused` of its tokens were there already)."""
+        self.reused = reused
+        self.t_prefill = time.perf_counter()
+
+    def token(self, logits: np.ndarray, events: list) -> int | None:
+        """Choose the next token from `logits` (the model's row after the last token), appending its events
+        to `events`; the token to feed the model next, or None when the answer has ended (`reason`)."""
+        if self.cancelled():
+            self.reason = "cancelled"
+            return None
+        plan, p = self.plan, self.p
+        raw = logits
+        if plan is not None and plan.masking:
+            logits = np.array(logits, dtype=np.float32)  # the model's own row stays as it is for logprobs
+            plan.mask(logits)
+        nxt = self.sampler(logits, self.generated, masked=plan is not None and plan.masking)
+        if self.t_first is None:
+            self.t_first = time.perf_counter()
+            self.ttft = self.t_first - self.t0
+        if nxt in self.tok.eos_ids or (plan is not None and plan.ends(nxt)):
+            self.reason = "stop"
+            return None
+        self.generated.append(nxt)
+        end = plan.accept(nxt) if plan is not None else False
+        if p.logprobs is not None:
+            lp, top = top_logprobs(raw, nxt, p.logprobs)
+            events.append(TokenEvent(nxt, lp, tuple(top)))
+        else:
+            events.append(TokenEvent(nxt))
+        text = self.stream.push(nxt)
+        if text:
+            events.extend(_text(text, plan, self.pieces))
+        if self.stream.stopped or end:
+            self.reason = "stop"
+            return None
+        if self.guard is not None and self.guard.push(nxt):
+            self.reason = "repetition"
+            return None
+        if len(self.generated) >= self.max_tokens:
+            self.reason = "length"
+            return None
+        return nxt
+
+    def finish(self) -> list[Event]:
+        """The last text and the `Final` event."""
+        plan, events = self.plan, []
+        tail = self.stream.finish()
+        if tail:
+            events.extend(_text(tail, plan, self.pieces))
+        if plan is not None:
+            events.extend(_text(None, plan, self.pieces))
+        t_end = time.perf_counter()
+        computed = len(self.ids) - self.reused
+        after = _expert_counts(self.engine.expert_stats)
+        hit_rate = None
+        if self.before is not None and after is not None:
+            before = self.before
+            hits, requests = after[0] - before[0], (after[0] + after[1]) - (before[0] + before[1])
+            hit_rate = hits / requests if requests > 0 else None
+        n = len(self.generated)
+        decode_time = t_end - self.t_first if self.t_first is not None else 0.0
+        timings = Timings(
+            ttft=self.ttft,
+            prefill_tps=computed / (self.t_prefill - self.t0) if self.t_prefill > self.t0 else 0.0,
+            decode_tps=(n - 1) / decode_time if n > 1 and decode_time > 0 else 0.0,
+            expert_hit_rate=hit_rate,
+            total=t_end - self.t0,
+        )
+        usage = Usage(len(self.ids), self.reused, n)
+        if plan is None or plan.parser is None:
+            events.append(Final(self.reason, usage, timings, "".join(self.pieces)))
+            return events
+        parsed = plan.parser
+        reason = "tool_calls" if parsed.calls and self.reason == "stop" else self.reason
+        events.append(Final(reason, usage, timings, parsed.text, "".join(parsed.reasoning), tuple(parsed.calls)))
+        return events
+
+
 def decode(
     engine, ids: list[int], p: SamplingParams, max_tokens: int, cancelled, *, progress=None, plan=None
 ) -> Iterator[Event]:
@@ -105,84 +213,20 @@ def decode(
     `plan` (`structured.Plan`): grammar, logit bias and the reading of reasoning and tool calls.
     The caller holds the engine's generation lock.
     """
-    tok = engine.tokenizer
-    sampler = Sampler(p)
-    guard = RepetitionGuard() if p.repetition_guard else None
-    stream: TextStream = tok.stream(p.stop, skip_special_tokens=not (plan and plan.keep_special))
-    before = _expert_counts(engine.expert_stats)
-    t0 = time.perf_counter()
-    generated: list[int] = []
-    pieces: list[str] = []
-    reused, ttft, t_first, reason = 0, 0.0, None, "length"
-    t_prefill = t0
+    loop = TokenLoop(engine, ids, p, max_tokens, cancelled, plan=plan)
     if cancelled():
-        reason = "cancelled"
+        loop.reason = "cancelled"
     else:
         logits, reused = engine.prefill(ids, progress=progress)
-        t_prefill = time.perf_counter()
+        loop.prefilled(reused)
         while True:
-            if cancelled():
-                reason = "cancelled"
-                break
-            raw = logits
-            if plan is not None and plan.masking:
-                logits = np.array(logits, dtype=np.float32)  # the model's own row stays as it is for logprobs
-                plan.mask(logits)
-            nxt = sampler(logits, generated, masked=plan is not None and plan.masking)
-            if t_first is None:
-                t_first = time.perf_counter()
-                ttft = t_first - t0
-            if nxt in tok.eos_ids or (plan is not None and plan.ends(nxt)):
-                reason = "stop"
-                break
-            generated.append(nxt)
-            end = plan.accept(nxt) if plan is not None else False
-            if p.logprobs is not None:
-                lp, top = top_logprobs(raw, nxt, p.logprobs)
-                yield TokenEvent(nxt, lp, tuple(top))
-            else:
-                yield TokenEvent(nxt)
-            text = stream.push(nxt)
-            if text:
-                yield from _text(text, plan, pieces)
-            if stream.stopped or end:
-                reason = "stop"
-                break
-            if guard is not None and guard.push(nxt):
-                reason = "repetition"
-                break
-            if len(generated) >= max_tokens:
-                reason = "length"
+            events: list[Event] = []
+            nxt = loop.token(logits, events)
+            yield from events
+            if nxt is None:
                 break
             logits = engine.forward([nxt])[-1]
-    tail = stream.finish()
-    if tail:
-        yield from _text(tail, plan, pieces)
-    if plan is not None:
-        yield from _text(None, plan, pieces)
-    t_end = time.perf_counter()
-    computed = len(ids) - reused
-    after = _expert_counts(engine.expert_stats)
-    hit_rate = None
-    if before is not None and after is not None:
-        hits, requests = after[0] - before[0], (after[0] + after[1]) - (before[0] + before[1])
-        hit_rate = hits / requests if requests > 0 else None
-    decode_time = t_end - t_first if t_first is not None else 0.0
-    timings = Timings(
-        ttft=ttft,
-        prefill_tps=computed / (t_prefill - t0) if t_prefill > t0 else 0.0,
-        decode_tps=(len(generated) - 1) / decode_time if len(generated) > 1 and decode_time > 0 else 0.0,
-        expert_hit_rate=hit_rate,
-        total=t_end - t0,
-    )
-    usage = Usage(len(ids), reused, len(generated))
-    if plan is None or plan.parser is None:
-        yield Final(reason, usage, timings, "".join(pieces))
-        return
-    parsed = plan.parser
-    if parsed.calls and reason == "stop":
-        reason = "tool_calls"
-    yield Final(reason, usage, timings, parsed.text, "".join(parsed.reasoning), tuple(parsed.calls))
+    yield from loop.finish()
 
 
 def _text(text: str | None, plan, pieces: list[str]):

@@ -51,6 +51,7 @@ __all__ = [
     "linear_grouped",
     "linear_many",
     "llama_decode",
+    "llama_decode_batch",
     "matrix_fields",
     "moe_combine",
     "repack_q4",
@@ -60,6 +61,7 @@ __all__ = [
     "gemma4_route",
     "moe_decode_flags",
     "moe_decode_layer",
+    "moe_decode_layer_batch",
     "moe_experts",
     "pool_stats",
     "set_activations",
@@ -164,6 +166,29 @@ def llama_decode(model: np.ndarray) -> None:
         ValueError: the kernel rejected a shape or kind, or ran out of memory.
     """
     _LIB.llama_decode(model)
+
+
+def llama_decode_batch(models: list[np.ndarray]) -> None:
+    """`llama_decode` of several sequences of one model at once (rkdecode.c): each descriptor its own h,
+    position, RoPE rows and K/V cache, the weights read once for all their rows; each sequence gets the
+    bits `llama_decode` gives it alone.
+
+    Raises:
+        ValueError: the kernel rejected a shape or kind, descriptors of different models, or ran out of memory.
+    """
+    _LIB.llama_decode_batch(models)
+
+
+def moe_decode_layer_batch(models: list[np.ndarray], layer: int) -> None:
+    """`moe_decode_layer` of several sequences of one model at once (rkmoedecode.c; call `moe_decode_flags`
+    on each descriptor first): the dense matrices and the router read once for all their rows; each
+    sequence gets the bits of the one-sequence call.
+
+    Raises:
+        ValueError: the kernel rejected a shape, kind or layer, descriptors of different models, or ran out
+            of memory.
+    """
+    _LIB.moe_decode_layer_batch(models, layer)
 
 
 def moe_decode_flags(model: np.ndarray) -> int:

@@ -285,6 +285,10 @@ class KernelLib:
         lib.rk_llama_decode.restype = ctypes.c_int
         lib.rk_moe_decode_layer.argtypes = [vp, i64]
         lib.rk_moe_decode_layer.restype = ctypes.c_int
+        lib.rk_llama_decode_batch.argtypes = [i64, vp]
+        lib.rk_llama_decode_batch.restype = ctypes.c_int
+        lib.rk_moe_decode_layer_batch.argtypes = [i64, vp, i64]
+        lib.rk_moe_decode_layer_batch.restype = ctypes.c_int
         for part in ("attn", "route", "ffn_out"):
             getattr(lib, f"rk_gemma4_{part}").argtypes = [vp, i64]
             getattr(lib, f"rk_gemma4_{part}").restype = ctypes.c_int
@@ -538,6 +542,36 @@ class KernelLib:
         rc = self._lib.rk_llama_decode(_data(model))
         if rc:
             raise ValueError(f"llama_decode: the kernel rejected the step: {_ERRORS.get(rc, rc)}")
+
+    def llama_decode_batch(self, models: list[np.ndarray]) -> None:
+        """One decode step of several sequences of one model (their descriptors `models`), the matrix
+        products over all their rows at once; each sequence gets `llama_decode`'s bits.
+
+        Raises:
+            ValueError: the kernel rejected a shape or kind, descriptors of different models, or ran out of
+                memory.
+        """
+        q8a = int(self._modes[3] == Q8A)
+        for m in models:
+            m[self._q8a] = q8a
+        addrs = np.array([_data(m) for m in models], np.int64)
+        rc = self._lib.rk_llama_decode_batch(len(models), _data(addrs))
+        if rc:
+            raise ValueError(f"llama_decode_batch: the kernel rejected the step: {_ERRORS.get(rc, rc)}")
+
+    def moe_decode_layer_batch(self, models: list[np.ndarray], layer: int) -> None:
+        """`moe_decode_layer` of several sequences of one model (their descriptors `models`, each with
+        `moe_decode_flags` set), the matrix products over all their rows at once; each sequence gets the
+        one-sequence call's bits.
+
+        Raises:
+            ValueError: the kernel rejected a shape, kind or layer, descriptors of different models, or ran
+                out of memory.
+        """
+        addrs = np.array([_data(m) for m in models], np.int64)
+        rc = self._lib.rk_moe_decode_layer_batch(len(models), _data(addrs), layer)
+        if rc:
+            raise ValueError(f"moe_decode_layer_batch: the kernel rejected layer {layer}: {_ERRORS.get(rc, rc)}")
 
     def moe_decode_flags(self, model: np.ndarray) -> int:
         """Sets the activation flags of an MoE decode descriptor (rkmoedecode.h) for this thread's mode: the

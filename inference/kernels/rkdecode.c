@@ -91,9 +91,10 @@ RK_INTERNAL void dec_rope(float *x, int64_t n, int64_t D, int64_t r, const float
     }
 }
 
-/* One rk_linear_many of `n` matrices of a layer (its matrix fields at `mats`, from matrix m0) on x [in]. */
-RK_INTERNAL int dec_linear(const int64_t *mats, int m0, int n, int64_t flag, int64_t in, const float *x, float *const *y,
-                      const int64_t *outs)
+/* One rk_linear_many of `n` matrices of a layer (its matrix fields at `mats`, from matrix m0) on `rows`
+ * rows x [rows, in]: y[j] [rows, outs[j]]. Each row's result has the bits it has alone (rkkernels.c). */
+RK_INTERNAL int dec_linear_rows(const int64_t *mats, int m0, int n, int64_t flag, int64_t rows, int64_t in,
+                                const float *x, float *const *y, const int64_t *outs)
 {
     int64_t desc[6 * 3];
     for (int j = 0; j < n; j++) {
@@ -106,7 +107,14 @@ RK_INTERNAL int dec_linear(const int64_t *mats, int m0, int n, int64_t flag, int
         d[4] = m[2];
         d[5] = m[3];
     }
-    return rk_linear_many(n, 1, in, x, desc);
+    return rk_linear_many(n, rows, in, x, desc);
+}
+
+/* dec_linear_rows of one row x [in] */
+RK_INTERNAL int dec_linear(const int64_t *mats, int m0, int n, int64_t flag, int64_t in, const float *x, float *const *y,
+                      const int64_t *outs)
+{
+    return dec_linear_rows(mats, m0, n, flag, 1, in, x, y, outs);
 }
 
 /* Writes k, v [n_kv, D] as row `row` of each head of the cache K, V [n_kv, cap, D] (f32, or halves when f16). */
@@ -143,52 +151,91 @@ RK_INTERNAL int dec_attend(int64_t Kp, int64_t Vp, int64_t kposp, const float *q
     return aj.failed ? RK_ENOMEM : RK_OK;
 }
 
-/* Runs one decode step as described above. Returns RK_OK, RK_EINVAL (shapes or kinds) or RK_ENOMEM;
- * on an error h and the caches hold a partial step. */
-RK_API int rk_llama_decode(const int64_t *model)
+/* The fields every sequence of a batch shares: the model's shapes, flags and weights. */
+static int same_model(const int64_t *a, const int64_t *b)
 {
+    static const int fields[] = {DM_LAYERS, DM_HIDDEN, DM_HEADS, DM_KV_HEADS, DM_HEAD_DIM, DM_INTER, DM_ROT_HALF,
+                                 DM_KV_F16, DM_Q8A, DM_EPS, DM_SCALE};
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+        if (a[fields[i]] != b[fields[i]]) return 0;
+    return 1;
+}
+
+/* One decode step of `m` sequences of one model (models: m descriptor addresses, each with its own h, pos,
+ * cos/sin, K/V cache and kv_cap; the weights and shapes are the first's and must be the same in all):
+ * the steps above with each matrix product over the m rows at once (one read of the weights per step),
+ * norms, RoPE and attention per sequence. Each row's products have the bits they have alone, so every
+ * sequence gets the bits of rk_llama_decode on its own descriptor. Returns RK_OK, RK_EINVAL (shapes,
+ * kinds, different models) or RK_ENOMEM; on an error the h arrays and caches hold a partial step. */
+RK_API int rk_llama_decode_batch(int64_t m, const int64_t *models)
+{
+    if (m < 1) return RK_EINVAL;
+    const int64_t *model = (const int64_t *)(intptr_t)models[0];
     const int64_t nl = model[DM_LAYERS], H = model[DM_HIDDEN], nh = model[DM_HEADS], nkv = model[DM_KV_HEADS];
-    const int64_t D = model[DM_HEAD_DIM], I = model[DM_INTER], r = model[DM_ROT_HALF], cap = model[DM_KV_CAP];
-    const int64_t pos = model[DM_POS];
+    const int64_t D = model[DM_HEAD_DIM], I = model[DM_INTER], r = model[DM_ROT_HALF];
     const int f16 = model[DM_KV_F16] != 0;
     const int64_t flag = model[DM_Q8A] ? RK_Q8A : 0;
     const float eps = bits_f32(model[DM_EPS]), scale = bits_f32(model[DM_SCALE]);
-    float *h = (float *)(intptr_t)model[DM_H];
-    const float *cs = (const float *)(intptr_t)model[DM_COS], *sn = (const float *)(intptr_t)model[DM_SIN];
-    if (nl < 0 || H < 1 || nh < 1 || nkv < 1 || nh % nkv || D < 1 || I < 1 || r < 0 || 2 * r > D || pos < 0 ||
-        pos >= cap)
-        return RK_EINVAL;
+    if (nl < 0 || H < 1 || nh < 1 || nkv < 1 || nh % nkv || D < 1 || I < 1 || r < 0 || 2 * r > D) return RK_EINVAL;
+    for (int64_t s = 0; s < m; s++) {
+        const int64_t *ms = (const int64_t *)(intptr_t)models[s];
+        if (!same_model(model, ms) || ms[DM_POS] < 0 || ms[DM_POS] >= ms[DM_KV_CAP]) return RK_EINVAL;
+        for (int64_t l = 0; l < nl; l++) /* the same weights: every layer's matrix fields */
+            if (memcmp(model + DM_FIELDS + l * DL_FIELDS + DL_MATS, ms + DM_FIELDS + l * DL_FIELDS + DL_MATS,
+                       sizeof(int64_t) * (DL_FIELDS - DL_MATS)))
+                return RK_EINVAL;
+    }
     const int64_t QD = nh * D, KD = nkv * D;
-    float *buf = malloc(sizeof(float) * (size_t)(H + QD + 2 * KD + QD + H + 2 * I));
+    float *buf = malloc(sizeof(float) * (size_t)m * (size_t)(H + QD + 2 * KD + QD + H + 2 * I));
     if (!buf) return RK_ENOMEM;
-    float *x = buf, *q = x + H, *k = q + QD, *v = k + KD, *att = v + KD, *o = att + QD, *g = o + H, *u = g + I;
+    float *x = buf, *q = x + m * H, *k = q + m * QD, *v = k + m * KD, *att = v + m * KD, *o = att + m * QD;
+    float *g = o + m * H, *u = g + m * I;
     int rc = RK_OK;
     for (int64_t l = 0; l < nl && rc == RK_OK; l++) {
         const int64_t *L = model + DM_FIELDS + l * DL_FIELDS;
-        dec_rms_norm(h, (const float *)(intptr_t)L[DL_ATTN_NORM], H, eps, x);
+        for (int64_t s = 0; s < m; s++) {
+            const int64_t *ms = (const int64_t *)(intptr_t)models[s];
+            dec_rms_norm((const float *)(intptr_t)ms[DM_H], (const float *)(intptr_t)L[DL_ATTN_NORM], H, eps, x + s * H);
+        }
         float *qkv[3] = {q, k, v};
         const int64_t qkv_out[3] = {QD, KD, KD};
-        if ((rc = dec_linear(L + DL_MATS, MAT_Q, 3, flag, H, x, qkv, qkv_out))) break;
-        dec_rope(q, nh, D, r, cs, sn);
-        dec_rope(k, nkv, D, r, cs, sn);
-
-        if ((rc = dec_attend(L[DL_K], L[DL_V], L[DL_KPOS], q, k, v, nh, nkv, D, cap, pos, f16, scale, att))) break;
-
+        if ((rc = dec_linear_rows(L + DL_MATS, MAT_Q, 3, flag, m, H, x, qkv, qkv_out))) break;
+        for (int64_t s = 0; s < m && rc == RK_OK; s++) {
+            const int64_t *ms = (const int64_t *)(intptr_t)models[s], *Ls = ms + DM_FIELDS + l * DL_FIELDS;
+            const float *cs = (const float *)(intptr_t)ms[DM_COS], *sn = (const float *)(intptr_t)ms[DM_SIN];
+            dec_rope(q + s * QD, nh, D, r, cs, sn);
+            dec_rope(k + s * KD, nkv, D, r, cs, sn);
+            rc = dec_attend(Ls[DL_K], Ls[DL_V], Ls[DL_KPOS], q + s * QD, k + s * KD, v + s * KD, nh, nkv, D,
+                            ms[DM_KV_CAP], ms[DM_POS], f16, scale, att + s * QD);
+        }
+        if (rc) break;
         float *oy[1] = {o};
         const int64_t o_out[1] = {H};
-        if ((rc = dec_linear(L + DL_MATS, MAT_O, 1, flag, QD, att, oy, o_out))) break;
-        for (int64_t i = 0; i < H; i++) h[i] = h[i] + o[i];
-        dec_rms_norm(h, (const float *)(intptr_t)L[DL_MLP_NORM], H, eps, x);
+        if ((rc = dec_linear_rows(L + DL_MATS, MAT_O, 1, flag, m, QD, att, oy, o_out))) break;
+        for (int64_t s = 0; s < m; s++) {
+            float *h = (float *)(intptr_t)((const int64_t *)(intptr_t)models[s])[DM_H];
+            for (int64_t i = 0; i < H; i++) h[i] = h[i] + o[s * H + i];
+            dec_rms_norm(h, (const float *)(intptr_t)L[DL_MLP_NORM], H, eps, x + s * H);
+        }
         float *gu[2] = {g, u};
         const int64_t gu_out[2] = {I, I};
-        if ((rc = dec_linear(L + DL_MATS, MAT_GATE, 2, flag, H, x, gu, gu_out))) break;
-        for (int64_t i = 0; i < I; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        if ((rc = dec_linear_rows(L + DL_MATS, MAT_GATE, 2, flag, m, H, x, gu, gu_out))) break;
+        for (int64_t i = 0; i < m * I; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
         float *dy[1] = {o};
         const int64_t d_out[1] = {H};
-        if ((rc = dec_linear(L + DL_MATS, MAT_DOWN, 1, flag, I, g, dy, d_out))) break;
-        for (int64_t i = 0; i < H; i++) h[i] = h[i] + o[i];
+        if ((rc = dec_linear_rows(L + DL_MATS, MAT_DOWN, 1, flag, m, I, g, dy, d_out))) break;
+        for (int64_t s = 0; s < m; s++) {
+            float *h = (float *)(intptr_t)((const int64_t *)(intptr_t)models[s])[DM_H];
+            for (int64_t i = 0; i < H; i++) h[i] = h[i] + o[s * H + i];
+        }
     }
     free(buf);
     return rc;
 }
 
+/* One decode step of one sequence: rk_llama_decode_batch of one. */
+RK_API int rk_llama_decode(const int64_t *model)
+{
+    const int64_t one[1] = {(int64_t)(intptr_t)model};
+    return rk_llama_decode_batch(1, one);
+}

@@ -60,6 +60,8 @@ RK_INTERNAL void att_task(const void *ctx, int64_t task);
 RK_INTERNAL uint16_t f32_to_f16(float f);
 RK_INTERNAL void dec_rms_norm(const float *x, const float *w, int64_t n, float eps, float *y);
 RK_INTERNAL void dec_rope(float *x, int64_t n, int64_t D, int64_t r, const float *c, const float *s);
+RK_INTERNAL int dec_linear_rows(const int64_t *mats, int m0, int n, int64_t flag, int64_t rows, int64_t in,
+                                const float *x, float *const *y, const int64_t *outs);
 RK_INTERNAL int dec_linear(const int64_t *mats, int m0, int n, int64_t flag, int64_t in, const float *x,
                            float *const *y, const int64_t *outs);
 RK_INTERNAL void dec_kv_store(uint8_t *K, uint8_t *V, const float *k, const float *v, int64_t nkv, int64_t D,

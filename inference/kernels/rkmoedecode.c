@@ -81,78 +81,124 @@ RK_INTERNAL float moe_softmax_top_k(float *p, int64_t E, int64_t K, int64_t *ids
     return wsum;
 }
 
-/* The attention half of layer l for the token at DM_POS (see above). Returns RK_OK, RK_EINVAL (shapes,
- * kinds, a layer out of range) or RK_ENOMEM; on an error h and the cache may hold a partial step. */
-RK_API int rk_moe_decode_layer(const int64_t *model, int64_t l)
+/* The fields every sequence of a batch shares: shapes, flags and (layer l's) weights. */
+static int moe_same_model(const int64_t *a, const int64_t *b, int64_t l)
 {
+    static const int fields[] = {DM_LAYERS,   DM_HIDDEN,    DM_HEADS,   DM_KV_HEADS, DM_HEAD_DIM,  DM_INTER,
+                                 DM_ROT_HALF, DM_KV_F16,    DM_Q8A,     DM_EPS,      DM_SCALE,     MM_EXPERTS,
+                                 MM_TOP_K,    MM_NORM_TOPK, MM_QK_WHOLE, MM_CLIP_ON, MM_CLIP,      MM_ROUTER_Q8A};
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+        if (a[fields[i]] != b[fields[i]]) return 0;
+    const int64_t *La = a + MM_FIELDS + l * ML_FIELDS, *Lb = b + MM_FIELDS + l * ML_FIELDS;
+    return La[DL_ATTN_NORM] == Lb[DL_ATTN_NORM] && La[DL_MLP_NORM] == Lb[DL_MLP_NORM] &&
+           La[ML_Q_NORM] == Lb[ML_Q_NORM] && La[ML_K_NORM] == Lb[ML_K_NORM] && La[ML_ROUTED] == Lb[ML_ROUTED] &&
+           !memcmp(La + ML_MATS, Lb + ML_MATS, sizeof(int64_t) * (ML_FIELDS - ML_MATS));
+}
+
+/* The attention half of layer l (see above) for `m` sequences of one model (models: m descriptor
+ * addresses, each with its own h, pos, cos/sin, K/V cache, kv_cap and x/ids/wts outputs; shapes, flags
+ * and weights the same in all): each matrix product over the m rows at once, norms, RoPE, attention and
+ * routing per sequence. Each row's products have the bits they have alone, so every sequence gets the bits
+ * of the one-sequence call. Returns RK_OK, RK_EINVAL (shapes, kinds, a layer out of range, different
+ * models) or RK_ENOMEM; on an error the h arrays and caches may hold a partial step. */
+RK_API int rk_moe_decode_layer_batch(int64_t m, const int64_t *models, int64_t l)
+{
+    if (m < 1) return RK_EINVAL;
+    const int64_t *model = (const int64_t *)(intptr_t)models[0];
     const int64_t nl = model[DM_LAYERS], H = model[DM_HIDDEN], nh = model[DM_HEADS], nkv = model[DM_KV_HEADS];
-    const int64_t D = model[DM_HEAD_DIM], I = model[DM_INTER], r = model[DM_ROT_HALF], cap = model[DM_KV_CAP];
-    const int64_t pos = model[DM_POS], E = model[MM_EXPERTS], K = model[MM_TOP_K];
+    const int64_t D = model[DM_HEAD_DIM], I = model[DM_INTER], r = model[DM_ROT_HALF];
+    const int64_t E = model[MM_EXPERTS], K = model[MM_TOP_K];
     const int f16 = model[DM_KV_F16] != 0, whole = model[MM_QK_WHOLE] != 0;
     const int64_t flag = model[DM_Q8A] ? RK_Q8A : 0, rflag = model[MM_ROUTER_Q8A] ? RK_Q8A : 0;
     const float eps = bits_f32(model[DM_EPS]), scale = bits_f32(model[DM_SCALE]), clip = bits_f32(model[MM_CLIP]);
-    float *h = (float *)(intptr_t)model[DM_H], *xo = (float *)(intptr_t)model[MM_X];
-    const float *cs = (const float *)(intptr_t)model[DM_COS], *sn = (const float *)(intptr_t)model[DM_SIN];
+    if (l < 0 || l >= nl || H < 1 || nh < 1 || nkv < 1 || nh % nkv || D < 1 || r < 0 || 2 * r > D) return RK_EINVAL;
     const int64_t *L = model + MM_FIELDS + l * ML_FIELDS;
-    if (l < 0 || l >= nl || H < 1 || nh < 1 || nkv < 1 || nh % nkv || D < 1 || r < 0 || 2 * r > D || pos < 0 ||
-        pos >= cap)
-        return RK_EINVAL;
     const int routed = L[ML_ROUTED] != 0;
     if (routed ? (E < 1 || K < 1 || K > E) : I < 1) return RK_EINVAL;
+    for (int64_t s = 0; s < m; s++) {
+        const int64_t *ms = (const int64_t *)(intptr_t)models[s];
+        if (!moe_same_model(model, ms, l) || ms[DM_POS] < 0 || ms[DM_POS] >= ms[DM_KV_CAP]) return RK_EINVAL;
+    }
     const int64_t QD = nh * D, KD = nkv * D, W = routed ? E : 2 * I;
-    float *buf = malloc(sizeof(float) * (size_t)(H + QD + 2 * KD + QD + H + W));
+    float *buf = malloc(sizeof(float) * (size_t)m * (size_t)(H + QD + 2 * KD + QD + H + W));
     if (!buf) return RK_ENOMEM;
-    float *x = buf, *q = x + H, *k = q + QD, *v = k + KD, *att = v + KD, *o = att + QD, *wide = o + H;
+    float *x = buf, *q = x + m * H, *k = q + m * QD, *v = k + m * KD, *att = v + m * KD, *o = att + m * QD;
+    float *wide = o + m * H;
     int rc = RK_OK;
     do {
-        dec_rms_norm(h, (const float *)(intptr_t)L[DL_ATTN_NORM], H, eps, x);
+        for (int64_t s = 0; s < m; s++) {
+            const float *h = (const float *)(intptr_t)((const int64_t *)(intptr_t)models[s])[DM_H];
+            dec_rms_norm(h, (const float *)(intptr_t)L[DL_ATTN_NORM], H, eps, x + s * H);
+        }
         float *qkv[3] = {q, k, v};
         const int64_t qkv_out[3] = {QD, KD, KD};
-        if ((rc = dec_linear(L + ML_MATS, MAT_Q, 3, flag, H, x, qkv, qkv_out))) break;
-        moe_qk_norm(q, nh, D, whole, (const float *)(intptr_t)L[ML_Q_NORM], eps);
-        moe_qk_norm(k, nkv, D, whole, (const float *)(intptr_t)L[ML_K_NORM], eps);
-        if (model[MM_CLIP_ON]) {
-            moe_clip(q, QD, clip);
-            moe_clip(k, KD, clip);
-            moe_clip(v, KD, clip);
+        if ((rc = dec_linear_rows(L + ML_MATS, MAT_Q, 3, flag, m, H, x, qkv, qkv_out))) break;
+        for (int64_t s = 0; s < m && rc == RK_OK; s++) {
+            const int64_t *ms = (const int64_t *)(intptr_t)models[s], *Ls = ms + MM_FIELDS + l * ML_FIELDS;
+            const float *cs = (const float *)(intptr_t)ms[DM_COS], *sn = (const float *)(intptr_t)ms[DM_SIN];
+            float *qs = q + s * QD, *ks = k + s * KD, *vs = v + s * KD;
+            moe_qk_norm(qs, nh, D, whole, (const float *)(intptr_t)L[ML_Q_NORM], eps);
+            moe_qk_norm(ks, nkv, D, whole, (const float *)(intptr_t)L[ML_K_NORM], eps);
+            if (model[MM_CLIP_ON]) {
+                moe_clip(qs, QD, clip);
+                moe_clip(ks, KD, clip);
+                moe_clip(vs, KD, clip);
+            }
+            dec_rope(qs, nh, D, r, cs, sn);
+            dec_rope(ks, nkv, D, r, cs, sn);
+            rc = dec_attend(Ls[DL_K], Ls[DL_V], Ls[DL_KPOS], qs, ks, vs, nh, nkv, D, ms[DM_KV_CAP], ms[DM_POS], f16,
+                            scale, att + s * QD);
         }
-        dec_rope(q, nh, D, r, cs, sn);
-        dec_rope(k, nkv, D, r, cs, sn);
-        if ((rc = dec_attend(L[DL_K], L[DL_V], L[DL_KPOS], q, k, v, nh, nkv, D, cap, pos, f16, scale, att))) break;
-
+        if (rc) break;
         float *oy[1] = {o};
         const int64_t o_out[1] = {H};
-        if ((rc = dec_linear(L + ML_MATS, MAT_O, 1, flag, QD, att, oy, o_out))) break;
-        for (int64_t i = 0; i < H; i++) h[i] = h[i] + o[i];
-        dec_rms_norm(h, (const float *)(intptr_t)L[DL_MLP_NORM], H, eps, x);
+        if ((rc = dec_linear_rows(L + ML_MATS, MAT_O, 1, flag, m, QD, att, oy, o_out))) break;
+        for (int64_t s = 0; s < m; s++) {
+            float *h = (float *)(intptr_t)((const int64_t *)(intptr_t)models[s])[DM_H];
+            for (int64_t i = 0; i < H; i++) h[i] = h[i] + o[s * H + i];
+            dec_rms_norm(h, (const float *)(intptr_t)L[DL_MLP_NORM], H, eps, x + s * H);
+        }
 
         if (!routed) { /* a dense MLP, as rk_llama_decode's */
-            float *g = wide, *u = wide + I;
+            float *g = wide, *u = wide + m * I;
             float *gu[2] = {g, u};
             const int64_t gu_out[2] = {I, I};
-            if ((rc = dec_linear(L + ML_MATS, MAT_GATE, 2, flag, H, x, gu, gu_out))) break;
-            for (int64_t i = 0; i < I; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+            if ((rc = dec_linear_rows(L + ML_MATS, MAT_GATE, 2, flag, m, H, x, gu, gu_out))) break;
+            for (int64_t i = 0; i < m * I; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
             float *dy[1] = {o};
             const int64_t d_out[1] = {H};
-            if ((rc = dec_linear(L + ML_MATS, MAT_DOWN, 1, flag, I, g, dy, d_out))) break;
-            for (int64_t i = 0; i < H; i++) h[i] = h[i] + o[i];
+            if ((rc = dec_linear_rows(L + ML_MATS, MAT_DOWN, 1, flag, m, I, g, dy, d_out))) break;
+            for (int64_t s = 0; s < m; s++) {
+                float *h = (float *)(intptr_t)((const int64_t *)(intptr_t)models[s])[DM_H];
+                for (int64_t i = 0; i < H; i++) h[i] = h[i] + o[s * H + i];
+            }
             break;
         }
 
-        /* router: softmax → top-k → renormalise */
+        /* router: softmax → top-k → renormalise, per sequence */
         float *p = wide;
         float *py[1] = {p};
         const int64_t r_out[1] = {E};
-        if ((rc = dec_linear(L + ML_MATS, MAT_ROUTER, 1, rflag, H, x, py, r_out))) break;
-        int64_t *ids = (int64_t *)(intptr_t)model[MM_IDS];
-        float *wts = (float *)(intptr_t)model[MM_WTS];
-        const float wsum = moe_softmax_top_k(p, E, K, ids, wts);
-        if (model[MM_NORM_TOPK])
-            for (int64_t j = 0; j < K; j++) wts[j] = wts[j] / wsum;
-        memcpy(xo, x, sizeof(float) * H);
+        if ((rc = dec_linear_rows(L + ML_MATS, MAT_ROUTER, 1, rflag, m, H, x, py, r_out))) break;
+        for (int64_t s = 0; s < m; s++) {
+            const int64_t *ms = (const int64_t *)(intptr_t)models[s];
+            int64_t *ids = (int64_t *)(intptr_t)ms[MM_IDS];
+            float *wts = (float *)(intptr_t)ms[MM_WTS];
+            const float wsum = moe_softmax_top_k(p + s * E, E, K, ids, wts);
+            if (model[MM_NORM_TOPK])
+                for (int64_t j = 0; j < K; j++) wts[j] = wts[j] / wsum;
+            memcpy((float *)(intptr_t)ms[MM_X], x + s * H, sizeof(float) * H);
+        }
     } while (0);
     free(buf);
     return rc;
+}
+
+/* The attention half of layer l for the token at DM_POS: rk_moe_decode_layer_batch of one. */
+RK_API int rk_moe_decode_layer(const int64_t *model, int64_t l)
+{
+    const int64_t one[1] = {(int64_t)(intptr_t)model};
+    return rk_moe_decode_layer_batch(1, one, l);
 }
 
 #define MOE_EXPERT_FIELDS 13 /* slot, then gate, up, down: kind code and 3 parts each */

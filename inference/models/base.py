@@ -340,6 +340,32 @@ class Transformer:
         self._rope_memo = {}
         return np.concatenate(outs) if len(outs) > 1 else outs[0]
 
+    def compiled_decode(self) -> bool:
+        """Whether a generated token runs through the compiled step (`step_class`); architectures with one
+        say when."""
+        return False
+
+    def decode_batch(self, ids: list[int], caches: list[KVCache], steps: list) -> np.ndarray:
+        """Logits [M, vocab] of M sequences' next tokens: `ids[s]` appended to `caches[s]`, each sequence
+        with a compiled step of its own (`steps[s]`, a `step_class` instance; None where there is none).
+
+        Row s has the bits `forward([ids[s]], caches[s], last_only=True)` gives alone. Where the step
+        batches (`step_class.batch`), each weight matrix is read once per step for all M rows; elsewhere
+        the sequences run one after another."""
+        batched = len(ids) > 1 and self.compiled_decode() and hasattr(self.step_class, "batch") and None not in steps
+        if not batched:
+            return np.concatenate([self.forward(np.array([t]), c, last_only=True) for t, c in zip(ids, caches)])
+        h = self.embed_ids(np.asarray(ids, np.int64))
+        h = self.step_class.batch(steps, h, caches)
+        for c in caches:
+            c.offset += 1
+        eps = self.args.rms_norm_eps
+        h = np.concatenate([rms_norm(h[s : s + 1], self.norm, eps, self.norm_plus_one) for s in range(len(ids))])
+        if self.int8_decode and get_activations() == "decode":
+            with configured(get_threads(), "q8"):  # as `forward` for a generated token
+                return self.logits(h)
+        return self.logits(h)
+
     def logits(self, h: np.ndarray) -> np.ndarray:
         return softcap(linear(h, self.lm_head), self.final_softcap)
 

@@ -147,6 +147,35 @@ def mixture_row(
         moe_combine(y, weights, h)
 
 
+def mixture_rows(
+    seqs: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
+    layer: int,
+    source,
+    inter: int,
+    flag: int,
+    memo: dict | None = None,
+    *,
+    act: str = "silu",
+) -> None:
+    """`mixture_row` of several sequences' rows at once (a batched decode step): seqs[s] = (x, ids,
+    weights, h, y) as mixture_row takes them. The source hands over the union of the experts they chose
+    once (a streamed expert is read once for every row that chose it); each expert runs on each row that
+    chose it, and each row's h gets mixture_row's bits (an expert's result does not depend on its batch)."""
+    slots = [{e: k for k, e in enumerate(ids.tolist())} for _, ids, _, _, _ in seqs]
+    union = sorted(set().union(*slots))
+    H = seqs[0][0].shape[0]
+
+    def compute(batch: list[tuple[int, dict[str, QTensor]]]) -> None:
+        for (x, _, _, _, y), slot in zip(seqs, slots):
+            mine = [[slot[e], *expert_fields(w, memo)] for e, w in batch if e in slot]
+            if mine:
+                moe_experts(np.array(mine, np.int64), H, inter, flag, x, y, act)
+
+    source.run(layer, union, compute)
+    for _, _, weights, h, y in seqs:
+        moe_combine(y, weights, h)
+
+
 def lookahead(model, i: int, router_input: Callable[[int], np.ndarray], route: Callable | None = None) -> None:
     """Gate lookahead: apply layer i+1's router to what layer i sees now and start reading the
     experts it predicts (only when the expert source prefetches; off by default).

@@ -82,10 +82,14 @@ class Model(Transformer):
         self.inv_freq = rope_inv_freq(args.head_dim, args.rope_theta)
         self.layers = [self._load_layer(i) for i in range(args.num_hidden_layers)]
 
-    def layers_forward(self, h: np.ndarray, cache: KVCache, positions: np.ndarray, prompt: bool) -> np.ndarray:
+    def compiled_decode(self) -> bool:
+        """Whether a generated token runs through the compiled step (`decode_step`)."""
         npu_experts = self.ops.expert_min_rows is not None and self.ops.expert_min_rows <= 1
-        one = not prompt and len(positions) == 1 and self.fused_decode and dense_on_cpu(self.ops, 1)
-        step = self.decode_step() if one and not npu_experts else None
+        return self.fused_decode and dense_on_cpu(self.ops, 1) and not npu_experts
+
+    def layers_forward(self, h: np.ndarray, cache: KVCache, positions: np.ndarray, prompt: bool) -> np.ndarray:
+        one = not prompt and len(positions) == 1 and self.compiled_decode()
+        step = self.decode_step() if one else None
         if step is None:
             return super().layers_forward(h, cache, positions, prompt)
         return step(h, cache, positions)

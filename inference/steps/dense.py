@@ -51,6 +51,16 @@ class DecodeStep:
         kernels.llama_decode(self.desc.array)
         return h
 
+    @classmethod
+    def batch(cls, steps: list["DecodeStep"], h: np.ndarray, caches: list[KVCache]) -> np.ndarray:
+        """Row s of h [M, H] (sequence s's token, at its cache's next position) through every layer with
+        the others (`kernels.llama_decode_batch`): each sequence its own step (descriptor) and cache, every
+        matrix read once for all M rows; a new [M, H] whose row s has the bits `steps[s](h[s:s+1], …)` gives."""
+        rows, held = prepare_all(steps, h, caches)
+        kernels.llama_decode_batch([st.desc.array for st in steps])
+        del held
+        return np.concatenate(rows)
+
     def prepare(self, h: np.ndarray, cache: KVCache, positions: np.ndarray) -> tuple[np.ndarray, tuple]:
         """The descriptor for this token: the K/V arrays (when they changed), position, h, cos/sin. Returns
         the (new) h array the call updates, and this token's RoPE rows (cos, sin)."""
@@ -66,3 +76,19 @@ class DecodeStep:
         cos, sin = np.ascontiguousarray(cos, np.float32), np.ascontiguousarray(sin, np.float32)
         self.desc.set(pos=pos, h=h, cos=cos, sin=sin)
         return h, (cos, sin)
+
+
+def prepare_all(steps: list, h: np.ndarray, caches: list[KVCache]) -> tuple[list[np.ndarray], list]:
+    """Each step's descriptor for its sequence's token (row s of h, at caches[s].offset): the h rows the
+    calls update, and the arrays the descriptors point at (RoPE rows), to keep until the calls return."""
+    model = steps[0].model
+    rows, held = [], []
+    for s, (step, cache) in enumerate(zip(steps, caches)):
+        if step.model is not model:
+            raise ValueError("a batch's steps must belong to one model")
+        model._rope_memo = {}  # this sequence's position's RoPE rows
+        row, keep = step.prepare(h[s : s + 1], cache, np.array([cache.offset]))
+        rows.append(row)
+        held.append(keep)
+    model._rope_memo = {}
+    return rows, held

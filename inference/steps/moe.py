@@ -16,7 +16,7 @@ from .. import kernels
 from ..experts import ResidentExperts
 from ..models import qwen3_moe
 from ..models.base import KVCache, rms_norm
-from ..models.moe import lookahead, mixture_row
+from ..models.moe import lookahead, mixture_row, mixture_rows
 from . import dense
 
 
@@ -68,3 +68,34 @@ class DecodeStep(dense.DecodeStep):
                 lookahead(model, i, lambda j: rms_norm(h, model.layers[j]["mlp_norm"], eps))
             mixture_row(self.x, self.ids, self.wts, i, experts, row, self.y, inter, flag, memo)
         return h
+
+    @classmethod
+    def batch(cls, steps: list["DecodeStep"], h: np.ndarray, caches: list[KVCache]) -> np.ndarray:
+        """Row s of h [M, H] (sequence s's token, at its cache's next position) through every layer with
+        the others: each layer's attention half for all M rows in one call (`moe_decode_layer_batch`: the
+        dense matrices and router read once), then the union of the experts they chose, each handed over by
+        the expert source once and run on the rows that chose it (`mixture_rows`). A new [M, H] whose row s
+        has the bits `steps[s](h[s:s+1], …)` gives."""
+        rows, held = dense.prepare_all(steps, h, caches)
+        descs = [st.desc.array for st in steps]
+        flag = 0
+        for d in descs:
+            flag = kernels.moe_decode_flags(d)
+        first = steps[0]
+        model = first.model
+        a, experts = model.args, model.experts
+        memo = first.fields if isinstance(experts, ResidentExperts) else None
+        prefetching = getattr(experts, "wants_prefetch", False)
+        eps, inter = a.rms_norm_eps, a.moe_intermediate_size
+        for i, routed in enumerate(first.routed):
+            kernels.moe_decode_layer_batch(descs, i)
+            if not routed:
+                continue
+            if prefetching:  # every row's guess for the next layer, read ahead as a prompt's rows are
+                lookahead(
+                    model, i, lambda j: np.concatenate([rms_norm(r, model.layers[j]["mlp_norm"], eps) for r in rows])
+                )
+            seqs = [(st.x, st.ids, st.wts, r[0], st.y) for st, r in zip(steps, rows)]
+            mixture_rows(seqs, i, experts, inter, flag, memo)
+        del held
+        return np.concatenate(rows)

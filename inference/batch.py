@@ -1,0 +1,299 @@
+"""Continuous batching: several conversations on one engine, their generated tokens stepped together.
+
+    batcher = Batcher(engine, slots=4)
+    a = batcher.chat([{"role": "user", "content": "Hi"}], {"max_tokens": 64})
+    b = batcher.chat([{"role": "user", "content": "Hello"}], {"max_tokens": 64})
+    batcher.start()                    # a thread runs the rounds; or call `batcher.round()` yourself
+    for ev in a: ...                   # each sequence's events, as `Engine.chat` yields them
+
+The batcher holds `slots` sequences at once, each in a slot with its own KV cache and compiled step; a
+request beyond them waits (interactive ones first, then by age). Each round:
+
+1. admits waiting requests into free slots. A background request (`priority` > 0) never takes the last
+   free slot while the batcher has more than one: an interactive request that arrives next finds it free.
+   A slot whose cache holds a prefix of the new prompt (the same conversation's last turn) keeps it.
+2. prefills one chunk (`EngineConfig.chunk` rows) of the oldest prompt still prefilling. One chunk per
+   round bounds how long the sequences already streaming wait for their next token: a chunk's prefill
+   time, not a whole prompt's.
+3. samples the next token of every sequence whose prompt is in (`generate.TokenLoop`, as a lone
+   generation does), ends the ones that stopped (their slot is free at once), and runs the rest through
+   the model together (`Transformer.decode_batch`): each dense matrix read once for all their rows, each
+   MoE layer's experts the union of theirs, each expert run on the rows that chose it.
+
+Exactness: every sequence's tokens, log-probabilities and text are those it gets alone on the engine
+(`Engine.chat`), bit for bit: its prompt's chunks are the ones a lone prefill computes, and each row of a
+batched step has the bits of the one-row step (the kernels' results do not depend on the rows beside
+them). Expert statistics (`Final.timings.expert_hit_rate`) cover every sequence that ran beside it.
+
+Cancel a sequence with `seq.cancel()`; it ends before its next token or prefill chunk, and the others
+go on unchanged.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from typing import Iterator
+
+import numpy as np
+
+from . import kernels
+from .events import Event, Final
+from .generate import TokenLoop, _is_set
+from .sampler import SamplingParams
+
+
+class Sequence:
+    """One request in a batcher: iterate it for its events (they end with one `Final`)."""
+
+    _order = itertools.count()
+
+    def __init__(self, ids: list[int], p: SamplingParams, max_tokens: int, plan, priority: int, progress):
+        self.ids, self.p, self.max_tokens, self.plan = ids, p, max_tokens, plan
+        self.priority = priority
+        self.progress = progress
+        self.order = next(self._order)
+        self.cancelled = threading.Event()
+        self.events: queue.Queue = queue.Queue()
+        self.loop: TokenLoop | None = None
+        self.slot: _Slot | None = None
+        self.done = 0  # prompt tokens in the slot's cache
+        self.logits: np.ndarray | None = None  # the model's row after the last token, not yet sampled
+        self.next: int | None = None  # the token to run through the model in this round's step
+        self.finished = False
+
+    def cancel(self) -> None:
+        """End this sequence before its next token (or prefill chunk); safe from any thread."""
+        self.cancelled.set()
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled.is_set() or _is_set(self.p.cancel)
+
+    def __iter__(self) -> Iterator[Event]:
+        while True:
+            ev = self.events.get()
+            yield ev
+            if isinstance(ev, Final):
+                return
+
+
+class _Slot:
+    """A sequence's place in the batch: its KV cache, the token ids it holds, and its own compiled step."""
+
+    def __init__(self, model):
+        self.cache = model.new_cache()
+        self.tokens: list[int] = []
+        self.step = model.step_class(model) if model.step_class is not None else None
+        self.seq: Sequence | None = None
+
+
+class Batcher:
+    """Continuous batching of up to `slots` sequences on `engine` (see the module's docstring). The engine's
+    own generations (`Engine.chat`) wait for a round to end and run alone in between."""
+
+    def __init__(self, engine, slots: int | None = None):
+        self.engine = engine
+        n = slots if slots is not None else engine.cfg.parallel
+        if n < 1:
+            raise ValueError(f"slots must be at least 1, got {n}")
+        self.slots = [_Slot(engine.model) for _ in range(n)]
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []  # in the order they were admitted
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        self.steps = 0  # decode steps run (for tests and statistics)
+        self.rows = 0  # sequence-tokens those steps computed
+
+    # --- requests ---------------------------------------------------------------------------------------
+    def chat(self, messages: list[dict], params=None, *, priority: int = 0, progress=None, **overrides) -> Sequence:
+        """Queue a conversation's answer, as `Engine.chat` would run it. Raises as `Engine.chat` does."""
+        p = self.engine._params(params, overrides)
+        return self._submit(self.engine._chat_ids(messages, p), p, True, priority, progress)
+
+    def generate(
+        self, ids: list[int], params=None, *, chat: bool = False, priority: int = 0, progress=None, **overrides
+    ) -> Sequence:
+        """Queue the continuation of token ids, as `Engine.generate` would run it."""
+        p = self.engine._params(params, overrides)
+        return self._submit([int(i) for i in ids], p, chat, priority, progress)
+
+    def complete(self, prompt: str, params=None, *, priority: int = 0, progress=None, **overrides) -> Sequence:
+        """Queue the continuation of raw text, as `Engine.complete` would run it."""
+        p = self.engine._params(params, overrides)
+        return self._submit(self.engine.tokenizer.encode(prompt), p, False, priority, progress)
+
+    def _submit(self, ids, p, chat, priority, progress) -> Sequence:
+        max_tokens, plan = self.engine.plan_run(ids, p, chat=chat)
+        seq = Sequence(ids, p, max_tokens, plan, priority, progress)
+        with self._wake:
+            self.waiting.append(seq)
+            self._wake.notify()
+        return seq
+
+    @property
+    def active(self) -> int:
+        """Slots in use."""
+        with self._lock:
+            return len(self.running)
+
+    # --- the rounds -------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Run rounds in a thread of the batcher's own until `stop`, sleeping while there is nothing to do."""
+        if self._thread is None:
+            self._stop = False
+            self._thread = threading.Thread(target=self._serve, name="rkmojo-batch", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread (the sequences still running end as cancelled)."""
+        with self._wake:
+            self._stop = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        for seq in list(self.running) + list(self.waiting):
+            seq.cancel()
+        self.round()
+
+    def _serve(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stop and not self.waiting and not self.running:
+                    self._wake.wait()
+                if self._stop:
+                    return
+            self.round()
+
+    def run_until_idle(self) -> None:
+        """Run rounds in this thread until no sequence waits or runs."""
+        while self.round():
+            pass
+
+    def round(self) -> bool:
+        """One round (admit, one prefill chunk, one decode step); False when there was nothing to do."""
+        engine = self.engine
+        with engine._exclusive(), kernels.configured(engine.cfg.threads, engine.cfg.activations):
+            self._admit()
+            if not self.running:
+                return False
+            self._prefill_chunk()
+            self._decode_step()
+            return True
+
+    def _admit(self) -> None:
+        with self._lock:
+            for seq in [s for s in self.waiting if s.is_cancelled()]:  # never started: ends at once
+                self.waiting.remove(seq)
+                self._finish_unstarted(seq)
+            self.waiting.sort(key=lambda s: (s.priority, s.order))
+            while self.waiting:
+                free = [s for s in self.slots if s.seq is None]
+                seq = self.waiting[0]
+                if not free or (seq.priority > 0 and len(free) == 1 and len(self.slots) > 1):
+                    break
+                self.waiting.pop(0)
+                slot = max(free, key=lambda s: _common(s.tokens, seq.ids))
+                self._place(seq, slot)
+
+    def _place(self, seq: Sequence, slot: _Slot) -> None:
+        """Give `seq` the slot, keeping the part of the slot's cache that holds a prefix of its prompt."""
+        n = min(_common(slot.tokens, seq.ids), len(seq.ids) - 1)  # at least one row computed, for logits
+        if n < len(slot.tokens) and not slot.cache.truncate(n):
+            slot.cache = self.engine.model.new_cache()
+            n = 0
+        del slot.tokens[n:]
+        slot.seq, seq.slot, seq.done = seq, slot, n
+        seq.loop = TokenLoop(self.engine, seq.ids, seq.p, seq.max_tokens, seq.is_cancelled, plan=seq.plan)
+        seq.loop.reused = n
+        if seq.progress is not None:
+            seq.progress(0, len(seq.ids) - n)
+        self.running.append(seq)
+
+    def _prefill_chunk(self) -> None:
+        seq = next((s for s in self.running if s.logits is None), None)
+        if seq is None:
+            return
+        if seq.is_cancelled():
+            seq.loop.reason = "cancelled"
+            self._end(seq)
+            return
+        model, slot, chunk = self.engine.model, seq.slot, self.engine.cfg.chunk
+        part = seq.ids[seq.done : seq.done + chunk]
+        logits = model.forward(np.array(part), slot.cache, last_only=True, prompt=True)
+        slot.tokens.extend(part)
+        seq.done += len(part)
+        if seq.progress is not None:
+            seq.progress(seq.done - seq.loop.reused, len(seq.ids) - seq.loop.reused)
+        if seq.done == len(seq.ids):
+            seq.loop.prefilled(seq.loop.reused)
+            seq.logits = logits[-1]
+
+    def _decode_step(self) -> None:
+        stepping: list[Sequence] = []
+        for seq in [s for s in self.running if s.logits is not None]:
+            events: list[Event] = []
+            nxt = seq.loop.token(seq.logits, events)
+            for ev in events:
+                seq.events.put(ev)
+            if nxt is None:
+                self._end(seq)
+            else:
+                seq.next = nxt
+                stepping.append(seq)
+        if not stepping:
+            return
+        model = self.engine.model
+        logits = model.decode_batch(
+            [s.next for s in stepping], [s.slot.cache for s in stepping], [s.slot.step for s in stepping]
+        )
+        self.steps += 1
+        self.rows += len(stepping)
+        for seq, row in zip(stepping, logits):
+            seq.slot.tokens.append(seq.next)
+            seq.logits = row
+
+    def _end(self, seq: Sequence) -> None:
+        for ev in seq.loop.finish():
+            seq.events.put(ev)
+        seq.finished = True
+        with self._lock:
+            self.running.remove(seq)
+        seq.slot.seq = None
+
+    def _finish_unstarted(self, seq: Sequence) -> None:
+        loop = TokenLoop(self.engine, seq.ids, seq.p, seq.max_tokens, lambda: True, plan=seq.plan)
+        loop.reason = "cancelled"
+        for ev in loop.finish():
+            seq.events.put(ev)
+        seq.finished = True
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    """The length of the common prefix of a and b."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def wait_all(seqs: list[Sequence], timeout: float | None = None) -> list[list[Event]]:
+    """Every event of each sequence, in order (for callers that gather whole answers)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    out = []
+    for seq in seqs:
+        evs = []
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ev = seq.events.get(timeout=left)
+            evs.append(ev)
+            if isinstance(ev, Final):
+                break
+        out.append(evs)
+    return out

@@ -3,16 +3,16 @@
 The file is read with the `gguf` package's `GGUFReader` (llama.cpp's own reader): every tensor is
 a view into the mapped file, so memory stays bounded by the largest single tensor.
 
-- F32, F16, Q8_0, Q4_0 and Q4_1 tensors are kept byte for byte (QTensor kinds f32/f16/q8_0/q4_0/q4_1);
-  any other type (K-quants, BF16, …) is dequantized a chunk of rows at a time and stored as q8.
-- llama.cpp's converter permutes the rows of attn_q/attn_k for its interleaved RoPE; our models use
-  the HF rotate-half convention, so those rows are put back. A row permutation moves whole block
-  rows and is exact for every kind.
+- Architectures and their tensor names: `gguf_arch` (llama, qwen3moe, olmoe, gemma4).
+- Tensor types: `gguf_types` (kept byte for byte, Q4_K re-laid out as q4_1, others re-quantized, or
+  refused by name).
+- Experts (3-D `ffn_*_exps` tensors) are written one expert at a time through the store writer's expert
+  files (`StoreWriter.begin_expert_layer` / `add_expert_tensor`), as the safetensors converter writes
+  them, so the engine streams them the same way.
 - The tokenizer is rebuilt as a HF `tokenizer.json` (`inference.tokenizer_gguf`).
 
-To add an architecture, add an `ArchTable` to `ARCHITECTURES`: a config builder from the metadata, the
-GGUF → internal tensor name table, and which rows need un-permuting. Expected shapes come from the
-model module (`expected_shapes`), as for the safetensors converter.
+Every name, type and shape is checked before the store writer starts; the writer builds the store in
+a temporary directory and renames it at the end, so a refused or failed conversion leaves nothing.
 """
 
 from __future__ import annotations
@@ -21,35 +21,23 @@ import logging
 import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, LlamaFileType
-from gguf.quants import dequantize as gguf_dequantize
 
 from .. import models
 from ..errors import ConvertError, ModelFormatError
-from ..quant import QTensor, quantize
 from ..store import StoreWriter
 from ..tokenizer_gguf import tokenizer_from_gguf
+from .gguf_arch import ARCHITECTURES, ArchTable, GGUFMeta
+from .gguf_types import KEPT, RELAID, storage_kind, to_qtensor, unsupported
 from .progress import progress_bar
 
 log = logging.getLogger(__name__)
 
 GGUF_MAGIC = b"GGUF"
-# GGUF types stored as they are, and the QTensor kind each becomes
-KEPT = {
-    GGMLQuantizationType.F32: "f32",
-    GGMLQuantizationType.F16: "f16",
-    GGMLQuantizationType.Q8_0: "q8_0",
-    GGMLQuantizationType.Q4_0: "q4_0",
-    GGMLQuantizationType.Q4_1: "q4_1",
-}
-REQUANT_KIND = "q8"
-# rows dequantized at once when re-quantizing (bounds the float32 scratch to ~64 MB)
-CHUNK_VALUES = 16 * 1024 * 1024
 # general.sampling.* → generation_config key
 SAMPLING_KEYS = {
     "temp": "temperature",
@@ -58,93 +46,24 @@ SAMPLING_KEYS = {
     "min_p": "min_p",
     "penalty_repeat": "repetition_penalty",
 }
+# tokenizer.ggml.model / .pre values llama.cpp reads like ones `tokenizer_gguf` builds: Gemma 4's vocabulary
+# is SentencePiece-style BPE (spaces as ▁, the file's merges, byte fallback, no space prefix); OLMo's
+# pre-tokenizer is GPT-2's regex (llama-vocab.cpp)
+TOKENIZER_MODEL_AS = {"gemma4": "llama"}
+TOKENIZER_PRE_AS = {"olmo": "gpt2"}
+_LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
 
 
 @dataclass(frozen=True)
-class ArchTable:
-    """How one GGUF architecture maps onto a store. Names use `{}` for the layer index."""
+class _Planned:
+    """One GGUF tensor checked and placed: where it goes, as what."""
 
-    config: Callable[[dict, str], dict]  # (metadata, file name) → HF-style config
-    tensors: dict[str, tuple[str, str]]  # GGUF name → (internal name, tensor class)
-    unpermute: dict[str, str] = field(default_factory=dict)  # internal name → config key of its head count
-
-
-def _llama_config(meta: dict, src: str) -> dict:
-    def req(key: str):
-        v = meta.get(f"llama.{key}")
-        if v is None:
-            raise ConvertError(f"{src}: metadata key llama.{key} missing; the GGUF is incomplete, re-export it")
-        return v
-
-    hidden, heads = int(req("embedding_length")), int(req("attention.head_count"))
-    kv_heads = meta.get("llama.attention.head_count_kv", heads)
-    if isinstance(kv_heads, list):
-        raise ConvertError(f"{src}: per-layer llama.attention.head_count_kv is not supported")
-    head_dim = int(meta.get("llama.attention.key_length") or hidden // heads)
-    rope_dim = int(meta.get("llama.rope.dimension_count", head_dim))
-    if rope_dim != head_dim:
-        raise ConvertError(
-            f"{src}: partial RoPE (llama.rope.dimension_count={rope_dim}, head_dim={head_dim}) is not supported"
-        )
-    vocab = meta.get("llama.vocab_size") or len(meta.get("tokenizer.ggml.tokens") or ())
-    return {
-        "model_type": "llama",
-        "hidden_size": hidden,
-        "intermediate_size": int(req("feed_forward_length")),
-        "num_hidden_layers": int(req("block_count")),
-        "num_attention_heads": heads,
-        "num_key_value_heads": int(kv_heads),
-        "head_dim": head_dim,
-        "rms_norm_eps": float(req("attention.layer_norm_rms_epsilon")),
-        "rope_theta": float(meta.get("llama.rope.freq_base", 10000.0)),
-        "rope_scaling": _rope_scaling(meta, "llama", src),
-        "vocab_size": int(vocab),
-        "max_position_embeddings": int(req("context_length")),
-        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
-        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
-        "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
-        "attention_bias": False,
-        "mlp_bias": False,
-        "hidden_act": "silu",
-    }
-
-
-def _rope_scaling(meta: dict, arch: str, src: str) -> dict | None:
-    kind = meta.get(f"{arch}.rope.scaling.type")
-    factor = meta.get(f"{arch}.rope.scaling.factor") or meta.get(f"{arch}.rope.scale_linear")
-    if kind in (None, "none") and not factor:
-        return None
-    if kind in (None, "linear"):
-        return {"rope_type": "linear", "factor": float(factor)}
-    if kind == "yarn":
-        orig = meta.get(f"{arch}.rope.scaling.original_context_length")
-        return {"rope_type": "yarn", "factor": float(factor), "original_max_position_embeddings": orig}
-    raise ConvertError(
-        f"{src}: RoPE scaling {kind!r} ({arch}.rope.scaling.type) is not supported; supported: linear, yarn"
-    )
-
-
-LLAMA = ArchTable(
-    config=_llama_config,
-    tensors={
-        "token_embd.weight": ("embed", "embedding"),
-        "output_norm.weight": ("norm", "norm"),
-        "output.weight": ("lm_head", "embedding"),
-        "blk.{}.attn_norm.weight": ("layers.{}.attn_norm", "norm"),
-        "blk.{}.attn_q.weight": ("layers.{}.attn.q", "linear"),
-        "blk.{}.attn_k.weight": ("layers.{}.attn.k", "linear"),
-        "blk.{}.attn_v.weight": ("layers.{}.attn.v", "linear"),
-        "blk.{}.attn_output.weight": ("layers.{}.attn.o", "linear"),
-        "blk.{}.ffn_norm.weight": ("layers.{}.mlp_norm", "norm"),
-        "blk.{}.ffn_gate.weight": ("layers.{}.mlp.gate", "linear"),
-        "blk.{}.ffn_up.weight": ("layers.{}.mlp.up", "linear"),
-        "blk.{}.ffn_down.weight": ("layers.{}.mlp.down", "linear"),
-    },
-    unpermute={"layers.{}.attn.q": "num_attention_heads", "layers.{}.attn.k": "num_key_value_heads"},
-)
-
-ARCHITECTURES: dict[str, ArchTable] = {"llama": LLAMA}
-_LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
+    tensor: object  # gguf ReaderTensor
+    internal: str  # internal name; for experts `experts:{layer}:{sub}`
+    cls: str
+    shape: tuple[int, ...]  # logical shape, numpy order ([experts, rows, in] for experts)
+    kind: str
+    heads: int | None  # head count of rows to un-permute
 
 
 def convert_gguf(src: Path, out: Path, *, progress: bool = True) -> Path:
@@ -157,77 +76,76 @@ def convert_gguf(src: Path, out: Path, *, progress: bool = True) -> Path:
     Returns:
         `out`, a complete store.
     Raises:
-        ConvertError: the output exists, or the architecture / a tensor is not supported or disagrees with the metadata.
+        ConvertError: the output exists, or the architecture / a tensor type is not supported, or a tensor
+            disagrees with the metadata.
         ModelFormatError: `src` is not a GGUF file, or is truncated or corrupt.
     """
     src, out = Path(src), Path(out)
     if out.exists():
         raise ConvertError(f"{out}: output path exists; remove it or choose another path")
     reader = _open(src)
-    meta = _metadata(reader, src)
-    arch = meta.get("general.architecture")
+    fields = _metadata(reader, src)
+    arch = fields.get("general.architecture")
     table = ARCHITECTURES.get(arch)
     if table is None:
         raise ConvertError(
-            f"{src}: architecture {arch!r} is not supported for GGUF conversion; "
-            f"supported: {', '.join(sorted(ARCHITECTURES))}"
+            f"{src}: architecture {arch!r} is not supported for GGUF conversion; supported: {', '.join(ARCHITECTURES)}"
         )
-    config = table.config(meta, str(src))
-    config["tie_word_embeddings"] = all(t.name != "output.weight" for t in reader.tensors)
+    tensors = {t.name: t for t in reader.tensors}
+    config = table.config(GGUFMeta(fields, arch, str(src), tensors))
+    config["tie_word_embeddings"] = "output.weight" not in tensors
     model = models.get(config["model_type"])
     try:
-        expected = model.expected_shapes(model.Args.from_dict(config))
+        args = model.Args.from_dict(config)
+        expected = model.expected_shapes(args)
     except (TypeError, ValueError) as e:
         raise ConvertError(f"{src}: {e}") from None
-    tok = tokenizer_from_gguf(meta, str(src))
+    if table.extra_shapes:
+        expected |= table.extra_shapes(args)
+    moe_layers = args.moe_layers() if hasattr(args, "moe_layers") else []
+    plan = [
+        _place(t, table, config, args, expected, moe_layers, str(src))
+        for t in reader.tensors
+        if t.name not in table.skip
+    ]
+    expert_kinds = _check_complete(plan, table, config, args, expected, moe_layers, str(src))
+    tok = tokenizer_from_gguf(_tokenizer_fields(fields), str(src))
 
     kinds: dict[str, set[str]] = {}
-    requantized: dict[str, int] = {}
-    total = sum(t.n_bytes for t in reader.tensors)
+    converted: dict[tuple[str, str], int] = {}
+    total = sum(p.tensor.n_bytes for p in plan)
     with (
         StoreWriter(out, config["model_type"], config) as w,
         progress_bar(total, f"convert {src.name}", progress) as bar,
     ):
-        seen = set()
-        for t in reader.tensors:
-            template, internal, cls = _internal_name(table, t.name, config, str(src))
-            shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-            want = tuple(expected[internal])
-            if shape != want:
-                raise ConvertError(
-                    f"{src}: tensor {t.name} has shape {list(shape)} but the metadata implies {list(want)}; "
-                    "the GGUF is inconsistent, re-export it"
-                )
-            heads = config[table.unpermute[template]] if template in table.unpermute else None
-            qt = _to_qtensor(t, shape, heads)
-            w.add_dense(internal, qt)
-            seen.add(internal)
-            kinds.setdefault("default" if cls == "linear" else cls, set()).add(qt.kind)
-            if qt.kind == REQUANT_KIND:
-                requantized[t.tensor_type.name] = requantized.get(t.tensor_type.name, 0) + 1
-            bar.update(t.n_bytes)
-        missing = sorted(
-            n for n in expected if n not in seen and not (n == "lm_head" and config["tie_word_embeddings"])
-        )
-        if missing:
-            raise ConvertError(
-                f"{src}: tensor {_gguf_name(table, missing[0])} missing ({len(missing)} missing); "
-                "the GGUF is incomplete, re-export it"
+        for layer in moe_layers:
+            w.begin_expert_layer(
+                layer, args.num_experts, {n: (expert_kinds[layer][n], s) for n, s in args.expert_shapes().items()}
             )
+        for p in plan:
+            try:
+                _write(w, p, args)
+            except ValueError as e:  # a Q4_K scale past f16's range
+                raise ConvertError(f"{src}: tensor {p.tensor.name}: {e}; this file cannot be stored as q4_1") from None
+            kinds.setdefault("default" if p.cls == "linear" else p.cls, set()).add(p.kind)
+            ty = p.tensor.tensor_type
+            if len(p.shape) > 1 and ty not in KEPT:
+                converted[(ty.name, p.kind)] = converted.get((ty.name, p.kind), 0) + 1
+            bar.update(p.tensor.n_bytes)
 
         quant = {cls: "+".join(sorted(k)) for cls, k in sorted(kinds.items())}
-        if requantized:
-            quant["requantized"] = ",".join(f"{k}->{REQUANT_KIND}" for k in sorted(requantized))
+        if converted:
+            quant["requantized"] = ",".join(f"{t}->{k}" for t, k in sorted(converted))
             log.warning(
-                "%s: re-quantized %s to %s (GGUF types kept as they are: %s)",
+                "%s: re-quantized %s (GGUF types kept as they are: %s; %s re-laid out with f16 scales)",
                 src,
-                ", ".join(f"{n} {k} tensors" for k, n in sorted(requantized.items())),
-                REQUANT_KIND,
+                ", ".join(f"{n} {t} tensors to {k}" for (t, k), n in sorted(converted.items())),
                 ", ".join(k.name for k in KEPT),
+                ", ".join(k.name for k in RELAID),
             )
         w.set_quantization(quant)
-        w.set_generation(_generation(meta, tok.bos_token_id, tok.eos_token_ids))
-        w.set_source(_source(meta, src))
+        w.set_generation(_generation(fields, tok.bos_token_id, tok.eos_token_ids))
+        w.set_source(_source(fields, src))
         for name, data in tok.files().items():
             w.add_tokenizer_file(name, data)
         w.set_tokenizer_info(
@@ -297,6 +215,86 @@ def _metadata(reader: GGUFReader, src: Path) -> dict:
 
 
 # --- tensors ------------------------------------------------------------------------------------
+def _place(t, table: ArchTable, config: dict, args, expected: dict, moe_layers: list, src: str) -> _Planned:
+    """Check one tensor's name, type and shape against the metadata; where and as what it is stored."""
+    template, internal, cls = _internal_name(table, t.name, config, src)
+    kind = storage_kind(t.tensor_type)
+    if kind is None:
+        raise ConvertError(unsupported(src, t.name, t.tensor_type))
+    shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+    if cls == "expert":
+        _, layer, sub = internal.split(":")
+        if int(layer) not in moe_layers:
+            raise ConvertError(
+                f"{src}: tensor {t.name} holds experts but the metadata makes layer {layer} dense; "
+                "the GGUF is inconsistent, re-export it"
+            )
+        want = _expert_shape(args, sub)
+    else:
+        want = expected.get(internal)
+        if want is None and internal not in expected:
+            raise ConvertError(
+                f"{src}: tensor {t.name} is not part of {config['model_type']} as the metadata describes it "
+                "(e.g. a dense layer with a router); the GGUF is inconsistent, re-export it"
+            )
+    if shape != tuple(want):
+        raise ConvertError(
+            f"{src}: tensor {t.name} has shape {list(shape)} but the metadata implies {list(want)}; "
+            "the GGUF is inconsistent, re-export it"
+        )
+    heads = config[table.unpermute[template]] if template in table.unpermute else None
+    return _Planned(t, internal, cls, shape, "f32" if len(shape) == 1 else kind, heads)
+
+
+def _expert_shape(args, sub: str) -> tuple[int, ...]:
+    shapes = args.expert_shapes()
+    if sub == "gate_up":
+        (i, h) = shapes["gate"]
+        return (args.num_experts, 2 * i, h)
+    return (args.num_experts, *shapes[sub])
+
+
+def _check_complete(plan, table, config, args, expected, moe_layers, src) -> dict[int, dict[str, str]]:
+    """Refuse a file missing a tensor; the storage kind of each expert sub-tensor per MoE layer."""
+    seen = {p.internal for p in plan}
+    missing = sorted(n for n in expected if n not in seen and not (n == "lm_head" and config["tie_word_embeddings"]))
+    if missing:
+        raise ConvertError(
+            f"{src}: tensor {_gguf_name(table, missing[0])} missing ({len(missing)} missing); "
+            "the GGUF is incomplete, re-export it"
+        )
+    kinds: dict[int, dict[str, str]] = {}
+    for p in plan:
+        if p.cls == "expert":
+            _, layer, sub = p.internal.split(":")
+            for s in ("gate", "up") if sub == "gate_up" else (sub,):
+                kinds.setdefault(int(layer), {})[s] = p.kind
+    for layer in moe_layers:
+        for sub in args.expert_shapes():
+            if sub not in kinds.get(layer, {}):
+                fused = any(t[0] == "experts:{}:gate_up" for t in table.tensors.values()) and sub != "down"
+                name = _gguf_name(table, f"experts:{layer}:{'gate_up' if fused else sub}")
+                raise ConvertError(f"{src}: tensor {name} missing; the GGUF is incomplete, re-export it")
+    return kinds
+
+
+def _write(w: StoreWriter, p: _Planned, args) -> None:
+    t, ty = p.tensor, p.tensor.tensor_type
+    if p.cls != "expert":
+        perm = _unpermute_rows(p.shape[0], p.heads) if p.heads else None
+        w.add_dense(p.internal, to_qtensor(t.data, ty, p.shape, perm))
+        return
+    _, layer, sub = p.internal.split(":")
+    rows = p.shape[1] // 2
+    for e in range(p.shape[0]):
+        data = t.data[e]  # [rows, in] values or [rows, row bytes]
+        if sub == "gate_up":  # gate rows first, then up
+            for s, part in (("gate", data[:rows]), ("up", data[rows:])):
+                w.add_expert_tensor(int(layer), e, s, to_qtensor(part, ty, (rows, p.shape[2])))
+        else:
+            w.add_expert_tensor(int(layer), e, sub, to_qtensor(data, ty, p.shape[1:]))
+
+
 def _internal_name(table: ArchTable, name: str, config: dict, src: str) -> tuple[str, str, str]:
     """(internal template, internal name, tensor class) of a GGUF tensor name."""
     m = _LAYER.match(name)
@@ -324,30 +322,6 @@ def _gguf_name(table: ArchTable, internal: str) -> str:
     return internal
 
 
-def _to_qtensor(t, shape: tuple[int, ...], heads: int | None) -> QTensor:
-    """One GGUF tensor as a QTensor of logical `shape`, rows un-permuted for `heads` when given."""
-    kind = KEPT.get(t.tensor_type)
-    if len(shape) == 1:
-        vals = t.data if kind in ("f32", "f16") else gguf_dequantize(t.data, t.tensor_type)
-        return quantize(np.asarray(vals, np.float32).reshape(shape), "f32")
-    perm = _unpermute_rows(shape[0], heads) if heads else None
-    if kind is not None:
-        arr = t.data.reshape(shape[0], -1)  # [out, in] values or [out, row bytes]
-        if perm is not None:
-            arr = arr[perm]
-        return QTensor(kind, shape, {"w" if kind in ("f32", "f16") else "blocks": arr})
-    step = max(1, CHUNK_VALUES // shape[1])
-    chunks = [
-        quantize(gguf_dequantize(t.data[r : r + step], t.tensor_type).reshape(-1, shape[1]), REQUANT_KIND)
-        for r in range(0, shape[0], step)
-    ]
-    q = np.concatenate([c.parts["q"] for c in chunks])
-    scales = np.concatenate([c.parts["scales"] for c in chunks])
-    if perm is not None:
-        q, scales = q[perm], scales[perm]  # per-row quantization commutes with a row permutation
-    return QTensor(REQUANT_KIND, shape, {"q": q, "scales": scales})
-
-
 def _unpermute_rows(n_rows: int, n_heads: int) -> np.ndarray:
     """Row order that turns llama.cpp's q/k layout back into HF's: `hf = gguf[perm]`.
 
@@ -356,6 +330,18 @@ def _unpermute_rows(n_rows: int, n_heads: int) -> np.ndarray:
     hd = n_rows // n_heads
     assert hd * n_heads == n_rows and hd % 2 == 0, (n_rows, n_heads)
     return np.arange(n_rows).reshape(n_heads, hd // 2, 2).transpose(0, 2, 1).reshape(-1)
+
+
+def _tokenizer_fields(fields: dict) -> dict:
+    """The metadata as `tokenizer_from_gguf` reads it (`TOKENIZER_MODEL_AS`, `TOKENIZER_PRE_AS`)."""
+    out = dict(fields)
+    model, pre = fields.get("tokenizer.ggml.model"), fields.get("tokenizer.ggml.pre")
+    if model in TOKENIZER_MODEL_AS:
+        out["tokenizer.ggml.model"] = TOKENIZER_MODEL_AS[model]
+        out.setdefault("tokenizer.ggml.add_space_prefix", False)
+    if pre in TOKENIZER_PRE_AS:
+        out["tokenizer.ggml.pre"] = TOKENIZER_PRE_AS[pre]
+    return out
 
 
 # --- metadata -----------------------------------------------------------------------------------

@@ -85,6 +85,21 @@ def cmd_bench(a) -> int:
         engine = from_flags(EngineConfig, a)
     except ValueError as e:
         raise RkmojoError(str(e)) from None
+    if a.concurrent:
+        from .bench.concurrent import main as concurrent
+
+        counts = _int_list(a.concurrent, "--concurrent")
+        concurrent(
+            resolve_model(a.store),
+            counts,
+            engine,
+            prompt_tokens=a.prompt_tokens,
+            decode_tokens=a.decode_tokens,
+            rounds=a.runs,
+            seed=a.seed,
+            json_out=a.json,
+        )
+        return 0
     w = Workload(
         prompt_tokens=a.prompt_tokens,
         prefill_tokens=tuple(_int_list(a.prefill_tokens, "--prefill-tokens")),
@@ -431,6 +446,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="time the streamed and the all-resident prompts one child after the other only, not also in turns "
         "with both children loaded at once (which needs RAM for the store and the streaming limit together)",
+    )
+    b.add_argument(
+        "--concurrent",
+        help="instead: aggregate decode tok/s of N conversations stepped together, for each N of a list such "
+        "as 1,2,4, in alternating rounds (--runs rounds; --prompt-tokens, --decode-tokens per sequence)",
     )
     b.add_argument("--json", help="also write the results to this JSON file")
     b.add_argument(

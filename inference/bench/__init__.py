@@ -5,7 +5,8 @@
 - `bounds`: the read bandwidth with the engine's own reader, page-cache warm-up;
 - `paired`: each timed run against the disk measured right after it;
 - `cachesim`: the routing trace, its replay through the engine's `LayerCache`, Belady's optimum;
-- `cgroup`: a cgroup-v1 memory limit around a child process (also a wrapper script).
+- `cgroup`: a cgroup-v1 memory limit around a child process (also a wrapper script);
+- `concurrent`: `--concurrent`, N conversations stepped together against one alone.
 """
 
 from .measure import Workload

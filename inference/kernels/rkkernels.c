@@ -949,6 +949,7 @@ RK_INTERNAL void rk_pool_run(pool_task_fn fn, const void *ctx, int64_t ntask, in
 }
 #define MAX_MATRICES 16
 #define DECODE_TASKS_PER_THREAD 4 /* balances late helpers and big.LITTLE cores; each claim moves a cache line */
+#define DECODE_BATCH_T 8           /* rows up to which a call on a repacked matrix is split as a generated token's */
 
 /* RK_Q8A, the flag on a kind code for int8 activations: rkinternal.h */
 /* Flag on the q4, q4_1 and q8_0 kind codes: the parts are repacked (rows in lanes, see "repacked q4"), rows
@@ -968,13 +969,14 @@ RK_INLINE int family(const part *p)
 }
 
 /* Output rows per task of a matrix with `out` rows, T activation rows, among matrices of `outs` rows
- * in all: decode, tasks of whole micro-tiles, a few per thread, sized by this matrix's share;
- * prefill, PREFILL_ROWS rows, whose weights stay in cache across x tiles. */
+ * in all: decode (and a batched decode step's few rows on a repacked matrix), tasks of whole micro-tiles
+ * (panels), a few per thread, sized by this matrix's share; prefill, PREFILL_ROWS rows, whose weights stay in
+ * cache across x tiles. */
 static int64_t task_rows(int64_t out, int64_t T, int nth, int64_t outs, int rp)
 {
     const int64_t unit = rp ? RP : DECODE_MR; /* repacked: whole panels, in every call */
     int64_t rows = rp ? (PREFILL_ROWS + RP - 1) / RP * RP : PREFILL_ROWS;
-    if (T == 1) {
+    if (T == 1 || (rp && T <= DECODE_BATCH_T)) { /* a generated token, or a batched step's few on panels */
         const int64_t tasks = nth == 1 ? 1 : (DECODE_TASKS_PER_THREAD * nth * out + outs - 1) / outs;
         rows = (out + tasks - 1) / tasks;
         rows = (rows + unit - 1) / unit * unit;

@@ -236,6 +236,10 @@ class Model(Transformer):
     def layer(self, i: int, h: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:
         return self.ffn_half(i, self.attn_half(i, h, cache, positions))
 
+    def compiled_decode(self) -> bool:
+        """Whether a generated token runs through the compiled step (`decode_step`): on the CPU backend."""
+        return self.fused_decode and self.ops is CPU
+
     def layers_forward(self, h: np.ndarray, cache: KVCache, positions: np.ndarray, prompt: bool) -> np.ndarray:
         """As `Transformer.layers_forward`; a generated token on the CPU runs through the compiled step
         (`decode_step`: each layer in C calls, rkgemma4.c, around the expert source) unless `fused_decode`
@@ -245,7 +249,7 @@ class Model(Transformer):
         one = not prompt and len(positions) == 1
         self._int8_rows = one and self.int8_decode and get_activations() == "decode"
         try:
-            step = self.decode_step() if one and self.fused_decode and self.ops is CPU else None
+            step = self.decode_step() if one and self.compiled_decode() else None
             if step is None:
                 return super().layers_forward(h, cache, positions, prompt)
             return step(h, cache, positions)

@@ -156,11 +156,14 @@ def mixture_rows(
     memo: dict | None = None,
     *,
     act: str = "silu",
+    during_io: Callable | None = None,
+    combine: bool = True,
 ) -> None:
     """`mixture_row` of several sequences' rows at once (a batched decode step): seqs[s] = (x, ids,
-    weights, h, y) as mixture_row takes them. The source hands over the union of the experts they chose
-    once (a streamed expert is read once for every row that chose it); each expert runs on each row that
-    chose it, and each row's h gets mixture_row's bits (an expert's result does not depend on its batch)."""
+    weights, h, y) as mixture_row takes them (`act`, `during_io`, `combine` too). The source hands over
+    the union of the experts they chose once (a streamed expert is read once for every row that chose it);
+    each expert runs on each row that chose it, and each row's h (or y) gets mixture_row's bits (an
+    expert's result does not depend on its batch)."""
     slots = [{e: k for k, e in enumerate(ids.tolist())} for _, ids, _, _, _ in seqs]
     union = sorted(set().union(*slots))
     H = seqs[0][0].shape[0]
@@ -171,9 +174,10 @@ def mixture_rows(
             if mine:
                 moe_experts(np.array(mine, np.int64), H, inter, flag, x, y, act)
 
-    source.run(layer, union, compute)
-    for _, _, weights, h, y in seqs:
-        moe_combine(y, weights, h)
+    source.run(layer, union, compute, during_io)
+    if combine:
+        for _, _, weights, h, y in seqs:
+            moe_combine(y, weights, h)
 
 
 def lookahead(model, i: int, router_input: Callable[[int], np.ndarray], route: Callable | None = None) -> None:

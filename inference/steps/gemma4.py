@@ -16,7 +16,7 @@ from .. import kernels
 from ..experts import ResidentExperts
 from ..models import gemma4
 from ..models.base import KVCache
-from ..models.moe import expert_fields, lookahead, mixture_row
+from ..models.moe import expert_fields, lookahead, mixture_row, mixture_rows
 from .descriptor import Descriptor, cache_arrays
 
 # layer field → the model layer's vector it points at (absent from a layer without experts: 0)
@@ -134,6 +134,55 @@ class DecodeStep:
                 mlp()
             kernels.gemma4_ffn_out(desc, i)
         return self.h.copy()
+
+    @classmethod
+    def batch(cls, steps: list["DecodeStep"], h: np.ndarray, caches: list[KVCache]) -> np.ndarray:
+        """Row s of h [M, H] (sequence s's token, at its cache's next position) through every layer with
+        the others: per layer each sequence's attention half and router (its own calls), then the union of
+        the experts they chose, each handed over by the expert source once and run on the rows that chose
+        it, the dense MLPs while the reads land, and each sequence's layer end. A new [M, H] whose row s has
+        the bits `steps[s](h[s:s+1], …)` gives."""
+        first = steps[0]
+        model = first.model
+        for s, (st, cache) in enumerate(zip(steps, caches)):
+            if st.model is not model:
+                raise ValueError("a batch's steps must belong to one model")
+            model._rope_memo = {}  # this sequence's position's RoPE rows
+            st.prepare(h[s : s + 1], cache, np.array([cache.offset]))
+        model._rope_memo = {}
+        a, experts = model.args, model.experts
+        H, inter, dense_inter = a.hidden_size, a.moe_intermediate_size, a.intermediate_size
+        memo = first.fields if isinstance(experts, ResidentExperts) else None
+
+        def mlps(i: int) -> None:  # every sequence's dense MLP
+            for st in steps:
+                kernels.moe_experts(st.mlp_rows[i], H, dense_inter, st.dense_flag, st.x_mlp, st.mlp, st.act)
+
+        for i, routed in enumerate(first.routed):
+            for st in steps:
+                kernels.gemma4_attn(st.desc.array, i)
+            if routed:
+                guesses = lambda j, _x: tuple(np.concatenate(g) for g in zip(*(st.route(j) for st in steps)))  # noqa: E731
+                lookahead(model, i, lambda j: None, route=guesses)  # every row's guesses, read ahead as a prompt's
+                for st in steps:
+                    kernels.gemma4_route(st.desc.array, i)
+                seqs = [(st.x_moe, st.ids, st.wts, st.h, st.y) for st in steps]
+                mixture_rows(
+                    seqs,
+                    i,
+                    experts,
+                    inter,
+                    first.group_flag,
+                    memo,
+                    act=first.act,
+                    during_io=lambda i=i: mlps(i),
+                    combine=False,
+                )
+            else:
+                mlps(i)
+            for st in steps:
+                kernels.gemma4_ffn_out(st.desc.array, i)
+        return np.concatenate([st.h for st in steps])
 
     def route(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """Layer i's router on `self.h`: ids [1, K] and weights [1, K], as `Model.route`."""

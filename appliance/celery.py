@@ -1,7 +1,8 @@
 """The Celery app: Redis broker, one queue per model (`model.NAME`) and one per board (`board.NAME`).
 
-Workers run with the solo pool (`appliance.processes.worker_argv`): one task at a time, in the
-process that owns the engine. `appliance.worker` connects the worker's start-up and shut-down.
+Workers run in the process that owns the engines (`appliance.processes.worker_argv`): with the solo
+pool, one task at a time; with RKMOJO_PARALLEL > 1, a thread per task, whose generations of one model
+its batcher steps together. `appliance.worker` connects the worker's start-up and shut-down.
 """
 
 from __future__ import annotations

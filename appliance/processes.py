@@ -67,8 +67,18 @@ def daphne_argv(host: str, port: int) -> list[str]:
     ]
 
 
-def worker_argv(name: str, loglevel: str = "info") -> list[str]:
-    """A Celery worker with the solo pool: one task at a time in the process that owns the engine."""
+def worker_argv(name: str, loglevel: str = "info", env: dict | None = None) -> list[str]:
+    """A Celery worker in the process that owns the engines: the solo pool (one task at a time), or with
+    RKMOJO_PARALLEL=N > 1 in `env` (the process environment when None) a pool of N + 1 threads, whose
+    generations a model's batcher steps together (`inference.batch`) and one more task (an embedding, a
+    load) beside them."""
+    raw = (os.environ if env is None else env).get("RKMOJO_PARALLEL") or "1"
+    parallel = int(raw) if raw.isdigit() else 1  # a bad value: the worker's settings refuse it by name
+    pool = (
+        ["--pool", "solo", "--concurrency", "1"]
+        if parallel <= 1
+        else ["--pool", "threads", "--concurrency", str(parallel + 1)]
+    )
     return [
         sys.executable,
         "-m",
@@ -76,10 +86,7 @@ def worker_argv(name: str, loglevel: str = "info") -> list[str]:
         "-A",
         "appliance.celery",
         "worker",
-        "--pool",
-        "solo",
-        "--concurrency",
-        "1",
+        *pool,
         "--prefetch-multiplier",
         "1",
         "-n",

@@ -30,6 +30,7 @@ While a task computes it keeps the board's live-view fields current (`Board.stat
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 import shutil
 import threading
@@ -90,14 +91,21 @@ def generate(req: dict) -> None:
         if bus.cancelled_at(b.r, rid) is not None:
             bus.emit(b.r, rid, Final(finish_reason="cancelled"))
             return
-        with b.lock:
+        batched = req["kind"] in ("chat", "complete") and b.parallel() > 1
+        with contextlib.nullcontext() if batched else b.lock:  # batched: the model's batcher takes turns
             b.running, b.running_model = rid, req["model"]
+            if batched:
+                b.active[rid] = req["model"]
             b.heartbeat()  # /api/ps shows it running now, not at the next beat
             try:
                 _run(b, req)
             finally:
-                b.running = b.running_model = None
-                b.state, b.prefill = "idle", None
+                b.active.pop(rid, None)
+                if b.active:  # the others still run: the board shows one of them
+                    b.running, b.running_model = next(iter(b.active.items()))
+                else:
+                    b.running = b.running_model = None
+                    b.state, b.prefill = "idle", None
                 b.heartbeat()
     except RequestError as e:
         bus.emit(b.r, rid, e.event())
@@ -164,7 +172,7 @@ def _embed(b, eng, req: dict, load_s: float) -> None:
     b.state = "embedding"
     try:
         counts = [len(eng.tokenizer.encode(t)) for t in texts]
-        vecs = eng.embed(texts)  # [N, H] float32, L2-normalised
+        vecs = eng.embed(texts, wait=True)  # [N, H] float32, L2-normalised (between a batcher's rounds)
     except ContextLengthError as e:
         raise RequestError(400, str(e), code="context_length_exceeded", param="input") from None
     except ValueError as e:
@@ -216,16 +224,23 @@ def _generate(b, eng, req: dict, load_s: float) -> None:
         ids = eng.chat_prompt(req["messages"], params) if chat else tok.encode(req["prompt"])
     if cap and (req.get("params") or {}).get("max_tokens") is None and len(ids) < eng.context_length:
         params.max_tokens = min(int(cap), eng.context_length - len(ids))  # a default fits what is left
-    ld = b.loaded[name]
-    shared = common_prefix(np.asarray(ids), np.asarray(eng.tokens))
-    # another conversation (or an earlier point of this one) is about to cut the engine's short: keep it for
-    # later. A prompt that extends the last one continues its conversation: the state it leaves covers it.
-    if ld.dirty and shared < min(ld.prompt, len(eng.tokens)):
-        b.save_state(name)
-    b.prompt_cache(name).restore(eng, ids)
-    # checks the parameters and the context before any compute
-    events = eng.generate(ids, params, progress=_prefill_reporter(b, rid), chat=chat)
-    ld.dirty, ld.session, ld.prompt = True, req.get("session"), len(ids)
+    if b.parallel() > 1:
+        # stepped with the model's other generations; a slot's cache keeps its last conversation for the next
+        # prompt that extends it (checks the parameters and the context before any compute)
+        events = b.batcher(name).generate(
+            ids, params, chat=chat, priority=int(req.get("priority") or 0), progress=_prefill_reporter(b, rid)
+        )
+    else:
+        ld = b.loaded[name]
+        shared = common_prefix(np.asarray(ids), np.asarray(eng.tokens))
+        # another conversation (or an earlier point of this one) is about to cut the engine's short: keep it
+        # for later. A prompt that extends the last one continues its conversation: the state it leaves covers it.
+        if ld.dirty and shared < min(ld.prompt, len(eng.tokens)):
+            b.save_state(name)
+        b.prompt_cache(name).restore(eng, ids)
+        # checks the parameters and the context before any compute
+        events = eng.generate(ids, params, progress=_prefill_reporter(b, rid), chat=chat)
+        ld.dirty, ld.session, ld.prompt = True, req.get("session"), len(ids)
     bus.emit(b.r, rid, Start(prompt_tokens=len(ids), load_duration=load_s, dropped_messages=dropped or None))
     # tokens are counted as reasoning when the text they complete is (the first TextDelta after them)
     n_tokens, counted, reasoning_tokens, pending_lp = 0, 0, 0, []

@@ -124,7 +124,7 @@ def run(host: str, port: int, *, demo: bool = True, worker_name: str | None = No
         web = processes.Child("daphne", processes.daphne_argv(host, port), env, logs / "daphne.log").start()
         children.append(web)
         name = worker_name or s.RKMOJO["WORKER_NAME"]
-        worker = processes.Child("worker", processes.worker_argv(name), env, logs / "worker.log").start()
+        worker = processes.Child("worker", processes.worker_argv(name, env=env), env, logs / "worker.log").start()
         children.append(worker)
         shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
         processes.wait_for(

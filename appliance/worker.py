@@ -61,6 +61,7 @@ class Loaded:
     warmed: bool = False  # its expert caches were filled from saved popularity (or there was none)
     unchecked: int | None = None  # experts whose digest is still to check while idle (None: not asked yet)
     popularity_saved: float = 0.0  # when its expert popularity was last written
+    batcher: object = None  # its `inference.batch.Batcher` when the worker steps several requests together
 
     def __post_init__(self):
         self.used_at = self.used_at or self.loaded_at
@@ -87,6 +88,7 @@ class Board:
     state: str = "idle"  # idle, loading, prefill, decoding, embedding (`events.WorkerStats.state`)
     prefill: tuple[int, int] | None = None  # in state prefill: (prompt tokens computed, to compute)
     running_model: str | None = None
+    active: dict = field(default_factory=dict)  # with parallel > 1: request id → model of every one running
     tokens: int = 0  # tokens generated since the worker started
     last_ttft: float | None = None  # the last finished generation's time to first token, s
 
@@ -109,6 +111,27 @@ class Board:
             found[m.name] = {**d, "verified": self.last_verify(m.name, d["digest"])}
         self.models = found
         return found
+
+    def parallel(self) -> int:
+        """How many generations this worker steps together (`EngineConfig.parallel`, RKMOJO_PARALLEL)."""
+        return int(self.cfg["ENGINE"].get("parallel") or 1)
+
+    def batcher(self, name: str):
+        """The running batcher of loaded model `name` (`inference.batch.Batcher`), started at first use."""
+        from inference.batch import Batcher
+
+        with self.lock:
+            ld = self.loaded[name]
+            if ld.batcher is None:
+                ld.batcher = Batcher(ld.engine)
+                ld.batcher.start()
+            return ld.batcher
+
+    def busy(self, name: str) -> bool:
+        """Whether loaded model `name` has generations running or waiting in its batcher."""
+        ld = self.loaded.get(name)
+        b = ld.batcher if ld is not None else None
+        return b is not None and bool(b.running or b.waiting)
 
     def budget(self) -> int:
         return self.cfg["ENGINE"].get("memory_budget") or int(_mem_total() * 0.8)
@@ -180,6 +203,8 @@ class Board:
             ld = self.loaded.get(name)
             if ld is None:
                 return False
+            if ld.batcher is not None:  # its sequences end as cancelled; their clients are told to retry
+                ld.batcher.stop()
             self.save_state(name)
             if ld.used_at > ld.popularity_saved:
                 self.save_popularity(name)
@@ -196,7 +221,7 @@ class Board:
             return
         ld.keep_alive, ld.used_at = keep_alive, time.time()
         ld.expires_at = self._expiry(keep_alive, ld.used_at)
-        if ld.expires_at is not None and ld.expires_at <= time.time():
+        if ld.expires_at is not None and ld.expires_at <= time.time() and not self.busy(name):
             self.unload(name)
 
     def _expiry(self, keep_alive: float | None, since: float | None = None) -> float | None:
@@ -211,6 +236,8 @@ class Board:
         try:
             now = time.time()
             for name, ld in list(self.loaded.items()):
+                if self.busy(name):  # generations in its batcher: the engine is in use
+                    continue
                 if ld.expires_at is not None and ld.expires_at <= now:
                     log.info("%s idle past its keep-alive", name)
                     self.unload(name)
@@ -340,6 +367,8 @@ class Board:
             "pid": os.getpid(),
             "started": self.started,
             "running": self.running,
+            "parallel": self.parallel(),
+            "active": len(self.active) if self.active else int(self.running is not None),
             "installing": self.installing,
             "state": self.state,
             "prefill": self.prefill,

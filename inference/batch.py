@@ -72,11 +72,21 @@ class Sequence:
         return self.cancelled.is_set() or _is_set(self.p.cancel)
 
     def __iter__(self) -> Iterator[Event]:
+        """The events as they come; raises what failed the batcher's round (a kernel's ValueError, …)."""
         while True:
             ev = self.events.get()
+            if isinstance(ev, _Failure):
+                raise ev.error
             yield ev
             if isinstance(ev, Final):
                 return
+
+
+class _Failure:
+    """In a sequence's events: the round it was in failed with `error`."""
+
+    def __init__(self, error: Exception):
+        self.error = error
 
 
 class _Slot:
@@ -90,8 +100,8 @@ class _Slot:
 
 
 class Batcher:
-    """Continuous batching of up to `slots` sequences on `engine` (see the module's docstring). The engine's
-    own generations (`Engine.chat`) wait for a round to end and run alone in between."""
+    """Continuous batching of up to `slots` sequences on `engine` (see the module's docstring). A round holds
+    the engine's lock: the engine's own generations and embeddings run between rounds, not during one."""
 
     def __init__(self, engine, slots: int | None = None):
         self.engine = engine
@@ -167,7 +177,20 @@ class Batcher:
                     self._wake.wait()
                 if self._stop:
                     return
-            self.round()
+            try:
+                self.round()
+            except Exception as e:  # a kernel's refusal, memory: the sequences in the round fail with it
+                self._fail(e)
+
+    def _fail(self, error: Exception) -> None:
+        """End every running sequence with `error` (its iteration raises it); their slots start empty."""
+        with self._lock:
+            failed, self.running = self.running, []
+        for seq in failed:
+            seq.finished = True
+            seq.events.put(_Failure(error))
+            seq.slot.seq = None
+            seq.slot.cache, seq.slot.tokens = self.engine.model.new_cache(), []
 
     def run_until_idle(self) -> None:
         """Run rounds in this thread until no sequence waits or runs."""
@@ -177,7 +200,7 @@ class Batcher:
     def round(self) -> bool:
         """One round (admit, one prefill chunk, one decode step); False when there was nothing to do."""
         engine = self.engine
-        with engine._exclusive(), kernels.configured(engine.cfg.threads, engine.cfg.activations):
+        with engine._lock, kernels.configured(engine.cfg.threads, engine.cfg.activations):  # between others' uses
             self._admit()
             if not self.running:
                 return False

@@ -265,16 +265,17 @@ class Engine:
         for ev in list(self._live):
             ev.set()
 
-    def embed(self, texts: str | list[str]) -> np.ndarray:
+    def embed(self, texts: str | list[str], *, wait: bool = False) -> np.ndarray:
         """Embeddings: the mean over tokens of the final-normed hidden states, L2-normalised.
 
         Each text is tokenized as by `complete` and run through a fresh KV cache, so the chat state is
-        untouched. Returns float32 [len(texts), hidden_size].
+        untouched. Returns float32 [len(texts), hidden_size]. `wait`: wait for a running generation (or a
+        batcher's round, `inference.batch`) to end, instead of raising.
 
         Raises:
             ValueError: an empty text.
             ContextLengthError: a text longer than the context.
-            EngineBusyError: a generation is running.
+            EngineBusyError: a generation is running (and not `wait`).
         """
         texts = [texts] if isinstance(texts, str) else list(texts)
         encoded = [self.tokenizer.encode(t) for t in texts]
@@ -285,7 +286,7 @@ class Engine:
                 raise ContextLengthError(
                     f"texts[{i}] has {len(ids)} tokens and the context holds {self.context_length}; shorten it"
                 )
-        with self._exclusive():
+        with self._lock if wait else self._exclusive():
             out = []
             for ids in encoded:
                 with kernels.configured(self.cfg.threads, self.cfg.activations):

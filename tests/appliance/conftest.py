@@ -78,7 +78,7 @@ class Stack:
     def start_worker(self, name: str, env: dict, wait: bool = True) -> processes.Child:
         child = processes.Child(
             f"worker {name}",
-            processes.worker_argv(name),
+            processes.worker_argv(name, env=env),
             {**env, "RKMOJO_WORKER_NAME": name},
             Path(env["RKMOJO_DATA"]) / "logs" / f"worker-{name}.log",
             cwd=str(ROOT),

@@ -218,9 +218,11 @@ class Job:
         """
         workers, _ = await find_model(model)
         rid = payload.setdefault("id", uuid.uuid4().hex)
-        capacity = (1 + (await config.acurrent())["queue_limit"]) * len(workers)  # as saved in the panel
+        # each worker's generations at once (`parallel`) and its queue, as saved in the panel
+        limit = (await config.acurrent())["queue_limit"]
+        capacity = sum(int(w.get("parallel") or 1) + limit for w in workers)
         info = {"id": rid, "model": model, "kind": payload.get("kind"), "client": client, "created": time.time()}
-        info["priority"] = priority
+        info["priority"] = payload["priority"] = priority
         if not await bus.admit(redis(), model, rid, capacity, info):
             wait = settings.RKMOJO["RETRY_AFTER"]
             raise ApiError(

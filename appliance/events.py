@@ -208,6 +208,8 @@ class WorkerStats(_Event):
     prefill_done: int | None = None  # state prefill: prompt tokens computed / to compute
     prefill_total: int | None = None
     loaded: list[str] = []  # loaded models
+    active: int = Field(0, ge=0)  # generations running now (several with RKMOJO_PARALLEL > 1)
+    parallel: int = Field(1, ge=1)  # the most it runs at once
     queue_depth: int = Field(0, ge=0)  # requests admitted for its models and not yet finished
     oldest_wait: float = 0.0  # seconds the oldest of them has been waiting
     tokens_per_s: float = 0.0  # tokens generated in the last second

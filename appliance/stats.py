@@ -91,7 +91,7 @@ def memory_budget(engines: list, rss: int, total: int) -> MemoryBudget:
         else:
             cache_bytes, prefetch_bytes = experts.slot_bytes()
             slots, prefetch = slots + cache_bytes, prefetch + prefetch_bytes
-        kv += sum(layer.k.nbytes + layer.v.nbytes for layer in list(eng.cache.layers))
+        kv += eng.kv_held()  # its own cache and its batcher's slots
     held = dense + kv + slots + prefetch
     runtime = max(0, rss - held)
     return MemoryBudget(
@@ -217,6 +217,8 @@ class Sampler:
             prefill_done=prefill[0] if state == "prefill" and prefill else None,
             prefill_total=prefill[1] if state == "prefill" and prefill else None,
             loaded=sorted(loaded),
+            active=len(b.active) if b.active else int(b.running is not None),
+            parallel=b.parallel(),
             queue_depth=len(queue),
             oldest_wait=max(0.0, time.time() - oldest) if oldest is not None else 0.0,
             tokens_per_s=tokens / dt,

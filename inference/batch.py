@@ -109,6 +109,7 @@ class Batcher:
         if n < 1:
             raise ValueError(f"slots must be at least 1, got {n}")
         self.slots = [_Slot(engine.model) for _ in range(n)]
+        engine.batchers.add(self)  # its slots' KV counts in `Engine.kv_held`
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []  # in the order they were admitted
         self._lock = threading.Lock()

@@ -135,6 +135,7 @@ class Engine:
         self._lock = threading.Lock()  # held while a generation or an embedding runs
         # cancel events of prepared or running generations (weak: a generator dropped unstarted leaves nothing)
         self._live: weakref.WeakSet = weakref.WeakSet()
+        self.batchers: weakref.WeakSet = weakref.WeakSet()  # `inference.batch.Batcher`s stepping on this engine
         streaming = bool(store.expert_layers) and (cfg.memory_budget is not None or cfg.expert_slots is not None)
         self.cache = empty_cache(store, chunk=cfg.chunk, kv_dtype=cfg.kv_dtype)
         self.tokens: list[int] = []  # the ids whose K/V the cache holds, in order
@@ -390,6 +391,11 @@ class Engine:
             return 0
         with self._lock:
             return self.model.experts.check_unchecked(seconds)
+
+    def kv_held(self) -> int:
+        """Bytes of KV state held now: the engine's own cache and its batchers' slots."""
+        caches = [self.cache] + [slot.cache for b in list(self.batchers) for slot in b.slots]
+        return sum(layer.k.nbytes + layer.v.nbytes for c in caches for layer in list(c.layers))
 
     def save_prompt_cache(self, path) -> None:
         """Write the current token ids and KV state to `path` (atomic)."""

@@ -1,13 +1,15 @@
-"""`rkmojo bench STORE --concurrent 1,2,4`: aggregate decode speed of N conversations stepped together
-(`inference.batch.Batcher`) against one alone, on one engine, in alternating rounds.
+"""`rkmojo bench STORE --concurrent 1,2,4`: aggregate decode speed of N sequences stepped together
+(`Transformer.decode_batch`, the step `inference.batch` runs) against one alone, on one engine, in
+alternating rounds.
 
 Each round runs every N once, in a rotating order, so a machine whose speed drifts within minutes
 drifts on every N alike. A run: N prompts of random ids (`prompt_tokens` each, a different one per
-sequence) are prefilled, then the clock runs while the batcher decodes until every sequence has
-generated `decode_tokens` tokens (sampled at temperature 1 from a fixed seed; a sequence that samples
-an end of text stops early and its tokens count as they are). Reported per N: the median aggregate
-tok/s (every sequence's tokens over the decode's wall time), its ratio to N = 1's, and, for a streamed
-store, the expert bytes read per generated token.
+sequence) are prefilled, each in a KV cache of its own; then the clock runs while `decode_tokens` steps
+feed every sequence a fixed random id (as `rkmojo bench` times decode: the model's work, not sampling's).
+Each run opens the engine anew with `parallel` = N, so a memory budget is split for N KV caches as a
+server with N slots splits it. Reported per N: the median aggregate tok/s (N × steps over the steps'
+wall time), its ratio to the first N's, and, for a streamed store, the expert bytes read per generated
+token and the expert slots per layer the budget left.
 """
 
 from __future__ import annotations
@@ -18,30 +20,26 @@ import time
 
 import numpy as np
 
-from ..batch import Batcher
-from ..events import TokenEvent
+from .. import kernels
 
 
 def one_run(engine, n: int, prompt_tokens: int, decode_tokens: int, seed: int) -> dict:
     """One run of n sequences: {"tokens", "seconds", "tok_s", "bytes_read"}."""
     rng = np.random.default_rng(seed)
-    vocab = engine.model.args.vocab_size
-    batcher = Batcher(engine, slots=n)
-    seqs = [
-        batcher.generate(
-            rng.integers(0, min(vocab, 32000), prompt_tokens).tolist(),
-            {"max_tokens": decode_tokens, "temperature": 1.0, "seed": seed + i},
-        )
-        for i in range(n)
-    ]
-    while any(s.logits is None and not s.finished for s in seqs):  # every prompt in
-        batcher.round()
-    before = _bytes_read(engine)
-    already = sum(_tokens(s) for s in seqs)
-    t0 = time.perf_counter()
-    batcher.run_until_idle()
-    seconds = time.perf_counter() - t0
-    tokens = sum(_tokens(s) for s in seqs) - already
+    model = engine.model
+    vocab = min(model.args.vocab_size, 32000)
+    caches = [model.new_cache() for _ in range(n)]
+    steps = [model.step_class(model) if model.step_class is not None else None for _ in range(n)]
+    feed = rng.integers(0, vocab, (decode_tokens, n))
+    with kernels.configured(engine.cfg.threads, engine.cfg.activations):
+        for cache in caches:
+            model.forward(rng.integers(0, vocab, prompt_tokens), cache, last_only=True, prompt=True)
+        before = _bytes_read(engine)
+        t0 = time.perf_counter()
+        for ids in feed:
+            model.decode_batch(ids.tolist(), caches, steps)
+        seconds = time.perf_counter() - t0
+    tokens = n * decode_tokens
     return {
         "tokens": tokens,
         "seconds": seconds,
@@ -50,24 +48,28 @@ def one_run(engine, n: int, prompt_tokens: int, decode_tokens: int, seed: int) -
     }
 
 
-def _tokens(seq) -> int:
-    return sum(isinstance(e, TokenEvent) for e in list(seq.events.queue))
-
-
 def _bytes_read(engine) -> int:
     total = (engine.expert_stats or {}).get("total")
     return int(total["bytes_read"]) if total else 0
 
 
 def run_concurrent(
-    engine, counts: list[int], *, prompt_tokens: int = 64, decode_tokens: int = 64, rounds: int = 3, seed: int = 0
+    open_engine, counts: list[int], *, prompt_tokens: int = 64, decode_tokens: int = 64, rounds: int = 3, seed: int = 0
 ) -> dict:
-    """Every N of `counts` once per round, `rounds` rounds, the order rotating; the summary per N."""
+    """Every N of `counts` once per round, `rounds` rounds, the order rotating; the summary per N.
+    `open_engine(n)` opens the engine a run of n sequences uses (its memory budget split for n KV caches,
+    `EngineConfig.parallel`), closed after the run: each run starts with empty expert caches."""
     runs: dict[int, list[dict]] = {n: [] for n in counts}
     for r in range(rounds):
         order = counts[r % len(counts) :] + counts[: r % len(counts)]
         for n in order:
-            runs[n].append(one_run(engine, n, prompt_tokens, decode_tokens, seed + 1000 * r))
+            engine = open_engine(n)
+            try:
+                runs[n].append(
+                    {**one_run(engine, n, prompt_tokens, decode_tokens, seed + 1000 * r), "slots": engine.slots}
+                )
+            finally:
+                engine.close()
     base = statistics.median(x["tok_s"] for x in runs[counts[0]])
     out = {"counts": counts, "rounds": rounds, "prompt_tokens": prompt_tokens, "decode_tokens": decode_tokens}
     for n in counts:
@@ -78,29 +80,35 @@ def run_concurrent(
             "ratio": tok_s / base if base else None,
             "per_round": [round(x["tok_s"], 2) for x in runs[n]],
             "bytes_per_token": sum(x["bytes_read"] for x in runs[n]) / tokens if tokens else None,
+            "expert_slots": runs[n][0]["slots"],
         }
     return out
 
 
 def report(result: dict, first: int) -> str:
-    lines = [f"{'N':>3}  {'aggregate tok/s':>16}  {'vs N=' + str(first):>8}  {'expert MB/token':>16}  rounds"]
+    head = (
+        f"{'N':>3}  {'aggregate tok/s':>16}  {'vs N=' + str(first):>8}  {'expert MB/token':>16}  {'slots':>5}  rounds"
+    )
+    lines = [head]
     for n in result["counts"]:
         r = result[str(n)]
         mb = "-" if not r["bytes_per_token"] else f"{r['bytes_per_token'] / 1e6:.2f}"
-        lines.append(f"{n:>3}  {r['tok_s']:>16.2f}  {r['ratio']:>8.2f}  {mb:>16}  {r['per_round']}")
+        slots = r["expert_slots"] if r["expert_slots"] is not None else "-"
+        lines.append(f"{n:>3}  {r['tok_s']:>16.2f}  {r['ratio']:>8.2f}  {mb:>16}  {slots:>5}  {r['per_round']}")
     return "\n".join(lines)
 
 
 def main(store, counts: list[int], engine_kw: dict, *, prompt_tokens, decode_tokens, rounds, seed, json_out=None):
     from ..engine import Engine
 
-    engine = Engine.open(store, **{**engine_kw, "parallel": max(counts)})
-    try:
-        result = run_concurrent(
-            engine, counts, prompt_tokens=prompt_tokens, decode_tokens=decode_tokens, rounds=rounds, seed=seed
-        )
-    finally:
-        engine.close()
+    result = run_concurrent(
+        lambda n: Engine.open(store, **{**engine_kw, "parallel": n}),
+        counts,
+        prompt_tokens=prompt_tokens,
+        decode_tokens=decode_tokens,
+        rounds=rounds,
+        seed=seed,
+    )
     print(report(result, counts[0]))
     if json_out:
         with open(json_out, "w") as f:

@@ -309,3 +309,42 @@ def test_a_real_moe_worker_streaming_experts_fills_the_heatmap_as_it_computes(ad
     finally:
         worker.stop()
         del stack.workers["board-moe"]
+
+
+def test_the_live_view_shows_the_generations_a_parallel_worker_runs_at_once(admin, stack, smollm2_store, tmp_path):
+    """A second worker with RKMOJO_PARALLEL=4 serving the demo model under another name: while three requests
+    run on it, its card says how many of its four slots are in use."""
+    data = tmp_path / "board-par"
+    (data / "models").mkdir(parents=True)
+    (data / "logs").mkdir()
+    (data / "models" / "smollm2-par").symlink_to(smollm2_store)
+    env = {**stack.env, "RKMOJO_DATA": str(data), "RKMOJO_PRELOAD": "smollm2-par", "RKMOJO_PARALLEL": "4"}
+    worker = stack.start_worker("board-par", env)
+    try:
+        page = admin
+        page.goto("/panel/")
+        card = page.locator('[data-worker="board-par"]')
+        card.wait_for()
+        assert card.locator('[data-f="slots"]').inner_text() == "0 of 4"
+
+        def ask(i: int) -> None:
+            stack.openai().chat.completions.create(
+                model="smollm2-par",
+                messages=[{"role": "user", "content": f"Tell story number {i}."}],
+                max_tokens=400,
+                logit_bias={"2": -100},  # no end of text: each runs its 400 tokens
+            )
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        page.wait_for_function(
+            '() => /^[23] of 4$/.test(document.querySelector(\'[data-worker="board-par"] [data-f="slots"]\').textContent)',
+            timeout=30000,
+        )
+        shot(page, "panel-live-parallel")
+        for t in threads:
+            t.join(120)
+    finally:
+        worker.stop()
+        stack.workers.pop("board-par", None)

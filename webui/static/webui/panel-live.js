@@ -203,6 +203,7 @@
     st.textContent = s.state + (s.state === "prefill" && s.prefill_total ? " " + s.prefill_done + "/" + s.prefill_total : "");
     setText(n, "loaded", (s.loaded || []).join(", ") || "—");
     setText(n, "queue", s.queue_depth ? s.queue_depth + ", oldest " + fmt(s.oldest_wait, 1) + " s" : "0");
+    setText(n, "slots", (s.active || 0) + " of " + (s.parallel || 1));
     setText(n, "tps", fmt(s.tokens_per_s, 1));
     setText(n, "ttft", s.ttft == null ? "—" : fmt(s.ttft, 2) + " s");
     setText(n, "hit", s.expert_hit_rate == null ? "—" : fmt(100 * s.expert_hit_rate, 0) + " %");

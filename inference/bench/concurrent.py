@@ -6,8 +6,8 @@ Each round runs every N once, in a rotating order, so a machine whose speed drif
 drifts on every N alike. A run: N prompts of random ids (`prompt_tokens` each, a different one per
 sequence) are prefilled, each in a KV cache of its own; then the clock runs while `decode_tokens` steps
 feed every sequence a fixed random id (as `rkmojo bench` times decode: the model's work, not sampling's).
-Each run opens the engine anew with `parallel` = N, so a memory budget is split for N KV caches as a
-server with N slots splits it. Reported per N: the median aggregate tok/s (N × steps over the steps'
+Each run is a child process that opens the engine with `parallel` = N, so a memory budget is split for N
+KV caches as a server with N slots splits it, and starts with empty expert caches. Reported per N: the median aggregate tok/s (N × steps over the steps'
 wall time), its ratio to the first N's, and, for a streamed store, the expert bytes read per generated
 token and the expert slots per layer the budget left.
 """
@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
+import sys
 import time
 
 import numpy as np
 
 from .. import kernels
+from ..errors import RkmojoError
 
 
 def one_run(engine, n: int, prompt_tokens: int, decode_tokens: int, seed: int) -> dict:
@@ -54,22 +57,16 @@ def _bytes_read(engine) -> int:
 
 
 def run_concurrent(
-    open_engine, counts: list[int], *, prompt_tokens: int = 64, decode_tokens: int = 64, rounds: int = 3, seed: int = 0
+    run, counts: list[int], *, prompt_tokens: int = 64, decode_tokens: int = 64, rounds: int = 3, seed: int = 0
 ) -> dict:
     """Every N of `counts` once per round, `rounds` rounds, the order rotating; the summary per N.
-    `open_engine(n)` opens the engine a run of n sequences uses (its memory budget split for n KV caches,
-    `EngineConfig.parallel`), closed after the run: each run starts with empty expert caches."""
+    `run(n, prompt_tokens, decode_tokens, seed)` is one run's result (`one_run` on an engine opened for
+    it, `child_run`)."""
     runs: dict[int, list[dict]] = {n: [] for n in counts}
     for r in range(rounds):
         order = counts[r % len(counts) :] + counts[: r % len(counts)]
         for n in order:
-            engine = open_engine(n)
-            try:
-                runs[n].append(
-                    {**one_run(engine, n, prompt_tokens, decode_tokens, seed + 1000 * r), "slots": engine.slots}
-                )
-            finally:
-                engine.close()
+            runs[n].append(run(n, prompt_tokens, decode_tokens, seed + 1000 * r))
     base = statistics.median(x["tok_s"] for x in runs[counts[0]])
     out = {"counts": counts, "rounds": rounds, "prompt_tokens": prompt_tokens, "decode_tokens": decode_tokens}
     for n in counts:
@@ -83,6 +80,30 @@ def run_concurrent(
             "expert_slots": runs[n][0]["slots"],
         }
     return out
+
+
+def child_run(store, engine_kw: dict):
+    """`run` for `run_concurrent`: each run in a child process of its own (this module's `__main__`), which
+    opens the engine with parallel = n: the memory a run leaves behind never counts in the next one's (a
+    memory cgroup around the bench holds every child in turn)."""
+
+    def run(n: int, prompt_tokens: int, decode_tokens: int, seed: int) -> dict:
+        spec = {
+            "store": str(store),
+            "engine": {**engine_kw, "parallel": n},
+            "n": n,
+            "prompt_tokens": prompt_tokens,
+            "decode_tokens": decode_tokens,
+            "seed": seed,
+        }
+        done = subprocess.run(
+            [sys.executable, "-m", "inference.bench.concurrent", json.dumps(spec)], capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            raise RkmojoError(f"a run of {n} sequences failed (exit {done.returncode}): {done.stderr.strip()[-400:]}")
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    return run
 
 
 def report(result: dict, first: int) -> str:
@@ -99,10 +120,8 @@ def report(result: dict, first: int) -> str:
 
 
 def main(store, counts: list[int], engine_kw: dict, *, prompt_tokens, decode_tokens, rounds, seed, json_out=None):
-    from ..engine import Engine
-
     result = run_concurrent(
-        lambda n: Engine.open(store, **{**engine_kw, "parallel": n}),
+        child_run(store, engine_kw),
         counts,
         prompt_tokens=prompt_tokens,
         decode_tokens=decode_tokens,
@@ -114,3 +133,18 @@ def main(store, counts: list[int], engine_kw: dict, *, prompt_tokens, decode_tok
         with open(json_out, "w") as f:
             json.dump(result, f, indent=1)
     return result
+
+
+def _child(spec: dict) -> dict:
+    from ..engine import Engine
+
+    engine = Engine.open(spec["store"], **spec["engine"])
+    try:
+        r = one_run(engine, spec["n"], spec["prompt_tokens"], spec["decode_tokens"], spec["seed"])
+        return {**r, "slots": engine.slots}
+    finally:
+        engine.close()
+
+
+if __name__ == "__main__":
+    print(json.dumps(_child(json.loads(sys.argv[1]))))

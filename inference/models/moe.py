@@ -192,3 +192,14 @@ def lookahead(model, i: int, router_input: Callable[[int], np.ndarray], route: C
         return
     idx, _ = (route or model.route)(j, router_input(j))
     model.experts.prefetch(j, idx.reshape(-1).tolist(), rows=len(idx))  # rows' top-k in score order
+
+
+def lookahead_rows(model, i: int, router_input: Callable[[int], np.ndarray], route: Callable | None = None) -> None:
+    """`lookahead` for several generated tokens stepped together (a batched decode step): layer i+1's
+    router on each row, and their guesses read ahead as one token's are, rank by rank (every row's best
+    guess first, then every row's second, …), into the token's lookahead pools."""
+    j = i + 1
+    if not getattr(model.experts, "wants_prefetch", False) or j >= len(model.layers) or "router" not in model.layers[j]:
+        return
+    idx, _ = (route or model.route)(j, router_input(j))  # [rows, K], each row's best first
+    model.experts.prefetch(j, np.asarray(idx).T.reshape(-1).tolist(), rows=1)

@@ -225,10 +225,16 @@ def _generate(b, eng, req: dict, load_s: float) -> None:
     if cap and (req.get("params") or {}).get("max_tokens") is None and len(ids) < eng.context_length:
         params.max_tokens = min(int(cap), eng.context_length - len(ids))  # a default fits what is left
     if b.parallel() > 1:
-        # stepped with the model's other generations; a slot's cache keeps its last conversation for the next
-        # prompt that extends it (checks the parameters and the context before any compute)
+        # stepped with the model's other generations; a slot keeps its last conversation for the next prompt
+        # that extends it, and saves it as a prompt-cache file before another takes the slot (checks the
+        # parameters and the context before any compute)
         events = b.batcher(name).generate(
-            ids, params, chat=chat, priority=int(req.get("priority") or 0), progress=_prefill_reporter(b, rid)
+            ids,
+            params,
+            chat=chat,
+            priority=int(req.get("priority") or 0),
+            progress=_prefill_reporter(b, rid),
+            session=req.get("session"),
         )
     else:
         ld = b.loaded[name]

@@ -122,8 +122,8 @@ class Board:
 
         with self.lock:
             ld = self.loaded[name]
-            if ld.batcher is None:
-                ld.batcher = Batcher(ld.engine)
+            if ld.batcher is None:  # its slots' conversations saved and restored as the engine's own are
+                ld.batcher = Batcher(ld.engine, saved=self.prompt_cache(name))
                 ld.batcher.start()
             return ld.batcher
 

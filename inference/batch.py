@@ -39,7 +39,7 @@ from typing import Iterator
 
 import numpy as np
 
-from . import kernels
+from . import kernels, prompt_cache
 from .events import Event, Final
 from .generate import TokenLoop, _is_set
 from .sampler import SamplingParams
@@ -54,6 +54,7 @@ class Sequence:
         self.ids, self.p, self.max_tokens, self.plan = ids, p, max_tokens, plan
         self.priority = priority
         self.progress = progress
+        self.session: str | None = None  # the conversation's name, kept with its saved state
         self.order = next(self._order)
         self.cancelled = threading.Event()
         self.events: queue.Queue = queue.Queue()
@@ -97,14 +98,44 @@ class _Slot:
         self.tokens: list[int] = []
         self.step = model.step_class(model) if model.step_class is not None else None
         self.seq: Sequence | None = None
+        self.unsaved = False  # it holds a sequence the saved states (`saved`) do not have yet
+        self.prompt = 0  # how many of its tokens were its last sequence's prompt
+        self.session: str | None = None
+
+
+class SlotState:
+    """A slot as a prompt-cache store (`appliance.promptcache.PromptCache`) sees an engine: the token ids and
+    KV cache it holds, copied out (`snapshot_prompt_cache`) and loaded in (`load_prompt_cache`)."""
+
+    def __init__(self, engine, slot: _Slot):
+        self.engine, self.slot = engine, slot
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.slot.tokens
+
+    @property
+    def cache(self):
+        return self.slot.cache
+
+    def snapshot_prompt_cache(self) -> prompt_cache.Snapshot:
+        return prompt_cache.snapshot(self.engine.store.digest, self.slot.tokens, self.slot.cache)
+
+    def load_prompt_cache(self, source) -> int:
+        self.slot.cache, self.slot.tokens = self.engine.read_prompt_cache(source)
+        return len(self.slot.tokens)
 
 
 class Batcher:
     """Continuous batching of up to `slots` sequences on `engine` (see the module's docstring). A round holds
     the engine's lock: the engine's own generations and embeddings run between rounds, not during one."""
 
-    def __init__(self, engine, slots: int | None = None):
+    def __init__(self, engine, slots: int | None = None, *, saved=None):
         self.engine = engine
+        # saved KV states (`appliance.promptcache.PromptCache`: restore(state, ids), save(state, session,
+        # prompt)): a slot's conversation is saved before another takes its slot, and a new sequence starts
+        # from the saved state that holds the longest prefix of its prompt when its slot holds less
+        self.saved = saved
         n = slots if slots is not None else engine.cfg.parallel
         if n < 1:
             raise ValueError(f"slots must be at least 1, got {n}")
@@ -126,20 +157,30 @@ class Batcher:
         return self._submit(self.engine._chat_ids(messages, p), p, True, priority, progress)
 
     def generate(
-        self, ids: list[int], params=None, *, chat: bool = False, priority: int = 0, progress=None, **overrides
+        self,
+        ids: list[int],
+        params=None,
+        *,
+        chat: bool = False,
+        priority: int = 0,
+        progress=None,
+        session: str | None = None,
+        **overrides,
     ) -> Sequence:
-        """Queue the continuation of token ids, as `Engine.generate` would run it."""
+        """Queue the continuation of token ids, as `Engine.generate` would run it. `session`: the
+        conversation's name, kept with its saved state."""
         p = self.engine._params(params, overrides)
-        return self._submit([int(i) for i in ids], p, chat, priority, progress)
+        return self._submit([int(i) for i in ids], p, chat, priority, progress, session)
 
     def complete(self, prompt: str, params=None, *, priority: int = 0, progress=None, **overrides) -> Sequence:
         """Queue the continuation of raw text, as `Engine.complete` would run it."""
         p = self.engine._params(params, overrides)
         return self._submit(self.engine.tokenizer.encode(prompt), p, False, priority, progress)
 
-    def _submit(self, ids, p, chat, priority, progress) -> Sequence:
+    def _submit(self, ids, p, chat, priority, progress, session=None) -> Sequence:
         max_tokens, plan = self.engine.plan_run(ids, p, chat=chat)
         seq = Sequence(ids, p, max_tokens, plan, priority, progress)
+        seq.session = session
         with self._wake:
             self.waiting.append(seq)
             self._wake.notify()
@@ -169,7 +210,18 @@ class Batcher:
             self._thread = None
         for seq in list(self.running) + list(self.waiting):
             seq.cancel()
-        self.round()
+        while self.round():
+            pass
+        self.save_all()
+
+    def save_all(self) -> None:
+        """Save every idle slot's sequence the saved states do not have yet (`saved`)."""
+        if self.saved is None:
+            return
+        for slot in self.slots:
+            if slot.unsaved and slot.seq is None:
+                self.saved.save(SlotState(self.engine, slot), slot.session, slot.prompt)
+                slot.unsaved = False
 
     def _serve(self) -> None:
         while True:
@@ -191,7 +243,7 @@ class Batcher:
             seq.finished = True
             seq.events.put(_Failure(error))
             seq.slot.seq = None
-            seq.slot.cache, seq.slot.tokens = self.engine.model.new_cache(), []
+            seq.slot.cache, seq.slot.tokens, seq.slot.unsaved = self.engine.model.new_cache(), [], False
 
     def run_until_idle(self) -> None:
         """Run rounds in this thread until no sequence waits or runs."""
@@ -221,17 +273,26 @@ class Batcher:
                 if not free or (seq.priority > 0 and len(free) == 1 and len(self.slots) > 1):
                     break
                 self.waiting.pop(0)
-                slot = max(free, key=lambda s: _common(s.tokens, seq.ids))
+                # the slot holding most of its prompt; else one whose state is saved (or empty)
+                slot = max(free, key=lambda s: (_common(s.tokens, seq.ids), not s.unsaved))
                 self._place(seq, slot)
 
     def _place(self, seq: Sequence, slot: _Slot) -> None:
-        """Give `seq` the slot, keeping the part of the slot's cache that holds a prefix of its prompt."""
+        """Give `seq` the slot, keeping the part of the slot's cache that holds a prefix of its prompt, or
+        starting from a saved state that holds more of it (the slot's own state saved first)."""
+        if self.saved is not None:
+            state = SlotState(self.engine, slot)
+            if slot.unsaved and _common(slot.tokens, seq.ids) < len(slot.tokens):  # about to be cut
+                self.saved.save(state, slot.session, slot.prompt)
+                slot.unsaved = False
+            self.saved.restore(state, seq.ids)
         n = min(_common(slot.tokens, seq.ids), len(seq.ids) - 1)  # at least one row computed, for logits
         if n < len(slot.tokens) and not slot.cache.truncate(n):
             slot.cache = self.engine.model.new_cache()
             n = 0
         del slot.tokens[n:]
         slot.seq, seq.slot, seq.done = seq, slot, n
+        slot.unsaved, slot.prompt, slot.session = True, len(seq.ids), seq.session
         seq.loop = TokenLoop(self.engine, seq.ids, seq.p, seq.max_tokens, seq.is_cancelled, plan=seq.plan)
         seq.loop.reused = n
         if seq.progress is not None:

@@ -414,6 +414,12 @@ class Engine:
             PromptCacheError: another store's file, truncated or corrupted, or more tokens than the
                 context holds; the current state is kept.
         """
+        self.cache, self.tokens = self.read_prompt_cache(source)
+        return len(self.tokens)
+
+    def read_prompt_cache(self, source) -> tuple:
+        """(a new KV cache, its token ids) from a prompt-cache file or `prompt_cache.Snapshot`, for this
+        engine's cache or a batcher slot's (`inference.batch`). Raises as `load_prompt_cache`."""
         if isinstance(source, prompt_cache.Snapshot):
             snap, where = source, "prompt cache"
             if snap.store != self.store.digest:
@@ -426,8 +432,7 @@ class Engine:
             )
         fresh = self.model.new_cache()
         prompt_cache.restore(snap, fresh, where)
-        self.cache, self.tokens = fresh, snap.tokens.tolist()
-        return len(self.tokens)
+        return fresh, snap.tokens.tolist()
 
     def close(self) -> None:
         self.backend.backend.close()

@@ -157,3 +157,33 @@ def test_a_background_request_does_not_take_the_last_free_slot(smollm2_store):
     assert chat.slot is not None and second.slot is None
     b.run_until_idle()
     assert all(s.finished for s in (first, second, chat))
+
+
+def test_a_slot_taken_by_another_conversation_is_saved_and_its_conversation_resumes_from_the_file(
+    smollm2_store, tmp_path
+):
+    """One slot, a saved-state store (the worker's prompt cache): A runs, B takes A's slot (A is saved to a
+    file first), then A's next turn starts from the file, reusing all of A's tokens, and answers as it does
+    alone."""
+    from appliance.promptcache import PromptCache
+
+    e = Engine.open(smollm2_store)
+    saved = PromptCache(tmp_path / "pc", "smollm2", max_bytes=2**30, max_age=3600)
+    b = Batcher(e, slots=1, saved=saved)
+    a_ids = e.tokenizer.encode(PROMPTS[3])
+    a = b.generate(a_ids, {"max_tokens": 8, "temperature": 0}, session="a")
+    b.run_until_idle()
+    held = list(b.slots[0].tokens)  # A's prompt and answer
+    other = b.generate(e.tokenizer.encode(PROMPTS[1]), {"max_tokens": 4, "temperature": 0})
+    b.run_until_idle()
+    saved.flush()
+    assert a.finished and other.finished
+    assert len(list((tmp_path / "pc").rglob("*.kv"))) == 1  # A's state, written before B cut the slot
+    nxt = held + e.tokenizer.encode(" And then")
+    again = b.generate(nxt, {"max_tokens": 8, "temperature": 0}, session="a")
+    b.run_until_idle()
+    final = list(again.events.queue)[-1]
+    assert final.usage.cached_tokens == len(held)
+    e.reset()
+    assert _tokens(list(again.events.queue)) == _tokens(list(e.generate(nxt, {"max_tokens": 8, "temperature": 0})))
+    saved.close()

@@ -237,3 +237,22 @@ def no_failures(django_for_stack):
     forget()
     yield
     forget()
+
+
+@pytest.fixture
+def socket_of(session_cookie):
+    """`socket_of(username, origin=…)`: a WebsocketCommunicator with that user's session (made ahead:
+    a session is made through the ORM, which refuses to run inside the test's event loop)."""
+    from channels.testing import WebsocketCommunicator
+
+    from appliance.asgi import application
+
+    cookies = {name: session_cookie(name).encode() for name in ("chatter",)}
+
+    def make(username: str | None, origin: bytes = b"http://127.0.0.1"):
+        headers = [(b"host", b"127.0.0.1"), (b"origin", origin)]
+        if username:
+            headers.append((b"cookie", cookies[username]))
+        return WebsocketCommunicator(application, "/ws/chat/", headers=headers)
+
+    return make

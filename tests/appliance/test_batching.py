@@ -106,3 +106,88 @@ def test_a_streamed_chat_starts_while_background_requests_run(parallel):
         t.join(300)
     assert first is not None
     assert len(ended) == 3 and first < min(ended), "the chat waited for a background request to end"
+
+
+def test_a_chat_page_answer_streams_while_background_requests_run(stack, socket_of, smollm2_store, tmp_path):
+    """The chat page's socket (the Channels consumer) on a worker with four slots, while three long
+    non-streamed requests run on it: the answer's first text arrives before any of them ends."""
+    import asyncio
+
+    data = tmp_path / "board-par"
+    (data / "models").mkdir(parents=True)
+    (data / "logs").mkdir()
+    (data / "models" / "smollm2-par").symlink_to(smollm2_store)
+    env = {**stack.env, "RKMOJO_DATA": str(data), "RKMOJO_PRELOAD": "smollm2-par", "RKMOJO_PARALLEL": "4"}
+    worker = stack.start_worker("board-par", env)
+    ended: list = []
+
+    def background(i: int) -> None:
+        stack.openai().chat.completions.create(
+            model="smollm2-par",
+            messages=[{"role": "user", "content": f"Write a long story, part {i}."}],
+            max_tokens=300,
+            logit_bias={"2": -100},
+        )
+        ended.append(time.monotonic())
+
+    async def first_text() -> float:
+        ws = socket_of("chatter")
+        assert (await ws.connect())[0]
+        await ws.send_json_to({"action": "send", "text": "hi", "new": {"model": "smollm2-par", "max_tokens": 8}})
+        while True:
+            ev = await ws.receive_json_from(timeout=60)
+            assert ev["t"] != "error", ev
+            if ev["t"] == "delta":
+                at = time.monotonic()
+                break
+        while ev["t"] != "final":
+            ev = await ws.receive_json_from(timeout=60)
+        await ws.disconnect()
+        return at
+
+    threads = [threading.Thread(target=background, args=(i,)) for i in range(3)]
+    try:
+        for t in threads:
+            t.start()
+        stack.wait_until(lambda: int((stack.registration("board-par") or {}).get("active") or 0) >= 3, 30)
+        first = asyncio.run(first_text())
+        for t in threads:
+            t.join(300)
+        assert len(ended) == 3 and first < min(ended), "the chat page's answer waited for a background request"
+    finally:
+        worker.stop()
+        stack.workers.pop("board-par", None)
+
+
+def test_past_its_slots_and_queue_a_parallel_worker_answers_429_with_retry_after(smollm2_store, tmp_path_factory):
+    """Two slots and a queue of one: three requests are admitted (two run, one waits), the fourth gets 429."""
+    import openai
+
+    s = Stack(tmp_path_factory.mktemp("par-queue"), smollm2_store, RKMOJO_PARALLEL="2", RKMOJO_QUEUE_LIMIT="1")
+    try:
+        done: list = []
+
+        def long(i: int) -> None:
+            s.openai().chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": f"A long story {i}."}],
+                max_tokens=300,
+                logit_bias={"2": -100},
+            )
+            done.append(i)
+
+        threads = [threading.Thread(target=long, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        s.wait_until(lambda: int(s.r().zcard("rkmojo:queue:" + MODEL)) >= 3, 30)
+        with pytest.raises(openai.RateLimitError) as refused:
+            s.openai(max_retries=0).chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+            )
+        assert refused.value.response.headers.get("retry-after")
+        assert "3 requests running or waiting" in str(refused.value)
+        for t in threads:
+            t.join(300)
+        assert sorted(done) == [0, 1, 2]
+    finally:
+        s.stop()

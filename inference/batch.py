@@ -11,7 +11,9 @@ request beyond them waits (interactive ones first, then by age). Each round:
 
 1. admits waiting requests into free slots. A background request (`priority` > 0) never takes the last
    free slot while the batcher has more than one: an interactive request that arrives next finds it free.
-   A slot whose cache holds a prefix of the new prompt (the same conversation's last turn) keeps it.
+   A slot whose cache holds a prefix of the new prompt (the same conversation's last turn) keeps it; with
+   saved states (`saved`, the worker's prompt cache) a conversation cut from its slot is saved first, and a
+   new one starts from the saved state that holds more of its prompt than its slot.
 2. prefills one chunk (`EngineConfig.chunk` rows) of the oldest prompt still prefilling. One chunk per
    round bounds how long the sequences already streaming wait for their next token: a chunk's prefill
    time, not a whole prompt's.
@@ -34,7 +36,6 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
-import time
 from typing import Iterator
 
 import numpy as np
@@ -366,19 +367,3 @@ def _common(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
-
-
-def wait_all(seqs: list[Sequence], timeout: float | None = None) -> list[list[Event]]:
-    """Every event of each sequence, in order (for callers that gather whole answers)."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    out = []
-    for seq in seqs:
-        evs = []
-        while True:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ev = seq.events.get(timeout=left)
-            evs.append(ev)
-            if isinstance(ev, Final):
-                break
-        out.append(evs)
-    return out

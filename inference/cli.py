@@ -1,4 +1,4 @@
-"""The `rkmojo` command line: convert, pull, verify, run, list, show, rm, bench, synth, npu (and `up`, registered by
+"""The `rkmojo` command line: convert, pull, import, verify, run, list, show, rm, bench, synth, npu (and `up`, registered by
 the appliance through the `rkmojo.commands` entry point group).
 
 Errors a user can act on (`RkmojoError`) print as one line and exit 1; nothing else is caught.
@@ -195,6 +195,21 @@ def cmd_pull(a) -> int:
     return 0
 
 
+def cmd_import(a) -> int:
+    from .convert.ollama import SCHEME, import_ollama
+
+    if not a.source.startswith(SCHEME):
+        raise RkmojoError(
+            f"{a.source!r}: give an Ollama model as ollama:NAME[:TAG]; convert a .gguf file with "
+            f"`rkmojo convert FILE.gguf {models_dir()}/NAME`"
+        )
+    out = import_ollama(
+        a.source[len(SCHEME) :], models_dir(), ollama_dir=a.ollama_dir, local_name=a.name, progress=not a.quiet
+    )
+    print(out)
+    return 0
+
+
 def cmd_list(a) -> int:
     from .models_dir import fmt_bytes, fmt_count, list_models
 
@@ -371,6 +386,30 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--quant", choices=["f16", "q8", "q4"], default="q4", help="weight format; default q4")
     u.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     u.set_defaults(fn=cmd_pull)
+
+    im = sub.add_parser(
+        "import",
+        help="install a model from a local Ollama store (read only; its GGUF blob is converted where it lies)",
+        description="Convert a model Ollama has pulled into the models directory, as `rkmojo convert` converts its "
+        "GGUF. Ollama's directory is only read; the blob's sha256 is checked against Ollama's manifest. The "
+        "params layer's temperature, top_k, top_p, min_p and repeat_penalty become the model's sampling "
+        "defaults; its stop strings and runner options are skipped. Ollama's template layer (a Go template) is "
+        "ignored: the GGUF's own chat template is kept. Adapter (LoRA) and projector (vision) layers are refused.",
+    )
+    im.add_argument(
+        "source",
+        metavar="ollama:NAME[:TAG]",
+        help="the model as `ollama list` shows it (TAG defaults to latest), e.g. ollama:qwen3:30b-a3b, "
+        "ollama:USER/NAME:TAG, ollama:hf.co/OWNER/REPO:TAG",
+    )
+    im.add_argument(
+        "--ollama-dir",
+        help="Ollama's models directory, the folder holding manifests/ and blobs/ (default: the first that exists "
+        "of $OLLAMA_MODELS, ~/.ollama/models, /usr/share/ollama/.ollama/models)",
+    )
+    im.add_argument("--name", help="name in the models directory (default: NAME-TAG, or NAME for latest; lowercase)")
+    im.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    im.set_defaults(fn=cmd_import)
 
     ls = sub.add_parser("list", help="the models in the models directory")
     ls.set_defaults(fn=cmd_list)

@@ -41,6 +41,8 @@ def local_path(source: str, import_dir: Path) -> Path | None:
         raise SourceError(f"{source.split(':', 1)[0]}: URLs are taken as http:// or https:// only")
     if REPO_ID.fullmatch(source) and not source.startswith("."):
         return None
+    if source.startswith(("hf.co/", "huggingface.co/")):  # one GGUF of a repository (`inference.pull.hfgguf`)
+        return None
     # a path: lexically, so that a link the administrator put in the import directory may point elsewhere
     path = Path(os.path.normpath(import_dir / Path(source).expanduser()))  # an absolute source replaces it
     if not path.is_relative_to(os.path.normpath(import_dir)):
@@ -52,6 +54,6 @@ def local_path(source: str, import_dir: Path) -> Path | None:
     if "/" in source:
         raise SourceError(f"{source}: no such file in {import_dir}")
     raise SourceError(
-        f"{source!r}: give a repository id like Qwen/Qwen3-30B-A3B, the http(s) URL of a .gguf "
-        f"file, or the name of a file in {import_dir}"
+        f"{source!r}: give a repository id like Qwen/Qwen3-30B-A3B, hf.co/OWNER/REPO:QUANT for one of its GGUF "
+        f"files, the http(s) URL of a .gguf file, or the name of a file in {import_dir}"
     )

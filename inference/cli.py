@@ -186,6 +186,7 @@ def cmd_pull(a) -> int:
             revision=a.revision,
             endpoint=a.endpoint,
             quant=a.quant,
+            file=a.file,
             progress=not a.quiet,
         )
     except KeyboardInterrupt:
@@ -379,7 +380,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(fn=cmd_run)
 
     u = sub.add_parser("pull", help="install a model from a Hugging Face-style repository or a GGUF URL (resumable)")
-    u.add_argument("source", help="a repository id (owner/name) or the https URL of a .gguf file")
+    u.add_argument(
+        "source",
+        help="a repository id (owner/name), hf.co/OWNER/REPO[:QUANT] for one of its GGUF files (default Q4_K_M), "
+        "or the https URL of a .gguf file",
+    )
+    u.add_argument("--file", help="the GGUF file of the repository to pull (a path in it), instead of converting it")
     u.add_argument("--name", help="name in the models directory (default: from the repository or file name)")
     u.add_argument("--revision", default="main", help="branch, tag or commit (default main)")
     u.add_argument("--endpoint", default=None, help="base URL (default $HF_ENDPOINT, else https://huggingface.co)")

@@ -7,6 +7,7 @@ the test switches `pull_from_lan` on."""
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -50,6 +51,18 @@ class HubServer:
                 if path.startswith("/cdn/"):
                     server.cdn_auth += "Authorization" in self.headers
                     return self._send(server.root / path[len("/cdn/") :])
+                listing = re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/([^/?]+)(\?.*)?", path)
+                if listing:  # the Hub's file list of a repository: every file, recursively
+                    repo = server.root / listing.group(1)
+                    files = sorted(p for p in repo.rglob("*") if p.is_file()) if repo.is_dir() else []
+                    body = json.dumps(
+                        [{"type": "file", "path": str(p.relative_to(repo)), "size": p.stat().st_size} for p in files]
+                    ).encode()
+                    self.send_response(200 if repo.is_dir() else 404)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    return self.wfile.write(body)
                 m = re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path)
                 if server.fail > 0 or (server.down_after is not None and server.served >= server.down_after):
                     server.fail = max(0, server.fail - 1)

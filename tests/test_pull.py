@@ -238,6 +238,50 @@ def test_a_gguf_url_is_downloaded_and_converted(server, tmp_path, smollm2_gguf, 
     assert not (tmp_path / ".smollm2-135m-instruct.q4_1.pull").exists()
 
 
+def _gguf_repo(server, smollm2_gguf, repo: str, names: list[str]) -> None:
+    """A repository on the test hub holding the demo GGUF under each of `names` (and a README)."""
+    (server.root / repo).mkdir(parents=True, exist_ok=True)
+    (server.root / repo / "README.md").write_text("a GGUF repository\n")
+    for n in names:
+        link = server.root / repo / n
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.exists():
+            os.symlink(smollm2_gguf, link)
+
+
+def test_hf_co_with_a_quant_picks_that_gguf_of_the_repository(server, tmp_path, smollm2_gguf, smollm2_store):
+    """`hf.co/OWNER/REPO:QUANT` as Ollama spells it: the repository's file list read, the one GGUF whose name
+    holds the quant as a word pulled (not Q4_K_S, not the vision projector) and converted as its URL would be."""
+    names = ["Demo-Q4_K_M.gguf", "Demo-Q4_K_S.gguf", "Demo-Q8_0.gguf", "mmproj-Demo-Q4_K_M.gguf"]
+    _gguf_repo(server, smollm2_gguf, "files/demo-gguf", names)
+    out = pull("hf.co/files/demo-gguf:q4_k_m", tmp_path, endpoint=server.url, progress=False)
+    assert out.name == "demo-gguf-q4_k_m"
+    assert (out / "dense.bin").read_bytes() == (smollm2_store / "dense.bin").read_bytes()
+    assert Store(out).manifest["source"]["url"] == f"{server.url}/files/demo-gguf/resolve/main/Demo-Q4_K_M.gguf"
+    # no quant: Q4_K_M, as Ollama's default; --file names any
+    assert pull("hf.co/files/demo-gguf", tmp_path, name="dflt", endpoint=server.url, progress=False).name == "dflt"
+    picked = pull("files/demo-gguf", tmp_path, file="Demo-Q8_0.gguf", endpoint=server.url, progress=False)
+    assert picked.name == "demo-q8_0" and Store(picked).manifest["source"]["url"].endswith("/Demo-Q8_0.gguf")
+
+
+def test_hf_co_refuses_a_missing_quant_several_matches_and_split_files_naming_them(server, tmp_path, smollm2_gguf):
+    names = ["a/M-Q4_0.gguf", "b/M-Q4_0.gguf", "M-Q6_K-00001-of-00002.gguf", "M-Q6_K-00002-of-00002.gguf"]
+    _gguf_repo(server, smollm2_gguf, "files/multi-gguf", names)
+    cases = {
+        "hf.co/files/multi-gguf:Q2_K": "no GGUF file for Q2_K",
+        "hf.co/files/multi-gguf:Q4_0": "several GGUF files match: a/M-Q4_0.gguf, b/M-Q4_0.gguf",
+        "hf.co/files/multi-gguf:Q6_K": "split GGUF",
+        "hf.co/files/multi-gguf": "no GGUF file for Q4_K_M",
+        "hf.co/nobody": "give hf.co/OWNER/REPO",
+    }
+    for spec, said in cases.items():
+        with pytest.raises(PullError, match=re.escape(said)):
+            pull(spec, tmp_path, endpoint=server.url, progress=False)
+    with pytest.raises(PullError, match="has no file 'M.gguf'"):
+        pull("files/multi-gguf", tmp_path, file="M.gguf", endpoint=server.url, progress=False)
+    assert nothing_in(tmp_path)
+
+
 # --- the pull policy (`inference.pull.policy`): what a pull for network clients may connect to -------------
 def nothing_in(models: Path) -> bool:
     return not models.exists() or not any(models.iterdir())

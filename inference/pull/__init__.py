@@ -38,6 +38,7 @@ import re
 import urllib.parse
 from pathlib import Path
 
+from . import hfgguf
 from .gguf import pull_gguf
 from .http import DownloadFailed, PullCancelled, PullError, Remote
 from .policy import FAILED, REFUSED, PullPolicy, PullRefused
@@ -65,6 +66,8 @@ __all__ = [
 
 def default_name(spec: str) -> str:
     """The models-directory name for a repo id ("Qwen/Qwen3-30B-A3B" → "qwen3-30b-a3b") or a GGUF URL."""
+    if hfgguf.is_hf_gguf(spec):
+        return hfgguf.default_name(spec)
     if is_url(spec):
         stem = urllib.parse.urlsplit(spec).path.rsplit("/", 1)[-1]
         return stem[: -len(".gguf")].lower() if stem.lower().endswith(".gguf") else stem.lower()
@@ -84,10 +87,27 @@ def pull(spec: str, models: Path, *, name: str | None = None, **kw) -> Path:
         PullRefused: the policy refused an address of the URL or of a redirect.
         PullError: a bad spec, or any failure of the download (what a resume can use is kept).
     """
-    name = name or default_name(spec)
-    if not name or "/" in name or name.startswith("."):
-        raise PullError(f"model name {name!r}: give a plain name with --name")
     token = kw.pop("token", None) or os.environ.get("HF_TOKEN") or None
+    file = kw.pop("file", None)
+    if hfgguf.is_hf_gguf(spec) or file is not None:  # one GGUF file of a repository
+        repo, quant = hfgguf.parse(spec)
+        endpoint = (kw.pop("endpoint", None) or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+        revision = kw.pop("revision", None) or "main"
+        kw.pop("quant", None)
+        url, path = hfgguf.resolve(
+            repo,
+            quant,
+            file,
+            endpoint=endpoint,
+            revision=revision,
+            token=token,
+            policy=kw.get("policy"),
+            retries=kw.get("retries", 6),
+            cancel=kw.get("cancel"),
+        )
+        name = name or (hfgguf.file_name(path) if file is not None else hfgguf.default_name(spec))
+        return pull_gguf(url, models / _checked(name), token=token, **kw)
+    name = _checked(name or default_name(spec))
     if is_url(spec):
         if not urllib.parse.urlsplit(spec).path.lower().endswith(".gguf"):
             raise PullError(f"{spec}: a URL must point at a .gguf file; for a repository give its id (owner/name)")
@@ -97,6 +117,12 @@ def pull(spec: str, models: Path, *, name: str | None = None, **kw) -> Path:
     if not re.fullmatch(r"[\w.-]+/[\w.-]+", spec):
         raise PullError(f"{spec!r}: give a repository id like Qwen/Qwen3-30B-A3B, or the URL of a .gguf file")
     return pull_repo(spec, models / name, token=token, **kw)
+
+
+def _checked(name: str) -> str:
+    if not name or "/" in name or name.startswith("."):
+        raise PullError(f"model name {name!r}: give a plain name with --name")
+    return name
 
 
 def describe_partial(staging: Path) -> dict | None:

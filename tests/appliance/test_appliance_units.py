@@ -61,6 +61,7 @@ def test_pull_sources_are_repo_ids_urls_or_files_of_the_import_directory(tmp_pat
     (imports / "linked.gguf").symlink_to(tmp_path / "elsewhere.gguf")  # the administrator's link may point out
     (tmp_path / "elsewhere.gguf").write_bytes(b"GGUF")
     assert local_path("Qwen/Qwen3-30B-A3B", imports) is None and local_path("https://h/x.gguf", imports) is None
+    assert local_path("hf.co/unsloth/Qwen3-30B-A3B-GGUF:Q4_K_M", imports) is None  # one GGUF of a repository
     assert local_path("m.gguf", imports) == imports / "m.gguf" == local_path(str(imports / "m.gguf"), imports)
     assert local_path("linked.gguf", imports) == imports / "linked.gguf"
     for bad, says in [

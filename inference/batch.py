@@ -25,7 +25,8 @@ request beyond them waits (interactive ones first, then by age). Each round:
 Exactness: every sequence's tokens, log-probabilities and text are those it gets alone on the engine
 (`Engine.chat`), bit for bit: its prompt's chunks are the ones a lone prefill computes, and each row of a
 batched step has the bits of the one-row step (the kernels' results do not depend on the rows beside
-them). Expert statistics (`Final.timings.expert_hit_rate`) cover every sequence that ran beside it.
+them). A sequence's expert hit rate (`Final.timings.expert_hit_rate`) counts its own requests: its
+prefill chunks' and, in each batched step, its experts that were cached when the step asked for them.
 
 Cancel a sequence with `seq.cancel()`; it ends before its next token or prefill chunk, and the others
 go on unchanged.
@@ -42,7 +43,7 @@ import numpy as np
 
 from . import kernels, prompt_cache
 from .events import Event, Final
-from .generate import TokenLoop, _is_set
+from .generate import TokenLoop, _expert_counts, _is_set
 from .sampler import SamplingParams
 
 
@@ -65,6 +66,8 @@ class Sequence:
         self.logits: np.ndarray | None = None  # the model's row after the last token, not yet sampled
         self.next: int | None = None  # the token to run through the model in this round's step
         self.finished = False
+        self.experts = [0, 0]  # [hits, requests] of its own expert requests: its prefill's and its steps'
+        self.tally_at: list[int] | None = None  # its slot step's tally when it was placed
 
     def cancel(self) -> None:
         """End this sequence before its next token (or prefill chunk); safe from any thread."""
@@ -293,6 +296,7 @@ class Batcher:
             n = 0
         del slot.tokens[n:]
         slot.seq, seq.slot, seq.done = seq, slot, n
+        seq.tally_at = list(slot.step.expert_tally) if hasattr(slot.step, "expert_tally") else None
         slot.unsaved, slot.prompt, slot.session = True, len(seq.ids), seq.session
         seq.loop = TokenLoop(self.engine, seq.ids, seq.p, seq.max_tokens, seq.is_cancelled, plan=seq.plan)
         seq.loop.reused = n
@@ -310,7 +314,12 @@ class Batcher:
             return
         model, slot, chunk = self.engine.model, seq.slot, self.engine.cfg.chunk
         part = seq.ids[seq.done : seq.done + chunk]
+        before = _expert_counts(self.engine.expert_stats)  # a chunk runs alone: the totals' change is its own
         logits = model.forward(np.array(part), slot.cache, last_only=True, prompt=True)
+        after = _expert_counts(self.engine.expert_stats)
+        if before is not None and after is not None:
+            seq.experts[0] += after[0] - before[0]
+            seq.experts[1] += (after[0] + after[1]) - (before[0] + before[1])
         slot.tokens.extend(part)
         seq.done += len(part)
         if seq.progress is not None:
@@ -344,6 +353,11 @@ class Batcher:
             seq.logits = row
 
     def _end(self, seq: Sequence) -> None:
+        if seq.tally_at is not None:  # its own hit rate, not the engine's over every sequence beside it
+            now = seq.slot.step.expert_tally
+            hits, requests = seq.experts[0] + now[0] - seq.tally_at[0], seq.experts[1] + now[1] - seq.tally_at[1]
+            if requests:
+                seq.loop.expert_requests = (hits, requests)
         for ev in seq.loop.finish():
             seq.events.put(ev)
         seq.finished = True

@@ -124,6 +124,9 @@ class TokenLoop:
         self.pieces: list[str] = []
         self.reused = 0
         self.reason = "length"
+        # (hits, requests) of this generation's own expert requests, where the engine's totals also count
+        # others' (a batcher's sequences: `inference.batch`); None: the engine's totals over the generation
+        self.expert_requests: tuple[int, int] | None = None
 
     def prefilled(self, reused: int) -> None:
         """The prompt is in the cache (`reused` of its tokens were there already)."""
@@ -181,7 +184,10 @@ class TokenLoop:
         computed = len(self.ids) - self.reused
         after = _expert_counts(self.engine.expert_stats)
         hit_rate = None
-        if self.before is not None and after is not None:
+        if self.expert_requests is not None:
+            hits, requests = self.expert_requests
+            hit_rate = hits / requests if requests > 0 else None
+        elif self.before is not None and after is not None:
             before = self.before
             hits, requests = after[0] - before[0], (after[0] + after[1]) - (before[0] + before[1])
             hit_rate = hits / requests if requests > 0 else None

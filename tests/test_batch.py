@@ -187,3 +187,30 @@ def test_a_slot_taken_by_another_conversation_is_saved_and_its_conversation_resu
     e.reset()
     assert _tokens(list(again.events.queue)) == _tokens(list(e.generate(nxt, {"max_tokens": 8, "temperature": 0})))
     saved.close()
+
+
+def test_a_batched_sequence_reports_its_own_expert_hit_rate(moe_text_store):
+    """Streamed experts (no lookahead, so the cache's contents follow the requests alone): one sequence in a
+    batcher reports the hit rate it reports alone on a fresh engine; beside another sequence, each reports its
+    own, not the engine's total over both."""
+
+    def fresh():
+        return Engine.open(moe_text_store, expert_slots=6, token_prefetch=0)
+
+    ids = [fresh().tokenizer.encode(t) for t in PROMPTS[:2]]
+    p = {"max_tokens": 10, "temperature": 0}
+    alone = [list(fresh().generate(i, p))[-1].timings.expert_hit_rate for i in ids]
+    e = fresh()
+    b = Batcher(e, slots=1)
+    one = b.generate(ids[0], p)
+    b.run_until_idle()
+    assert list(one.events.queue)[-1].timings.expert_hit_rate == alone[0]
+    e = fresh()
+    b = Batcher(e, slots=2)
+    both = [b.generate(i, p) for i in ids]
+    b.run_until_idle()
+    rates = [list(s.events.queue)[-1].timings.expert_hit_rate for s in both]
+    own = [[s.experts[k] + s.slot.step.expert_tally[k] for k in (0, 1)] for s in both]  # [hits, requests]
+    assert rates == [h / r for h, r in own]
+    # the two asked for more experts than the engine read or found: a step asks for their union once
+    assert sum(r for _, r in own) > e.expert_stats["total"]["requests"]

@@ -350,9 +350,9 @@ class Transformer:
         with a compiled step of its own (`steps[s]`, a `step_class` instance; None where there is none).
 
         Row s has the bits `forward([ids[s]], caches[s], last_only=True)` gives alone. Where the step
-        batches (`step_class.batch`), each weight matrix is read once per step for all M rows; elsewhere
-        the sequences run one after another."""
-        batched = len(ids) > 1 and self.compiled_decode() and hasattr(self.step_class, "batch") and None not in steps
+        batches (`step_class.batch`; one sequence too, so its step counts its experts), each weight matrix is
+        read once per step for all M rows; elsewhere the sequences run one after another."""
+        batched = self.compiled_decode() and hasattr(self.step_class, "batch") and None not in steps
         if not batched:
             return np.concatenate([self.forward(np.array([t]), c, last_only=True) for t, c in zip(ids, caches)])
         h = self.embed_ids(np.asarray(ids, np.int64))

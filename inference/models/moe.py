@@ -158,13 +158,20 @@ def mixture_rows(
     act: str = "silu",
     during_io: Callable | None = None,
     combine: bool = True,
+    tally: list | None = None,
 ) -> None:
     """`mixture_row` of several sequences' rows at once (a batched decode step): seqs[s] = (x, ids,
     weights, h, y) as mixture_row takes them (`act`, `during_io`, `combine` too). The source hands over
     the union of the experts they chose once (a streamed expert is read once for every row that chose it);
     each expert runs on each row that chose it, and each row's h (or y) gets mixture_row's bits (an
-    expert's result does not depend on its batch)."""
+    expert's result does not depend on its batch). `tally`: per sequence a [hits, requests] pair, to which
+    its experts are added (a hit: in the source's cache when asked; a streaming source's only)."""
     slots = [{e: k for k, e in enumerate(ids.tolist())} for _, ids, _, _, _ in seqs]
+    cache = getattr(source, "caches", {}).get(layer)
+    if tally is not None and cache is not None:
+        for count, slot in zip(tally, slots):
+            count[0] += sum(e in cache.where for e in slot)
+            count[1] += len(slot)
     union = sorted(set().union(*slots))
     H = seqs[0][0].shape[0]
 

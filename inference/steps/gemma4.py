@@ -88,6 +88,7 @@ class DecodeStep:
         self.routed = ["router" in L for L in model.layers]
         self.act = "silu" if a.hidden_activation == "silu" else "gelu_tanh"  # ACTIVATIONS' two kinds
         self.fields: dict = {}  # resident experts' kernel fields (moe.expert_fields)
+        self.expert_tally = [0, 0]  # [hits, requests] of this step's sequence in batched steps (`mixture_rows`)
         self._kv: list = []  # the cache arrays the descriptor points at
 
     def prepare(self, h: np.ndarray, cache: KVCache, positions: np.ndarray) -> None:
@@ -177,6 +178,7 @@ class DecodeStep:
                     act=first.act,
                     during_io=lambda i=i: mlps(i),
                     combine=False,
+                    tally=[st.expert_tally for st in steps],
                 )
             else:
                 mlps(i)

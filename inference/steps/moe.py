@@ -50,6 +50,7 @@ class DecodeStep(dense.DecodeStep):
             self.desc.set_layer(i, q_norm=L["q_norm"], k_norm=L["k_norm"], routed=int("router" in L))
         self.routed = [("router" in L) for L in model.layers]
         self.fields: dict = {}  # resident experts' kernel fields (moe.expert_fields)
+        self.expert_tally = [0, 0]  # [hits, requests] of this step's sequence in batched steps (`mixture_rows`)
 
     def __call__(self, h: np.ndarray, cache: KVCache, positions: np.ndarray) -> np.ndarray:
         h, _held = self.prepare(h, cache, positions)
@@ -96,6 +97,6 @@ class DecodeStep(dense.DecodeStep):
                     model, i, lambda j: np.concatenate([rms_norm(r, model.layers[j]["mlp_norm"], eps) for r in rows])
                 )
             seqs = [(st.x, st.ids, st.wts, r[0], st.y) for st, r in zip(steps, rows)]
-            mixture_rows(seqs, i, experts, inter, flag, memo)
+            mixture_rows(seqs, i, experts, inter, flag, memo, tally=[st.expert_tally for st in steps])
         del held
         return np.concatenate(rows)

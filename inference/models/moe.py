@@ -187,26 +187,22 @@ def mixture_rows(
             moe_combine(y, weights, h)
 
 
-def lookahead(model, i: int, router_input: Callable[[int], np.ndarray], route: Callable | None = None) -> None:
+def lookahead(
+    model, i: int, router_input: Callable[[int], np.ndarray], route: Callable | None = None, *, tokens: bool = False
+) -> None:
     """Gate lookahead: apply layer i+1's router to what layer i sees now and start reading the
     experts it predicts (only when the expert source prefetches; off by default).
 
     router_input(j) gives layer j's router input computed from the current hidden state; `route(j, x)`
-    the router (default `model.route`; a compiled step passes its own).
+    the router (default `model.route`; a compiled step passes its own). `tokens`: the rows are generated
+    tokens stepped together (a batched decode step), their guesses read ahead as one token's are, rank by
+    rank (every row's best first, then every row's second, …); else a prompt's rows (one row: a token).
     """
     j = i + 1
     if not getattr(model.experts, "wants_prefetch", False) or j >= len(model.layers) or "router" not in model.layers[j]:
         return
-    idx, _ = (route or model.route)(j, router_input(j))
-    model.experts.prefetch(j, idx.reshape(-1).tolist(), rows=len(idx))  # rows' top-k in score order
-
-
-def lookahead_rows(model, i: int, router_input: Callable[[int], np.ndarray], route: Callable | None = None) -> None:
-    """`lookahead` for several generated tokens stepped together (a batched decode step): layer i+1's
-    router on each row, and their guesses read ahead as one token's are, rank by rank (every row's best
-    guess first, then every row's second, …), into the token's lookahead pools."""
-    j = i + 1
-    if not getattr(model.experts, "wants_prefetch", False) or j >= len(model.layers) or "router" not in model.layers[j]:
-        return
     idx, _ = (route or model.route)(j, router_input(j))  # [rows, K], each row's best first
-    model.experts.prefetch(j, np.asarray(idx).T.reshape(-1).tolist(), rows=1)
+    if tokens:
+        model.experts.prefetch(j, np.asarray(idx).T.reshape(-1).tolist(), rows=1)
+    else:
+        model.experts.prefetch(j, idx.reshape(-1).tolist(), rows=len(idx))  # rows' top-k in score order

@@ -16,7 +16,7 @@ from .. import kernels
 from ..experts import ResidentExperts
 from ..models import gemma4
 from ..models.base import KVCache
-from ..models.moe import expert_fields, lookahead, lookahead_rows, mixture_row, mixture_rows
+from ..models.moe import expert_fields, lookahead, mixture_row, mixture_rows
 from .descriptor import Descriptor, cache_arrays
 
 # layer field → the model layer's vector it points at (absent from a layer without experts: 0)
@@ -164,7 +164,7 @@ class DecodeStep:
                 kernels.gemma4_attn(st.desc.array, i)
             if routed:
                 guesses = lambda j, _x: tuple(np.concatenate(g) for g in zip(*(st.route(j) for st in steps)))  # noqa: E731
-                lookahead_rows(model, i, lambda j: None, route=guesses)  # every row's guesses, rank by rank
+                lookahead(model, i, lambda j: None, route=guesses, tokens=True)  # every row's guesses, rank by rank
                 for st in steps:
                     kernels.gemma4_route(st.desc.array, i)
                 seqs = [(st.x_moe, st.ids, st.wts, st.h, st.y) for st in steps]

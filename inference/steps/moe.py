@@ -16,7 +16,7 @@ from .. import kernels
 from ..experts import ResidentExperts
 from ..models import qwen3_moe
 from ..models.base import KVCache, rms_norm
-from ..models.moe import lookahead, lookahead_rows, mixture_row, mixture_rows
+from ..models.moe import lookahead, mixture_row, mixture_rows
 from . import dense
 
 
@@ -93,8 +93,11 @@ class DecodeStep(dense.DecodeStep):
             if not routed:
                 continue
             if prefetching:  # every row's guesses for the next layer, rank by rank
-                lookahead_rows(
-                    model, i, lambda j: np.concatenate([rms_norm(r, model.layers[j]["mlp_norm"], eps) for r in rows])
+                lookahead(
+                    model,
+                    i,
+                    lambda j: np.concatenate([rms_norm(r, model.layers[j]["mlp_norm"], eps) for r in rows]),
+                    tokens=True,
                 )
             seqs = [(st.x, st.ids, st.wts, r[0], st.y) for st, r in zip(steps, rows)]
             mixture_rows(seqs, i, experts, inter, flag, memo, tally=[st.expert_tally for st in steps])

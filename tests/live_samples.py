@@ -27,6 +27,7 @@ def sample(worker: str = "board-x", step: int = 0, layers: int = 12, experts: in
         running="req-1",
         running_model="tiny-moe",
         loaded=["tiny-moe"],
+        active=1,
         queue_depth=2,
         oldest_wait=1.5 + step,
         tokens_per_s=4.0 + (step % 5),
